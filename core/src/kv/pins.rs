@@ -1,0 +1,136 @@
+//! Leased pins: how a transfer holds a page while a one-sided write into it, or a read out of it,
+//! may still be in flight. A pin keeps its page from being freed, evicted or handed out until it
+//! is released or its lease runs out. Leases are extended by heartbeats; the earliest expiry is
+//! the pool's next timeout.
+
+use std::collections::BTreeSet;
+
+use super::PageRef;
+use crate::Time;
+
+/// Names one pin. Carries a generation, so a pin released and its slot reused is not mistaken for
+/// the old one.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct PinId {
+    slot: u32,
+    generation: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pin {
+    pub(crate) page: PageRef,
+    pub(crate) expires_at: Time,
+}
+
+#[derive(Debug, Clone)]
+enum PinSlot {
+    Free { generation: u32 },
+    Live { generation: u32, pin: Pin },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PinTable {
+    slots: Vec<PinSlot>,
+    free: Vec<u32>,
+    by_expiry: BTreeSet<(Time, u32)>,
+}
+
+impl PinTable {
+    pub(crate) fn new(pins_max: u32) -> PinTable {
+        PinTable {
+            slots: vec![PinSlot::Free { generation: 0 }; pins_max as usize],
+            // Reversed so that slot 0 is used first: easier to read in traces.
+            free: (0..pins_max).rev().collect(),
+            by_expiry: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn live_count(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    pub(crate) fn insert(&mut self, pin: Pin) -> Option<PinId> {
+        let slot = self.free.pop()?;
+        let generation = match self.slots[slot as usize] {
+            PinSlot::Free { generation } => generation,
+            PinSlot::Live { .. } => unreachable!("pin slot {slot} on the free list is live"),
+        };
+        self.slots[slot as usize] = PinSlot::Live { generation, pin };
+        self.by_expiry.insert((pin.expires_at, slot));
+        Some(PinId { slot, generation })
+    }
+
+    pub(crate) fn get(&self, id: PinId) -> Option<Pin> {
+        match self.slots.get(id.slot as usize)? {
+            PinSlot::Live { generation, pin } if *generation == id.generation => Some(*pin),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn remove(&mut self, id: PinId) -> Option<Pin> {
+        let pin = self.get(id)?;
+        self.by_expiry.remove(&(pin.expires_at, id.slot));
+        self.slots[id.slot as usize] = PinSlot::Free { generation: id.generation.wrapping_add(1) };
+        self.free.push(id.slot);
+        Some(pin)
+    }
+
+    pub(crate) fn set_expiry(&mut self, id: PinId, expires_at: Time) -> Option<()> {
+        let pin = self.get(id)?;
+        self.by_expiry.remove(&(pin.expires_at, id.slot));
+        self.by_expiry.insert((expires_at, id.slot));
+        self.slots[id.slot as usize] = PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin } };
+        Some(())
+    }
+
+    pub(crate) fn next_expiry(&self) -> Option<Time> {
+        self.by_expiry.first().map(|(t, _)| *t)
+    }
+
+    /// The live pin that expires first, if it has expired by `now`.
+    pub(crate) fn first_expired(&self, now: Time) -> Option<PinId> {
+        let &(expires_at, slot) = self.by_expiry.first()?;
+        if expires_at > now {
+            return None;
+        }
+        match self.slots[slot as usize] {
+            PinSlot::Live { generation, .. } => Some(PinId { slot, generation }),
+            PinSlot::Free { .. } => None,
+        }
+    }
+
+    /// Every live pin. For invariant checks only.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (PinId, Pin)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(slot, s)| match s {
+            PinSlot::Live { generation, pin } => Some((PinId { slot: slot as u32, generation: *generation }, *pin)),
+            PinSlot::Free { .. } => None,
+        })
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut on_free_list = vec![false; self.slots.len()];
+        for &slot in &self.free {
+            match self.slots.get(slot as usize) {
+                Some(PinSlot::Free { .. }) if !on_free_list[slot as usize] => on_free_list[slot as usize] = true,
+                _ => return Err(format!("pin slot {slot} on the free list is live, missing or listed twice")),
+            }
+        }
+        let mut expiries = 0;
+        for (slot, s) in self.slots.iter().enumerate() {
+            match s {
+                PinSlot::Free { .. } if !on_free_list[slot] => return Err(format!("free pin slot {slot} is not on the free list")),
+                PinSlot::Live { pin, .. } => {
+                    if !self.by_expiry.contains(&(pin.expires_at, slot as u32)) {
+                        return Err(format!("pin slot {slot} is missing from the expiry order"));
+                    }
+                    expiries += 1;
+                }
+                PinSlot::Free { .. } => {}
+            }
+        }
+        if expiries != self.by_expiry.len() {
+            return Err(format!("expiry order holds {} entries for {expiries} live pins", self.by_expiry.len()));
+        }
+        Ok(())
+    }
+}
