@@ -12,7 +12,10 @@
 
 pub mod invariant;
 pub mod kv;
+pub mod model;
 pub mod sched;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod time;
 
 pub use invariant::InvariantViolation;

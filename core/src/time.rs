@@ -57,12 +57,18 @@ mod tests {
     fn add_saturates_instead_of_wrapping() {
         let late = Time::from_nanos(u64::MAX - 5);
         assert_eq!(late.saturating_add(Duration::from_secs(1)), Time::MAX);
-        assert_eq!(Time::from_millis(2).saturating_add(Duration::from_micros(500)).as_nanos(), 2_500_000);
+        assert_eq!(
+            Time::from_millis(2).saturating_add(Duration::from_micros(500)).as_nanos(),
+            2_500_000
+        );
     }
 
     #[test]
     fn since_never_goes_negative() {
         assert_eq!(Time::from_nanos(5).saturating_since(Time::from_nanos(9)), Duration::ZERO);
-        assert_eq!(Time::from_nanos(9).saturating_since(Time::from_nanos(5)), Duration::from_nanos(4));
+        assert_eq!(
+            Time::from_nanos(9).saturating_since(Time::from_nanos(5)),
+            Duration::from_nanos(4)
+        );
     }
 }

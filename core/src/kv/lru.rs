@@ -15,7 +15,13 @@ pub(crate) struct LruList {
 
 impl LruList {
     pub(crate) fn new(pages_total: usize) -> LruList {
-        LruList { prev: vec![NIL; pages_total], next: vec![NIL; pages_total], head: NIL, tail: NIL, len: 0 }
+        LruList {
+            prev: vec![NIL; pages_total],
+            next: vec![NIL; pages_total],
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -76,7 +82,10 @@ impl LruList {
                 return Err(format!("lru list longer than its length {} (a cycle?)", self.len));
             }
             if self.prev[page as usize] != prev {
-                return Err(format!("lru page {page}: back link {} but came from {prev}", self.prev[page as usize]));
+                return Err(format!(
+                    "lru page {page}: back link {} but came from {prev}",
+                    self.prev[page as usize]
+                ));
             }
             order.push(page);
             prev = page;

@@ -79,7 +79,8 @@ impl PinTable {
         let pin = self.get(id)?;
         self.by_expiry.remove(&(pin.expires_at, id.slot));
         self.by_expiry.insert((expires_at, id.slot));
-        self.slots[id.slot as usize] = PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin } };
+        self.slots[id.slot as usize] =
+            PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin } };
         Some(())
     }
 
@@ -102,7 +103,9 @@ impl PinTable {
     /// Every live pin. For invariant checks only.
     pub(crate) fn live(&self) -> impl Iterator<Item = (PinId, Pin)> + '_ {
         self.slots.iter().enumerate().filter_map(|(slot, s)| match s {
-            PinSlot::Live { generation, pin } => Some((PinId { slot: slot as u32, generation: *generation }, *pin)),
+            PinSlot::Live { generation, pin } => {
+                Some((PinId { slot: slot as u32, generation: *generation }, *pin))
+            }
             PinSlot::Free { .. } => None,
         })
     }
@@ -111,14 +114,22 @@ impl PinTable {
         let mut on_free_list = vec![false; self.slots.len()];
         for &slot in &self.free {
             match self.slots.get(slot as usize) {
-                Some(PinSlot::Free { .. }) if !on_free_list[slot as usize] => on_free_list[slot as usize] = true,
-                _ => return Err(format!("pin slot {slot} on the free list is live, missing or listed twice")),
+                Some(PinSlot::Free { .. }) if !on_free_list[slot as usize] => {
+                    on_free_list[slot as usize] = true
+                }
+                _ => {
+                    return Err(format!(
+                        "pin slot {slot} on the free list is live, missing or listed twice"
+                    ));
+                }
             }
         }
         let mut expiries = 0;
         for (slot, s) in self.slots.iter().enumerate() {
             match s {
-                PinSlot::Free { .. } if !on_free_list[slot] => return Err(format!("free pin slot {slot} is not on the free list")),
+                PinSlot::Free { .. } if !on_free_list[slot] => {
+                    return Err(format!("free pin slot {slot} is not on the free list"));
+                }
                 PinSlot::Live { pin, .. } => {
                     if !self.by_expiry.contains(&(pin.expires_at, slot as u32)) {
                         return Err(format!("pin slot {slot} is missing from the expiry order"));
@@ -129,7 +140,10 @@ impl PinTable {
             }
         }
         if expiries != self.by_expiry.len() {
-            return Err(format!("expiry order holds {} entries for {expiries} live pins", self.by_expiry.len()));
+            return Err(format!(
+                "expiry order holds {} entries for {expiries} live pins",
+                self.by_expiry.len()
+            ));
         }
         Ok(())
     }

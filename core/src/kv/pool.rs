@@ -4,14 +4,14 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use super::PageRef;
 use super::lru::LruList;
 use super::pins::{Pin, PinId, PinTable};
 use super::prefix_hash::block_hash;
 use super::prefix_index::PrefixIndex;
-use super::PageRef;
+use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
-use crate::Time;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
@@ -30,13 +30,25 @@ impl PoolConfig {
 
     pub fn validate(&self) -> Result<(), PoolConfigError> {
         if self.pages_total == 0 || self.pages_total > Self::PAGES_MAX {
-            return Err(PoolConfigError(format!("pages_total {} is not in 1..={}", self.pages_total, Self::PAGES_MAX)));
+            return Err(PoolConfigError(format!(
+                "pages_total {} is not in 1..={}",
+                self.pages_total,
+                Self::PAGES_MAX
+            )));
         }
         if self.page_tokens == 0 || self.page_tokens > Self::PAGE_TOKENS_MAX {
-            return Err(PoolConfigError(format!("page_tokens {} is not in 1..={}", self.page_tokens, Self::PAGE_TOKENS_MAX)));
+            return Err(PoolConfigError(format!(
+                "page_tokens {} is not in 1..={}",
+                self.page_tokens,
+                Self::PAGE_TOKENS_MAX
+            )));
         }
         if self.pins_max > Self::PAGES_MAX {
-            return Err(PoolConfigError(format!("pins_max {} is over {}", self.pins_max, Self::PAGES_MAX)));
+            return Err(PoolConfigError(format!(
+                "pins_max {} is over {}",
+                self.pins_max,
+                Self::PAGES_MAX
+            )));
         }
         Ok(())
     }
@@ -77,13 +89,19 @@ pub enum KvError {
 impl fmt::Display for KvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KvError::OutOfPages { needed, available } => write!(f, "out of KV pages: need {needed}, {available} available"),
-            KvError::StaleHandle(r) => write!(f, "stale page handle {r:?}: the page was freed or evicted since"),
+            KvError::OutOfPages { needed, available } => {
+                write!(f, "out of KV pages: need {needed}, {available} available")
+            }
+            KvError::StaleHandle(r) => {
+                write!(f, "stale page handle {r:?}: the page was freed or evicted since")
+            }
             KvError::NoSuchPage(r) => write!(f, "page {} is not in the pool", r.index()),
             KvError::NotHeld(r) => write!(f, "page {r:?} is not held by anyone"),
             KvError::UnknownPin(p) => write!(f, "pin {p:?} was already released or expired"),
             KvError::TooManyPins => write!(f, "too many live pins"),
-            KvError::WrongTokenCount { expected, got } => write!(f, "a cached page holds {expected} tokens, got {got}"),
+            KvError::WrongTokenCount { expected, got } => {
+                write!(f, "a cached page holds {expected} tokens, got {got}")
+            }
             KvError::AlreadyCached(r) => write!(f, "page {r:?} is already in the prefix cache"),
         }
     }
@@ -118,9 +136,15 @@ pub struct PinExpired {
 enum PageState {
     Free,
     /// Referenced by requests (`refs`) or pinned by transfers (`pins`); at least one of them.
-    Held { refs: u32, pins: u32, cache: Option<CacheKey> },
+    Held {
+        refs: u32,
+        pins: u32,
+        cache: Option<CacheKey>,
+    },
     /// In the prefix cache, referenced by nobody: reusable on a hit, evictable in LRU order.
-    Evictable { cache: CacheKey },
+    Evictable {
+        cache: CacheKey,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -215,6 +239,17 @@ impl PagePool {
         self.pins.live_count() as u32
     }
 
+    /// References to all pages together. O(pages): for invariant checks.
+    pub fn refs_total(&self) -> u64 {
+        self.pages
+            .iter()
+            .map(|p| match p.state {
+                PageState::Held { refs, .. } => u64::from(refs),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Whether the handle still names the page it was made for, and the page is held or cached.
     pub fn is_live(&self, page: PageRef) -> bool {
         self.page(page).is_ok()
@@ -282,7 +317,9 @@ impl PagePool {
     pub fn retain(&mut self, page: PageRef) -> Result<(), KvError> {
         let state = self.page(page)?.state;
         let next = match state {
-            PageState::Held { refs, pins, cache } => PageState::Held { refs: refs + 1, pins, cache },
+            PageState::Held { refs, pins, cache } => {
+                PageState::Held { refs: refs + 1, pins, cache }
+            }
             PageState::Evictable { cache } => {
                 self.lru.remove(page.index);
                 PageState::Held { refs: 1, pins: 0, cache: Some(cache) }
@@ -298,7 +335,8 @@ impl PagePool {
     pub fn release(&mut self, page: PageRef) -> Result<(), KvError> {
         match self.page(page)?.state {
             PageState::Held { refs, pins, cache } if refs > 0 => {
-                self.pages[page.index as usize].state = PageState::Held { refs: refs - 1, pins, cache };
+                self.pages[page.index as usize].state =
+                    PageState::Held { refs: refs - 1, pins, cache };
                 self.settle(page.index);
                 Ok(())
             }
@@ -358,7 +396,12 @@ impl PagePool {
     ///
     /// Call only once every token of the page has been computed and its step's outputs applied:
     /// a page cached earlier could be matched before its KV exists (sglang#38355).
-    pub fn cache_insert(&mut self, page: PageRef, key: CacheKey, tokens: &[u32]) -> Result<CacheInsert, KvError> {
+    pub fn cache_insert(
+        &mut self,
+        page: PageRef,
+        key: CacheKey,
+        tokens: &[u32],
+    ) -> Result<CacheInsert, KvError> {
         let PageState::Held { refs, pins, cache } = self.page(page)?.state else {
             return Err(KvError::NotHeld(page));
         };
@@ -366,7 +409,10 @@ impl PagePool {
             return Err(KvError::AlreadyCached(page));
         }
         if tokens.len() != self.config.page_tokens as usize {
-            return Err(KvError::WrongTokenCount { expected: self.config.page_tokens, got: tokens.len() });
+            return Err(KvError::WrongTokenCount {
+                expected: self.config.page_tokens,
+                got: tokens.len(),
+            });
         }
         if let Err(existing) = self.index.insert(key.hash, page.index) {
             let generation = self.pages[existing as usize].generation;
@@ -394,7 +440,13 @@ impl PagePool {
     /// Retains the longest run of cached pages that holds `tokens` from its start, given the
     /// sequence's page keys (`keys[i]` names tokens of page `i`, chained from `root`). Appends the
     /// pages to `out` and returns how many matched.
-    pub fn match_prefix(&mut self, root: u64, keys: &[u64], tokens: &[u32], out: &mut Vec<PageRef>) -> usize {
+    pub fn match_prefix(
+        &mut self,
+        root: u64,
+        keys: &[u64],
+        tokens: &[u32],
+        out: &mut Vec<PageRef>,
+    ) -> usize {
         let page_tokens = self.config.page_tokens as usize;
         let mut parent = root;
         let mut matched = 0;
@@ -417,20 +469,37 @@ impl PagePool {
         let mut on_free_list = vec![false; total];
         for &index in &self.free {
             let page = self.pages.get(index as usize);
-            ensure_invariant!(KV, page.is_some(), "free list names page {index}, which is not in the pool");
-            ensure_invariant!(KV, !on_free_list[index as usize], "page {index} is on the free list twice");
+            ensure_invariant!(
+                KV,
+                page.is_some(),
+                "free list names page {index}, which is not in the pool"
+            );
+            ensure_invariant!(
+                KV,
+                !on_free_list[index as usize],
+                "page {index} is on the free list twice"
+            );
             on_free_list[index as usize] = true;
         }
         let lru_order = self.lru.walk().map_err(|e| InvariantViolation::new(KV, e))?;
         let mut on_lru = vec![false; total];
         for &index in &lru_order {
-            ensure_invariant!(KV, (index as usize) < total, "lru names page {index}, which is not in the pool");
+            ensure_invariant!(
+                KV,
+                (index as usize) < total,
+                "lru names page {index}, which is not in the pool"
+            );
             on_lru[index as usize] = true;
         }
         let mut pins_seen = vec![0u32; total];
         for (id, pin) in self.pins.live() {
             let page = self.pages[pin.page.index as usize];
-            ensure_invariant!(KV, page.generation == pin.page.generation, "pin {id:?} holds stale page {:?}", pin.page);
+            ensure_invariant!(
+                KV,
+                page.generation == pin.page.generation,
+                "pin {id:?} holds stale page {:?}",
+                pin.page
+            );
             pins_seen[pin.page.index as usize] += 1;
         }
         self.pins.check().map_err(|e| InvariantViolation::new(KV, e))?;
@@ -440,41 +509,112 @@ impl PagePool {
             let key = match page.state {
                 PageState::Free => {
                     free += 1;
-                    ensure_invariant!(KV, on_free_list[index], "free page {index} is not on the free list");
-                    ensure_invariant!(KV, pins_seen[index] == 0, "free page {index} has {} live pins", pins_seen[index]);
+                    ensure_invariant!(
+                        KV,
+                        on_free_list[index],
+                        "free page {index} is not on the free list"
+                    );
+                    ensure_invariant!(
+                        KV,
+                        pins_seen[index] == 0,
+                        "free page {index} has {} live pins",
+                        pins_seen[index]
+                    );
                     None
                 }
                 PageState::Held { refs, pins, cache } => {
                     held += 1;
-                    ensure_invariant!(KV, refs + pins >= 1, "held page {index} has no reference and no pin");
-                    ensure_invariant!(KV, pins == pins_seen[index], "page {index} counts {pins} pins, {} are live", pins_seen[index]);
-                    ensure_invariant!(KV, !on_free_list[index], "held page {index} is on the free list");
-                    ensure_invariant!(KV, !on_lru[index], "held page {index} is on the eviction list");
+                    ensure_invariant!(
+                        KV,
+                        refs + pins >= 1,
+                        "held page {index} has no reference and no pin"
+                    );
+                    ensure_invariant!(
+                        KV,
+                        pins == pins_seen[index],
+                        "page {index} counts {pins} pins, {} are live",
+                        pins_seen[index]
+                    );
+                    ensure_invariant!(
+                        KV,
+                        !on_free_list[index],
+                        "held page {index} is on the free list"
+                    );
+                    ensure_invariant!(
+                        KV,
+                        !on_lru[index],
+                        "held page {index} is on the eviction list"
+                    );
                     cache
                 }
                 PageState::Evictable { cache } => {
                     evictable += 1;
-                    ensure_invariant!(KV, on_lru[index], "evictable page {index} is not on the eviction list");
-                    ensure_invariant!(KV, !on_free_list[index], "evictable page {index} is on the free list");
-                    ensure_invariant!(KV, pins_seen[index] == 0, "evictable page {index} has live pins");
+                    ensure_invariant!(
+                        KV,
+                        on_lru[index],
+                        "evictable page {index} is not on the eviction list"
+                    );
+                    ensure_invariant!(
+                        KV,
+                        !on_free_list[index],
+                        "evictable page {index} is on the free list"
+                    );
+                    ensure_invariant!(
+                        KV,
+                        pins_seen[index] == 0,
+                        "evictable page {index} has live pins"
+                    );
                     Some(cache)
                 }
             };
             if let Some(key) = key {
                 cached += 1;
-                ensure_invariant!(KV, self.index.get(key.hash) == Some(index as u32), "cached page {index} is not indexed under its key {:#x}", key.hash);
+                ensure_invariant!(
+                    KV,
+                    self.index.get(key.hash) == Some(index as u32),
+                    "cached page {index} is not indexed under its key {:#x}",
+                    key.hash
+                );
                 let rehash = block_hash(key.parent, self.page_tokens_of(index as u32));
-                ensure_invariant!(KV, rehash == key.hash, "cached page {index}'s tokens hash to {rehash:#x}, not its key {:#x}", key.hash);
+                ensure_invariant!(
+                    KV,
+                    rehash == key.hash,
+                    "cached page {index}'s tokens hash to {rehash:#x}, not its key {:#x}",
+                    key.hash
+                );
             }
         }
-        ensure_invariant!(KV, free + held + evictable == total, "free {free} + held {held} + evictable {evictable} != total {total}");
-        ensure_invariant!(KV, free == self.free.len(), "{free} free pages but {} on the free list", self.free.len());
-        ensure_invariant!(KV, evictable == lru_order.len(), "{evictable} evictable pages but {} on the eviction list", lru_order.len());
-        ensure_invariant!(KV, cached == self.index.len(), "{cached} cached pages but {} index entries", self.index.len());
+        ensure_invariant!(
+            KV,
+            free + held + evictable == total,
+            "free {free} + held {held} + evictable {evictable} != total {total}"
+        );
+        ensure_invariant!(
+            KV,
+            free == self.free.len(),
+            "{free} free pages but {} on the free list",
+            self.free.len()
+        );
+        ensure_invariant!(
+            KV,
+            evictable == lru_order.len(),
+            "{evictable} evictable pages but {} on the eviction list",
+            lru_order.len()
+        );
+        ensure_invariant!(
+            KV,
+            cached == self.index.len(),
+            "{cached} cached pages but {} index entries",
+            self.index.len()
+        );
         for (hash, index) in self.index.entries() {
             let state = self.pages.get(index as usize).map(|p| p.state);
             let names_it = matches!(state, Some(PageState::Held { cache: Some(k), .. } | PageState::Evictable { cache: k }) if k.hash == hash);
-            ensure_invariant!(KV, names_it, "index entry {hash:#x} points at page {index}, which is {state:?}");
+            ensure_invariant!(
+                KV,
+                names_it,
+                "index entry {hash:#x} points at page {index}, which is {state:?}"
+            );
         }
         Ok(())
     }

@@ -35,7 +35,8 @@ pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
         lanes[i % 4] = absorb(lanes[i % 4], u64::from(token) | 1 << 63);
     }
     let len = tokens.len() as u64;
-    let folded = lanes[0] ^ lanes[1].rotate_left(19) ^ lanes[2].rotate_left(38) ^ lanes[3].rotate_left(57);
+    let folded =
+        lanes[0] ^ lanes[1].rotate_left(19) ^ lanes[2].rotate_left(38) ^ lanes[3].rotate_left(57);
     mix64(folded ^ len.wrapping_mul(PRIME))
 }
 
@@ -76,7 +77,7 @@ mod tests {
     #[test]
     fn values_are_pinned_across_builds() {
         // These values travel between workers and into traces: changing them is a wire change.
-    // They were computed by an independent Python transcription of the function.
+        // They were computed by an independent Python transcription of the function.
         assert_eq!(root_hash(0), 0x8574_94ab_d8fd_accc);
         assert_eq!(block_hash(root_hash(0), &[1, 2, 3, 4, 5, 6, 7, 8, 9]), 0xaf3e_439c_4446_8ae6);
     }
@@ -106,7 +107,10 @@ mod tests {
         let mut other = tokens.clone();
         other[3] = 99;
         let b = block_hashes(1, &other, 8);
-        assert!(a.iter().zip(&b).all(|(x, y)| x != y), "a change in page 0 must change every later key");
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x != y),
+            "a change in page 0 must change every later key"
+        );
         assert_eq!(block_hashes(1, &tokens[..39], 8).len(), 4, "a partial page has no key");
     }
 }

@@ -44,7 +44,10 @@ impl PrefixIndex {
     /// taken.
     pub(crate) fn insert(&mut self, key: u64, page: u32) -> Result<(), u32> {
         assert_ne!(page, EMPTY, "page number {EMPTY} is reserved");
-        assert!(self.len < self.keys.len() / 2, "prefix index sized for fewer entries than the pool has pages");
+        assert!(
+            self.len < self.keys.len() / 2,
+            "prefix index sized for fewer entries than the pool has pages"
+        );
         let mut slot = self.home(key);
         loop {
             let existing = self.pages[slot];

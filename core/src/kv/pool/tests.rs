@@ -24,7 +24,9 @@ fn cache(pool: &mut PagePool, page: PageRef, parent: u64, tokens: &[u32]) -> Cac
 fn config_is_validated() {
     assert!(PagePool::new(PoolConfig { pages_total: 0, page_tokens: 16, pins_max: 0 }).is_err());
     assert!(PagePool::new(PoolConfig { pages_total: 4, page_tokens: 0, pins_max: 0 }).is_err());
-    assert!(PagePool::new(PoolConfig { pages_total: u32::MAX, page_tokens: 16, pins_max: 0 }).is_err());
+    assert!(
+        PagePool::new(PoolConfig { pages_total: u32::MAX, page_tokens: 16, pins_max: 0 }).is_err()
+    );
 }
 
 #[test]
@@ -34,7 +36,10 @@ fn allocate_until_empty_then_refuse() {
     assert_eq!(pages.iter().map(|p| p.index()).collect::<Vec<_>>(), vec![0, 1, 2]);
     assert_eq!(pool.allocate(), Err(KvError::OutOfPages { needed: 1, available: 0 }));
     let mut out = Vec::new();
-    assert_eq!(pool.allocate_many(1, &mut out), Err(KvError::OutOfPages { needed: 1, available: 0 }));
+    assert_eq!(
+        pool.allocate_many(1, &mut out),
+        Err(KvError::OutOfPages { needed: 1, available: 0 })
+    );
     assert!(out.is_empty());
     ok(&pool);
     pool.release(pages[1]).unwrap();
@@ -47,7 +52,10 @@ fn allocate_many_is_all_or_nothing() {
     let mut pool = pool(4, 4);
     let mut out = Vec::new();
     pool.allocate_many(3, &mut out).unwrap();
-    assert_eq!(pool.allocate_many(2, &mut out), Err(KvError::OutOfPages { needed: 2, available: 1 }));
+    assert_eq!(
+        pool.allocate_many(2, &mut out),
+        Err(KvError::OutOfPages { needed: 2, available: 1 })
+    );
     assert_eq!(out.len(), 3);
     assert_eq!(pool.free_count(), 1);
     ok(&pool);
@@ -119,7 +127,8 @@ fn eviction_takes_least_recently_used_and_only_unreferenced() {
     let mut pool = pool(3, 1);
     let root = root_hash(0);
     let pages: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
-    let keys: Vec<_> = pages.iter().zip(10u32..).map(|(p, t)| cache(&mut pool, *p, root, &[t])).collect();
+    let keys: Vec<_> =
+        pages.iter().zip(10u32..).map(|(p, t)| cache(&mut pool, *p, root, &[t])).collect();
     // Release in the order 2, 0; page 1 stays referenced.
     pool.release(pages[2]).unwrap();
     pool.release(pages[0]).unwrap();
@@ -129,7 +138,11 @@ fn eviction_takes_least_recently_used_and_only_unreferenced() {
     assert_eq!(pool.release(pages[2]), Err(KvError::StaleHandle(pages[2])));
     let second = pool.allocate().unwrap();
     assert_eq!(second.index(), 0);
-    assert_eq!(pool.allocate(), Err(KvError::OutOfPages { needed: 1, available: 0 }), "a referenced cached page is never evicted");
+    assert_eq!(
+        pool.allocate(),
+        Err(KvError::OutOfPages { needed: 1, available: 0 }),
+        "a referenced cached page is never evicted"
+    );
     assert!(pool.cache_lookup(keys[1], &[11]).is_some());
     ok(&pool);
 }
@@ -143,7 +156,10 @@ fn key_taken_leaves_the_second_page_uncached() {
     let key = cache(&mut pool, a, root, &[1, 2]);
     assert_eq!(pool.cache_insert(b, key, &[1, 2]), Ok(CacheInsert::KeyTaken(a)));
     assert_eq!(pool.cache_insert(a, key, &[1, 2]), Err(KvError::AlreadyCached(a)));
-    assert_eq!(pool.cache_insert(b, key, &[1]), Err(KvError::WrongTokenCount { expected: 2, got: 1 }));
+    assert_eq!(
+        pool.cache_insert(b, key, &[1]),
+        Err(KvError::WrongTokenCount { expected: 2, got: 1 })
+    );
     pool.release(b).unwrap();
     assert_eq!(pool.free_count(), 1);
     ok(&pool);
@@ -157,7 +173,11 @@ fn pinned_pages_are_never_freed_or_evicted() {
     let pin = pool.pin(page, Time::from_millis(10)).unwrap();
     pool.release(page).unwrap();
     assert_eq!(pool.refs(page), Ok(0));
-    assert_eq!(pool.allocate(), Err(KvError::OutOfPages { needed: 1, available: 0 }), "pinned, so not evictable");
+    assert_eq!(
+        pool.allocate(),
+        Err(KvError::OutOfPages { needed: 1, available: 0 }),
+        "pinned, so not evictable"
+    );
     ok(&pool);
     assert_eq!(pool.unpin(pin), Ok(page));
     assert_eq!(pool.unpin(pin), Err(KvError::UnknownPin(pin)));
@@ -186,7 +206,8 @@ fn pin_leases_expire_and_heartbeats_extend_them() {
 
 #[test]
 fn pins_are_bounded() {
-    let mut pool = PagePool::new(PoolConfig { pages_total: 2, page_tokens: 1, pins_max: 1 }).unwrap();
+    let mut pool =
+        PagePool::new(PoolConfig { pages_total: 2, page_tokens: 1, pins_max: 1 }).unwrap();
     let page = pool.allocate().unwrap();
     pool.pin(page, Time::MAX).unwrap();
     assert_eq!(pool.pin(page, Time::MAX), Err(KvError::TooManyPins));
@@ -226,22 +247,39 @@ fn broken(f: impl FnOnce(&mut PagePool)) -> String {
 
 #[test]
 fn check_fires_on_page_missing_from_free_list() {
-    assert!(broken(|p| { p.free.pop(); }).contains("not on the free list"));
+    assert!(
+        broken(|p| {
+            p.free.pop();
+        })
+        .contains("not on the free list")
+    );
 }
 
 #[test]
 fn check_fires_on_page_listed_free_twice() {
-    assert!(broken(|p| { let i = p.free[0]; p.free.push(i); }).contains("twice"));
+    assert!(
+        broken(|p| {
+            let i = p.free[0];
+            p.free.push(i);
+        })
+        .contains("twice")
+    );
 }
 
 #[test]
 fn check_fires_on_held_page_without_refs_or_pins() {
-    assert!(broken(|p| p.pages[1].state = PageState::Held { refs: 0, pins: 0, cache: None }).contains("no reference and no pin"));
+    assert!(
+        broken(|p| p.pages[1].state = PageState::Held { refs: 0, pins: 0, cache: None })
+            .contains("no reference and no pin")
+    );
 }
 
 #[test]
 fn check_fires_on_pin_count_mismatch() {
-    assert!(broken(|p| p.pages[1].state = PageState::Held { refs: 1, pins: 2, cache: None }).contains("pins"));
+    assert!(
+        broken(|p| p.pages[1].state = PageState::Held { refs: 1, pins: 2, cache: None })
+            .contains("pins")
+    );
 }
 
 #[test]
@@ -256,7 +294,12 @@ fn check_fires_on_freed_page_that_is_pinned() {
 
 #[test]
 fn check_fires_on_evictable_page_off_the_lru() {
-    assert!(broken(|p| { p.lru.remove(0); }).contains("eviction list"));
+    assert!(
+        broken(|p| {
+            p.lru.remove(0);
+        })
+        .contains("eviction list")
+    );
 }
 
 #[test]
@@ -278,7 +321,10 @@ fn check_fires_on_stored_tokens_that_do_not_match_the_key() {
 #[test]
 fn check_fires_on_index_entry_lost() {
     let what = broken(|p| {
-        let key = match p.pages[0].state { PageState::Evictable { cache } => cache, s => panic!("{s:?}") };
+        let key = match p.pages[0].state {
+            PageState::Evictable { cache } => cache,
+            s => panic!("{s:?}"),
+        };
         p.index.remove(key.hash);
     });
     assert!(what.contains("not indexed"), "{what}");

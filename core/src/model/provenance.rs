@@ -1,0 +1,151 @@
+//! A deterministic model whose outputs prove where its KV came from.
+//!
+//! The KV it writes for a token is a hash of (the token, its position, the KV of the previous
+//! position); the token it samples is a hash of every KV value it reads through the row's page
+//! table. A request's outputs therefore depend on its own tokens alone, whatever pages, slots or
+//! batch-mates it had, unless a page it reads holds another request's KV, stale KV, or KV that
+//! was never written: then they change. Running a request alone and in a crowd and comparing is
+//! the whole correctness check.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::kv::PoolConfig;
+use crate::sched::{InputToken, PageTables, StepId, StepOutputs, StepPlan};
+
+/// Marks a KV slot that no step has written since the model started.
+const UNWRITTEN: u64 = 0;
+
+#[derive(Clone)]
+pub struct ProvenanceModel {
+    page_tokens: u32,
+    vocab_size: u32,
+    kv: Vec<u64>,
+    tables: PageTables,
+    /// Sampled tokens of recent steps by row (`None` for rows that do not sample), to resolve
+    /// the placeholders of overlap-mode plans.
+    recent: VecDeque<(StepId, Vec<Option<u32>>)>,
+}
+
+impl fmt::Debug for ProvenanceModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProvenanceModel")
+            .field("page_tokens", &self.page_tokens)
+            .field("vocab_size", &self.vocab_size)
+            .finish()
+    }
+}
+
+/// A plan this model cannot execute: a scheduler bug, reported rather than guessed around.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvenanceError(pub String);
+
+impl fmt::Display for ProvenanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "provenance model: {}", self.0)
+    }
+}
+
+impl std::error::Error for ProvenanceError {}
+
+impl ProvenanceModel {
+    /// How many steps back a placeholder may point.
+    const RECENT_STEPS_MAX: usize = 4;
+
+    pub fn new(pool: PoolConfig, slots: u32, vocab_size: u32) -> ProvenanceModel {
+        ProvenanceModel {
+            page_tokens: pool.page_tokens,
+            vocab_size: vocab_size.max(1),
+            kv: vec![UNWRITTEN; pool.pages_total as usize * pool.page_tokens as usize],
+            tables: PageTables::new(slots),
+            recent: VecDeque::with_capacity(Self::RECENT_STEPS_MAX),
+        }
+    }
+
+    /// Executes one step: writes the KV of every planned position, then samples each sampling row.
+    pub fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ProvenanceError> {
+        self.tables.apply(plan).map_err(ProvenanceError)?;
+        let mut by_row = Vec::with_capacity(plan.rows.len());
+        let mut sampled = Vec::new();
+        for row in &plan.rows {
+            for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
+                let token = self.resolve(*input)?;
+                let previous = match position {
+                    0 => 0x5eed,
+                    p => self.read(row.slot, p - 1)?,
+                };
+                let slot = self.kv_index(row.slot, position)?;
+                self.kv[slot] = kv_value(token, position, previous);
+            }
+            if row.sample {
+                let token = self.sample(row.slot, row.positions.end)?;
+                sampled.push(token);
+                by_row.push(Some(token));
+            } else {
+                by_row.push(None);
+            }
+        }
+        if self.recent.len() == Self::RECENT_STEPS_MAX {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((plan.step, by_row));
+        Ok(StepOutputs { step: plan.step, sampled })
+    }
+
+    /// The token sampled after `len` positions: every KV value read through the page table.
+    fn sample(&self, slot: u32, len: u32) -> Result<u32, ProvenanceError> {
+        let mut acc = 0x0123_4567_89ab_cdef_u64;
+        for position in 0..len {
+            let value = self.read(slot, position)?;
+            if value == UNWRITTEN {
+                // Never masked: an unwritten read is exactly what must change the output.
+                acc ^= 0xdead_beef;
+            }
+            acc = mix(acc ^ value);
+        }
+        Ok((acc % u64::from(self.vocab_size)) as u32)
+    }
+
+    fn resolve(&self, input: InputToken) -> Result<u32, ProvenanceError> {
+        match input {
+            InputToken::Known(token) => Ok(token),
+            InputToken::FromStep { step, row } => self
+                .recent
+                .iter()
+                .find(|(s, _)| *s == step)
+                .and_then(|(_, rows)| rows.get(row as usize).copied().flatten())
+                .ok_or_else(|| {
+                    ProvenanceError(format!(
+                        "placeholder names {step:?} row {row}, which sampled nothing known"
+                    ))
+                }),
+        }
+    }
+
+    fn read(&self, slot: u32, position: u32) -> Result<u64, ProvenanceError> {
+        Ok(self.kv[self.kv_index(slot, position)?])
+    }
+
+    fn kv_index(&self, slot: u32, position: u32) -> Result<usize, ProvenanceError> {
+        let table = self.tables.table(slot);
+        let page = table.get((position / self.page_tokens) as usize).ok_or_else(|| {
+            ProvenanceError(format!(
+                "slot {slot} position {position} has no page (table of {})",
+                table.len()
+            ))
+        })?;
+        Ok(page.index() as usize * self.page_tokens as usize
+            + (position % self.page_tokens) as usize)
+    }
+}
+
+fn kv_value(token: u32, position: u32, previous: u64) -> u64 {
+    // Never UNWRITTEN: the low bit is forced on.
+    mix(u64::from(token) ^ u64::from(position) << 32 ^ previous.rotate_left(17)) | 1
+}
+
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}

@@ -1,0 +1,126 @@
+//! Applying a step's outputs: tokens appended, stop conditions checked, finished pages offered
+//! to the prefix cache, drains completed.
+
+use super::plan::StepOutputs;
+use super::planner::extend_page_keys;
+use super::request::{AfterDrain, FinishReason, Phase};
+use super::scheduler::{ApplyError, InFlightRow, SchedEvent, Scheduler};
+use crate::Time;
+use crate::kv::CacheKey;
+use crate::kv::prefix_hash::root_hash;
+
+impl Scheduler {
+    /// Applies the outputs of the oldest step in flight. Outputs for any other step, or with the
+    /// wrong number of tokens, are refused and change nothing.
+    pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
+        let Some(oldest) = self.in_flight.front() else {
+            return Err(ApplyError::UnexpectedStep { got: outputs.step, expected: None });
+        };
+        if oldest.step != outputs.step {
+            return Err(ApplyError::UnexpectedStep {
+                got: outputs.step,
+                expected: Some(oldest.step),
+            });
+        }
+        if oldest.sampling_rows != outputs.sampled.len() {
+            return Err(ApplyError::WrongTokenCount {
+                step: outputs.step,
+                expected: oldest.sampling_rows,
+                got: outputs.sampled.len(),
+            });
+        }
+        let record = self.in_flight.pop_front().expect("checked above");
+        let mut sampled = outputs.sampled.iter().copied();
+        for (row_index, row) in record.rows.iter().enumerate() {
+            let token = if row.sample { sampled.next() } else { None };
+            let from = (record.step, row_index as u32);
+            self.apply_row(row, token, from, now);
+        }
+        Ok(())
+    }
+
+    fn apply_row(
+        &mut self,
+        row: &InFlightRow,
+        token: Option<u32>,
+        from: (super::StepId, u32),
+        now: Time,
+    ) {
+        let r = self.entry_mut(row.entry);
+        assert_eq!(
+            r.id, row.request,
+            "entry {} was reused while a step in flight named it",
+            row.entry
+        );
+        assert_eq!(r.computed, row.start, "{}: rows applied out of order", r.id);
+        r.computed = row.end;
+        r.in_flight_tokens -= row.end - row.start;
+        r.in_flight_steps -= 1;
+        if token.is_some() {
+            r.in_flight_samples -= 1;
+            if r.last_sample == Some(from) {
+                r.last_sample = None;
+            }
+        }
+        let discard = matches!(r.phase, Phase::Draining { then: AfterDrain::Remove, .. });
+        if !discard {
+            self.offer_full_pages_to_cache(row.entry);
+            if let Some(token) = token {
+                let r = self.entry_mut(row.entry);
+                r.tokens.push(token);
+                let request = r.id;
+                self.events.push_back(SchedEvent::Token { request, token });
+                if let Some(reason) = self.stop_reason(row.entry, token) {
+                    self.finish(row.entry, reason);
+                }
+            }
+        }
+        // `finish` may already have let go of it.
+        let drained =
+            self.entries[row.entry as usize].as_ref().is_some_and(|r| r.in_flight_steps == 0);
+        if drained {
+            self.complete_drain(row.entry, now);
+        }
+    }
+
+    fn stop_reason(&self, entry: u32, token: u32) -> Option<FinishReason> {
+        let r = self.entry(entry);
+        if !r.ignore_eos && self.config.eos_token_ids.contains(&token) {
+            Some(FinishReason::EndOfSequence(token))
+        } else if r.stop_token_ids.contains(&token) {
+            Some(FinishReason::StopToken(token))
+        } else if r.output_len() >= r.max_tokens {
+            Some(FinishReason::Length)
+        } else if r.tokens.len() as u32 >= self.config.request_tokens_max {
+            Some(FinishReason::ContextLength)
+        } else {
+            None
+        }
+    }
+
+    /// Offers every page whose KV is now complete, written by applied steps only, to the prefix
+    /// cache. A page is never offered earlier: a page cached mid-prefill could be matched before
+    /// its KV exists, and one cached and then freed poisons the cache (sglang#38355).
+    fn offer_full_pages_to_cache(&mut self, entry: u32) {
+        if !self.config.prefix_cache {
+            return;
+        }
+        let page_tokens = self.pool.page_tokens() as usize;
+        let Scheduler { pool, entries, .. } = self;
+        let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
+        let full = r.computed as usize / page_tokens;
+        if (r.pages_cached as usize) >= full {
+            return;
+        }
+        extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, full);
+        for i in r.pages_cached as usize..full {
+            let parent = if i == 0 { root_hash(r.cache_salt) } else { r.page_keys[i - 1] };
+            let key = CacheKey { hash: r.page_keys[i], parent };
+            let tokens = &r.tokens[i * page_tokens..(i + 1) * page_tokens];
+            if let Err(e) = pool.cache_insert(r.pages[i], key, tokens) {
+                panic!("{}: page {i} could not be offered to the cache: {e}", r.id);
+            }
+        }
+        r.pages_cached = full as u32;
+    }
+}

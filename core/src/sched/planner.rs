@@ -1,0 +1,319 @@
+//! Planning a step: which requests run, which positions each computes, which pages hold them.
+//!
+//! Three passes in a fixed order: decode rows of running requests, prefill chunks of running
+//! requests, then admissions from the waiting queue, each pass in request order. Rows are drafted
+//! first (pages allocated, preemptions made) and only then written into the plan, so a request
+//! preempted after its row was drafted simply loses the row.
+
+use super::plan::{Bucket, InputToken, RowPlan, StepPlan};
+use super::request::Phase;
+use super::scheduler::{InFlightRow, InFlightStep, Scheduler};
+use crate::Time;
+use crate::kv::prefix_hash::{block_hash, root_hash};
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DraftRow {
+    entry: u32,
+    start: u32,
+    end: u32,
+    sample: bool,
+    cancelled: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Decode,
+    Prefill,
+}
+
+/// What `ensure_pages` could do for a request.
+enum Pages {
+    Ready,
+    /// Not now: pages are coming back once steps in flight are applied.
+    Wait,
+    /// Nothing of lower order was left to preempt, so the request preempted itself.
+    SelfPreempted,
+}
+
+impl Scheduler {
+    /// Plans the next step, or returns `None` when nothing can run or `mode` allows no more steps
+    /// in flight. The plan's rows must be executed and their outputs applied in step order.
+    pub fn plan_step(&mut self, now: Time) -> Option<super::StepPlan> {
+        if self.in_flight.len() >= self.config.mode.steps_in_flight_max() {
+            return None;
+        }
+        let mut draft = std::mem::take(&mut self.draft);
+        draft.clear();
+        let mut budget = self.config.step_tokens_max;
+        self.draft_running(Pass::Decode, &mut draft, &mut budget, now);
+        self.draft_running(Pass::Prefill, &mut draft, &mut budget, now);
+        self.draft_admissions(&mut draft, &mut budget);
+        let plan = draft.iter().any(|row| !row.cancelled).then(|| self.materialize(&draft));
+        self.draft = draft;
+        plan
+    }
+
+    fn draft_running(
+        &mut self,
+        pass: Pass,
+        draft: &mut Vec<DraftRow>,
+        budget: &mut u32,
+        now: Time,
+    ) {
+        let chunk_max = self.config.prefill_chunk_tokens_max;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let (_, entry) = self.running[i];
+            let r = self.entry(entry);
+            let remaining = r.len_with_in_flight() - r.planned_end();
+            let tokens = match pass {
+                _ if r.draft_row.is_some() || self.will_finish(entry) => 0,
+                Pass::Decode if remaining == 1 => 1,
+                Pass::Prefill if remaining > 1 => remaining.min(*budget).min(chunk_max),
+                _ => 0,
+            };
+            if tokens == 0 {
+                i += 1;
+                continue;
+            }
+            let (start, len_with_in_flight) = (r.planned_end(), r.len_with_in_flight());
+            let end = start + tokens;
+            match self.ensure_pages(entry, end, draft, budget, now) {
+                Pages::Ready => {
+                    self.entry_mut(entry).draft_row = Some(draft.len() as u32);
+                    draft.push(DraftRow {
+                        entry,
+                        start,
+                        end,
+                        sample: end == len_with_in_flight,
+                        cancelled: false,
+                    });
+                    *budget -= tokens;
+                    i += 1;
+                }
+                Pages::Wait => i += 1,
+                // It left the running order: the next request now stands at `i`.
+                Pages::SelfPreempted => {}
+            }
+        }
+    }
+
+    /// True when the samples in flight will end the request: it gets no further row.
+    fn will_finish(&self, entry: u32) -> bool {
+        let r = self.entry(entry);
+        r.output_len() + r.in_flight_samples >= r.max_tokens
+            || r.len_with_in_flight() >= self.config.request_tokens_max
+    }
+
+    /// Gives a running request pages for positions up to `end`, preempting requests of lower
+    /// order (last first) while that helps. A victim with steps in flight gives its pages back
+    /// only once they are applied, so preemption stops as soon as what is coming back suffices.
+    fn ensure_pages(
+        &mut self,
+        entry: u32,
+        end: u32,
+        draft: &mut [DraftRow],
+        budget: &mut u32,
+        now: Time,
+    ) -> Pages {
+        let need = self.pages_needed(entry, end);
+        let mut coming_back = 0;
+        loop {
+            if self.pool.available_count() >= need {
+                let Scheduler { pool, entries, .. } = self;
+                let r =
+                    entries[entry as usize].as_mut().expect("a live entry number names a request");
+                pool.allocate_many(need, &mut r.pages).expect("available pages were counted");
+                return Pages::Ready;
+            }
+            if self.pool.available_count() + coming_back >= need {
+                return Pages::Wait;
+            }
+            let &(_, victim) = self.running.last().expect("the requester is running");
+            if victim == entry {
+                self.preempt(entry, now);
+                return Pages::SelfPreempted;
+            }
+            if let Some(row) = self.entry_mut(victim).draft_row.take() {
+                let row = &mut draft[row as usize];
+                row.cancelled = true;
+                *budget += row.end - row.start;
+            }
+            if self.entry(victim).in_flight_steps > 0 {
+                coming_back += self.exclusive_pages(victim);
+            }
+            self.preempt(victim, now);
+        }
+    }
+
+    fn pages_needed(&self, entry: u32, end: u32) -> u32 {
+        let covered = end.div_ceil(self.pool.page_tokens());
+        covered.saturating_sub(self.entry(entry).pages.len() as u32)
+    }
+
+    /// Pages that become available when this request lets go of them.
+    fn exclusive_pages(&self, entry: u32) -> u32 {
+        let r = self.entry(entry);
+        let alone = |p| self.pool.refs(p) == Ok(1) && self.pool.pin_count(p) == Ok(0);
+        r.pages.iter().filter(|&&p| alone(p)).count() as u32
+    }
+
+    /// Admits waiting requests in order while a slot, budget and pages allow; the first that does
+    /// not fit stops admission, so a large request is not overtaken forever by small ones.
+    fn draft_admissions(&mut self, draft: &mut Vec<DraftRow>, budget: &mut u32) {
+        while *budget > 0 && !self.free_slots.is_empty() {
+            let Some(&(_, entry)) = self.waiting.first() else {
+                break;
+            };
+            let computed = self.match_cached_prefix(entry);
+            let len = self.entry(entry).tokens.len() as u32;
+            let tokens = (len - computed).min(*budget).min(self.config.prefill_chunk_tokens_max);
+            let end = computed + tokens;
+            let need = self.pages_needed(entry, end);
+            if self.pool.available_count() < need {
+                self.release_matched_prefix(entry);
+                break;
+            }
+            let Scheduler { pool, entries, .. } = self;
+            let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
+            pool.allocate_many(need, &mut r.pages).expect("available pages were counted");
+            r.draft_row = Some(draft.len() as u32);
+            self.start_running(entry);
+            draft.push(DraftRow {
+                entry,
+                start: computed,
+                end,
+                sample: end == len,
+                cancelled: false,
+            });
+            *budget -= tokens;
+        }
+    }
+
+    /// Takes the longest cached prefix of a waiting request's tokens and returns how many tokens
+    /// it covers. The last token is always left to compute: its logits give the first output
+    /// token, and writing its KV into a shared page would corrupt that page for everyone.
+    fn match_cached_prefix(&mut self, entry: u32) -> u32 {
+        if !self.config.prefix_cache {
+            return 0;
+        }
+        let page_tokens = self.pool.page_tokens() as usize;
+        let Scheduler { pool, entries, .. } = self;
+        let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
+        debug_assert!(r.pages.is_empty() && r.computed == 0);
+        let limit = (r.tokens.len() - 1) / page_tokens;
+        extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, limit);
+        let root = root_hash(r.cache_salt);
+        let matched = pool.match_prefix(root, &r.page_keys[..limit], &r.tokens, &mut r.pages);
+        r.pages_cached = matched as u32;
+        r.computed = (matched * page_tokens) as u32;
+        r.computed
+    }
+
+    fn release_matched_prefix(&mut self, entry: u32) {
+        let Scheduler { pool, entries, .. } = self;
+        let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
+        for page in r.pages.drain(..) {
+            pool.release(page).expect("a page matched a moment ago is held");
+        }
+        r.pages_cached = 0;
+        r.computed = 0;
+    }
+
+    /// Writes the drafted rows into a plan and records the step as in flight.
+    fn materialize(&mut self, draft: &[DraftRow]) -> StepPlan {
+        let step = self.next_step;
+        self.next_step.0 += 1;
+        let rows_count = draft.iter().filter(|row| !row.cancelled).count();
+        let mut plan = StepPlan {
+            step,
+            rows: Vec::with_capacity(rows_count),
+            input_tokens: Vec::new(),
+            page_updates: Vec::new(),
+            bucket: Bucket::Eager,
+        };
+        let mut record =
+            InFlightStep { step, rows: Vec::with_capacity(rows_count), sampling_rows: 0 };
+        for d in draft.iter().filter(|row| !row.cancelled) {
+            let row_index = plan.rows.len() as u32;
+            let r = self.entries[d.entry as usize].as_mut().expect("a drafted entry is live");
+            r.draft_row = None;
+            let Phase::Running { slot } = r.phase else {
+                unreachable!("{} drafted but not running", r.id);
+            };
+            let inputs_start = plan.input_tokens.len() as u32;
+            for position in d.start..d.end {
+                let token = match r.tokens.get(position as usize) {
+                    Some(&token) => InputToken::Known(token),
+                    None => {
+                        assert_eq!(
+                            position as usize,
+                            r.tokens.len(),
+                            "{}: only the next token can be pending",
+                            r.id
+                        );
+                        let (step, row) = r
+                            .last_sample
+                            .expect("a pending token comes from a sampling step in flight");
+                        InputToken::FromStep { step, row }
+                    }
+                };
+                plan.input_tokens.push(token);
+            }
+            let updates_start = plan.page_updates.len() as u32;
+            plan.page_updates.extend_from_slice(&r.pages[r.pages_sent as usize..]);
+            let page_table_from = r.pages_sent;
+            r.pages_sent = r.pages.len() as u32;
+            r.in_flight_tokens += d.end - d.start;
+            r.in_flight_steps += 1;
+            if d.sample {
+                r.in_flight_samples += 1;
+                r.last_sample = Some((step, row_index));
+                record.sampling_rows += 1;
+            }
+            plan.rows.push(RowPlan {
+                request: r.id,
+                slot,
+                positions: d.start..d.end,
+                inputs: inputs_start..plan.input_tokens.len() as u32,
+                page_table_from,
+                page_updates: updates_start..plan.page_updates.len() as u32,
+                sample: d.sample,
+            });
+            record.rows.push(InFlightRow {
+                entry: d.entry,
+                request: r.id,
+                start: d.start,
+                end: d.end,
+                sample: d.sample,
+            });
+        }
+        plan.bucket = self.bucket_for(&plan);
+        self.in_flight.push_back(record);
+        plan
+    }
+
+    fn bucket_for(&self, plan: &StepPlan) -> Bucket {
+        let rows = plan.rows.len() as u32;
+        let decode_only = plan.tokens_total() == rows;
+        match self.config.capture_sizes.iter().find(|&&size| size >= rows) {
+            Some(&padded_rows) if decode_only => Bucket::Graph { padded_rows },
+            _ => Bucket::Eager,
+        }
+    }
+}
+
+/// Extends `keys` to the chained keys of the first `pages` full pages of `tokens`.
+pub(crate) fn extend_page_keys(
+    keys: &mut Vec<u64>,
+    salt: u64,
+    tokens: &[u32],
+    page_tokens: usize,
+    pages: usize,
+) {
+    while keys.len() < pages {
+        let i = keys.len();
+        let parent = keys.last().copied().unwrap_or_else(|| root_hash(salt));
+        keys.push(block_hash(parent, &tokens[i * page_tokens..(i + 1) * page_tokens]));
+    }
+}

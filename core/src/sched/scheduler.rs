@@ -1,0 +1,403 @@
+//! The scheduler's state, its inputs other than planning and applying, and its outputs.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use super::config::{SchedConfig, SchedConfigError};
+use super::plan::StepId;
+use super::request::{
+    AdmissionError, AfterDrain, FinishReason, NewRequest, OrderKey, Phase, Request, RequestId,
+};
+use crate::Time;
+use crate::kv::PagePool;
+
+/// What the scheduler tells its driver. Drained with `poll_event` after every input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedEvent {
+    /// The request's next output token, in order.
+    Token { request: RequestId, token: u32 },
+    /// The request ended. Exactly one per request; nothing about it follows.
+    Finished { request: RequestId, reason: FinishReason, output_tokens: u32 },
+    /// The request lost its pages to a higher-order one and will recompute; its tokens so far
+    /// stand.
+    Preempted { request: RequestId },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortError {
+    /// No such request: never submitted, or already ended and reported.
+    Unknown(RequestId),
+}
+
+impl fmt::Display for AbortError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AbortError::Unknown(id) => write!(f, "no live request {id}"),
+        }
+    }
+}
+
+impl std::error::Error for AbortError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyError {
+    /// Outputs must come for the oldest step in flight, once.
+    UnexpectedStep { got: StepId, expected: Option<StepId> },
+    /// One sampled token per sampling row.
+    WrongTokenCount { step: StepId, expected: usize, got: usize },
+}
+
+impl fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyError::UnexpectedStep { got, expected } => {
+                write!(f, "outputs for {got:?}, expected {expected:?}")
+            }
+            ApplyError::WrongTokenCount { step, expected, got } => {
+                write!(f, "outputs for {step:?} carry {got} tokens for {expected} sampling rows")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ApplyError {}
+
+/// A row of a step in flight, as the scheduler remembers it until the step is applied.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InFlightRow {
+    pub(crate) entry: u32,
+    pub(crate) request: RequestId,
+    pub(crate) start: u32,
+    pub(crate) end: u32,
+    pub(crate) sample: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct InFlightStep {
+    pub(crate) step: StepId,
+    pub(crate) rows: Vec<InFlightRow>,
+    pub(crate) sampling_rows: usize,
+}
+
+/// Continuous-batching scheduler over a page pool. See the module docs for the driver's loop.
+#[derive(Clone)]
+pub struct Scheduler {
+    pub(crate) config: SchedConfig,
+    pub(crate) pool: PagePool,
+    /// Requests by entry number; an entry is reused only after its request is gone.
+    pub(crate) entries: Vec<Option<Request>>,
+    pub(crate) free_entries: Vec<u32>,
+    pub(crate) by_id: BTreeMap<RequestId, u32>,
+    /// Waiting requests in admission order.
+    pub(crate) waiting: BTreeSet<(OrderKey, u32)>,
+    /// When each waiting request gives up.
+    pub(crate) waiting_deadlines: BTreeSet<(Time, RequestId)>,
+    /// Running requests in admission order (not the draining ones).
+    pub(crate) running: Vec<(OrderKey, u32)>,
+    /// Free batch slots, used as a stack.
+    pub(crate) free_slots: Vec<u32>,
+    pub(crate) in_flight: VecDeque<InFlightStep>,
+    pub(crate) next_step: StepId,
+    pub(crate) events: VecDeque<SchedEvent>,
+    /// Reused between steps so planning does not allocate its scratch space.
+    pub(crate) draft: Vec<super::planner::DraftRow>,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running.len())
+            .field("slots_held", &self.slots_held())
+            .field("in_flight", &self.in_flight.len())
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+impl Scheduler {
+    pub fn new(config: SchedConfig) -> Result<Scheduler, SchedConfigError> {
+        config.validate()?;
+        let pool = PagePool::new(config.pool).map_err(|e| SchedConfigError::from_pool(&e))?;
+        let requests_max = (config.waiting_max + config.running_max) as usize;
+        Ok(Scheduler {
+            pool,
+            entries: vec![None; requests_max],
+            free_entries: (0..requests_max as u32).rev().collect(),
+            by_id: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            waiting_deadlines: BTreeSet::new(),
+            running: Vec::with_capacity(config.running_max as usize),
+            free_slots: (0..config.running_max).rev().collect(),
+            in_flight: VecDeque::with_capacity(2),
+            next_step: StepId(0),
+            events: VecDeque::new(),
+            draft: Vec::with_capacity(config.step_tokens_max as usize),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &SchedConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    pub fn waiting_count(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests holding a batch slot: running and draining.
+    pub fn slots_held(&self) -> usize {
+        self.config.running_max as usize - self.free_slots.len()
+    }
+
+    pub fn steps_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Requests the scheduler holds in any phase.
+    pub fn requests_held(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// The prompt and output tokens applied so far of a held request.
+    pub fn request_tokens(&self, id: RequestId) -> Option<&[u32]> {
+        self.by_id.get(&id).map(|&e| self.entry(e).tokens.as_slice())
+    }
+
+    /// Accepts a request into the waiting queue, or refuses it with the reason. A refused request
+    /// leaves no trace.
+    pub fn submit(&mut self, req: NewRequest, now: Time) -> Result<(), AdmissionError> {
+        self.check_admissible(&req)?;
+        let entry = self
+            .free_entries
+            .pop()
+            .expect("entries are sized for every request the queue bounds admit");
+        let id = req.id;
+        self.entries[entry as usize] = Some(Request::new(req, now));
+        self.by_id.insert(id, entry);
+        self.enqueue(entry, now);
+        Ok(())
+    }
+
+    fn check_admissible(&self, req: &NewRequest) -> Result<(), AdmissionError> {
+        if self.by_id.contains_key(&req.id) {
+            return Err(AdmissionError::DuplicateId(req.id));
+        }
+        if self.waiting.len() >= self.config.waiting_max as usize {
+            return Err(AdmissionError::QueueFull { waiting_max: self.config.waiting_max });
+        }
+        if req.prompt.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(AdmissionError::ZeroMaxTokens);
+        }
+        let prompt_tokens = u32::try_from(req.prompt.len()).unwrap_or(u32::MAX);
+        if prompt_tokens >= self.config.request_tokens_max {
+            return Err(AdmissionError::PromptTooLong {
+                prompt_tokens,
+                request_tokens_max: self.config.request_tokens_max,
+            });
+        }
+        // The KV of the last output token is never computed: it is sampled and returned.
+        let tokens_max = (u64::from(prompt_tokens) + u64::from(req.max_tokens) - 1)
+            .min(u64::from(self.config.request_tokens_max));
+        let pages_needed = tokens_max.div_ceil(u64::from(self.pool.page_tokens()));
+        if pages_needed > u64::from(self.pool.pages_total()) {
+            return Err(AdmissionError::NeverFits {
+                pages_needed,
+                pages_total: self.pool.pages_total(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends a request in any phase. Its terminal event goes out now; its pages and slot are
+    /// released now, or once the last step in flight that touches them is applied.
+    pub fn abort(&mut self, id: RequestId, _now: Time) -> Result<(), AbortError> {
+        let entry = *self.by_id.get(&id).ok_or(AbortError::Unknown(id))?;
+        match self.entry(entry).phase {
+            Phase::Draining { then: AfterDrain::Remove, .. } => Err(AbortError::Unknown(id)),
+            _ => {
+                self.finish(entry, FinishReason::Aborted);
+                Ok(())
+            }
+        }
+    }
+
+    /// The next event, if any. Drain after every input.
+    pub fn poll_event(&mut self) -> Option<SchedEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call `handle_timeout`: the earliest queue deadline or pin lease.
+    pub fn next_timeout(&self) -> Option<Time> {
+        let queue = self.waiting_deadlines.first().map(|(t, _)| *t);
+        match (queue, self.pool.next_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Refuses waiting requests past their queue deadline, and expires pin leases.
+    pub fn handle_timeout(&mut self, now: Time) {
+        while let Some(&(deadline, id)) = self.waiting_deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            let entry = self.by_id[&id];
+            self.finish(entry, FinishReason::QueueTimeout);
+        }
+        self.pool.handle_timeout(now);
+    }
+
+    pub(crate) fn entry(&self, entry: u32) -> &Request {
+        self.entries[entry as usize].as_ref().expect("a live entry number names a request")
+    }
+
+    pub(crate) fn entry_mut(&mut self, entry: u32) -> &mut Request {
+        self.entries[entry as usize].as_mut().expect("a live entry number names a request")
+    }
+
+    pub(crate) fn enqueue(&mut self, entry: u32, now: Time) {
+        let deadline = now.saturating_add(self.config.queue_wait_max);
+        let r = self.entry_mut(entry);
+        r.phase = Phase::Waiting;
+        r.queued_at = now;
+        let (order, id) = (r.order, r.id);
+        self.waiting.insert((order, entry));
+        self.waiting_deadlines.insert((deadline, id));
+    }
+
+    fn dequeue(&mut self, entry: u32) {
+        let r = self.entry(entry);
+        let deadline = r.queued_at.saturating_add(self.config.queue_wait_max);
+        let (order, id) = (r.order, r.id);
+        let was_waiting = self.waiting.remove(&(order, entry));
+        let had_deadline = self.waiting_deadlines.remove(&(deadline, id));
+        assert!(was_waiting && had_deadline, "{id} left a waiting queue it was not in");
+    }
+
+    /// Moves a request into the running order with a fresh slot.
+    pub(crate) fn start_running(&mut self, entry: u32) {
+        self.dequeue(entry);
+        let slot = self.free_slots.pop().expect("admission checked a slot is free");
+        let r = self.entry_mut(entry);
+        r.phase = Phase::Running { slot };
+        let key = (r.order, entry);
+        let at =
+            self.running.binary_search(&key).expect_err("a request is in the running order once");
+        self.running.insert(at, key);
+    }
+
+    fn stop_running(&mut self, entry: u32) {
+        let key = (self.entry(entry).order, entry);
+        let at =
+            self.running.binary_search(&key).expect("a running request is in the running order");
+        self.running.remove(at);
+    }
+
+    /// The terminal transition: reports `reason` once and lets go of the request, now or when its
+    /// steps in flight are applied.
+    pub(crate) fn finish(&mut self, entry: u32, reason: FinishReason) {
+        let r = self.entry(entry);
+        let (id, output_tokens, phase) = (r.id, r.output_len(), r.phase);
+        match phase {
+            Phase::Waiting => {
+                self.dequeue(entry);
+                self.remove(entry);
+            }
+            Phase::Running { slot } => {
+                self.stop_running(entry);
+                self.drain_or(entry, slot, AfterDrain::Remove);
+            }
+            Phase::Draining { slot, then: AfterDrain::Requeue } => {
+                self.entry_mut(entry).phase = Phase::Draining { slot, then: AfterDrain::Remove };
+            }
+            Phase::Draining { then: AfterDrain::Remove, .. } => unreachable!("{id} finished twice"),
+        }
+        self.events.push_back(SchedEvent::Finished { request: id, reason, output_tokens });
+    }
+
+    /// Preempts a running request by recompute: its pages go (now or after its steps in flight),
+    /// its tokens stay, and it waits again in its original order.
+    pub(crate) fn preempt(&mut self, entry: u32, now: Time) {
+        let Phase::Running { slot } = self.entry(entry).phase else {
+            unreachable!("only running requests are preempted");
+        };
+        self.stop_running(entry);
+        let r = self.entry_mut(entry);
+        r.preemptions += 1;
+        let id = r.id;
+        self.events.push_back(SchedEvent::Preempted { request: id });
+        if self.drain_or(entry, slot, AfterDrain::Requeue) {
+            self.enqueue(entry, now);
+        }
+    }
+
+    /// Releases the request's pages and slot now if no step in flight touches them, and returns
+    /// true; else marks it draining, to finish with `then` when the last such step is applied.
+    fn drain_or(&mut self, entry: u32, slot: u32, then: AfterDrain) -> bool {
+        if self.entry(entry).in_flight_steps > 0 {
+            self.entry_mut(entry).phase = Phase::Draining { slot, then };
+            return false;
+        }
+        self.release_resources(entry, slot);
+        if then == AfterDrain::Remove {
+            self.remove(entry);
+        }
+        true
+    }
+
+    /// Ends a drain once the request's last step in flight is applied.
+    pub(crate) fn complete_drain(&mut self, entry: u32, now: Time) {
+        let Phase::Draining { slot, then } = self.entry(entry).phase else {
+            return;
+        };
+        self.release_resources(entry, slot);
+        match then {
+            AfterDrain::Requeue => self.enqueue(entry, now),
+            AfterDrain::Remove => self.remove(entry),
+        }
+    }
+
+    fn release_resources(&mut self, entry: u32, slot: u32) {
+        let r = self.entries[entry as usize].as_mut().expect("a live entry number names a request");
+        debug_assert_eq!(
+            r.in_flight_steps, 0,
+            "{} released while a step in flight touches it",
+            r.id
+        );
+        for page in r.pages.drain(..) {
+            if let Err(e) = self.pool.release(page) {
+                panic!("{} held page {page:?} it could not release: {e}", r.id);
+            }
+        }
+        r.pages_sent = 0;
+        r.pages_cached = 0;
+        r.computed = 0;
+        r.phase = Phase::Waiting;
+        self.free_slots.push(slot);
+    }
+
+    fn remove(&mut self, entry: u32) {
+        let r = self.entries[entry as usize].take().expect("a live entry number names a request");
+        assert!(r.pages.is_empty(), "{} removed while holding pages", r.id);
+        self.by_id.remove(&r.id);
+        self.free_entries.push(entry);
+    }
+}
+
+impl SchedConfigError {
+    fn from_pool(e: &crate::kv::PoolConfigError) -> SchedConfigError {
+        SchedConfigError::new(e.to_string())
+    }
+}

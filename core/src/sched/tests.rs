@@ -1,0 +1,359 @@
+//! Behaviour of the scheduler, driven through the single-worker harness.
+
+use std::time::Duration;
+
+use super::*;
+use crate::Time;
+use crate::testing::{Harness, request, run_alone, small_config};
+
+fn prompt(seed: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|i| 1 + (seed * 31 + i * 7) % 90).collect()
+}
+
+fn assert_matches_alone(h: &Harness, reqs: &[NewRequest]) {
+    for req in reqs {
+        let alone = run_alone(h.sched.config(), req);
+        assert_eq!(h.tokens[&req.id], alone, "{} differs from its output when run alone", req.id);
+    }
+}
+
+#[test]
+fn one_request_runs_to_max_tokens() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 32));
+    let mut req = request(1, prompt(1, 5), 6);
+    req.ignore_eos = true;
+    h.submit(req).unwrap();
+    h.run_until_idle(100);
+    assert_eq!(h.tokens[&RequestId(1)].len(), 6);
+    assert_eq!(h.finished[&RequestId(1)], FinishReason::Length);
+    assert_eq!(h.sched.pool().held_count(), 0, "nothing leaks");
+}
+
+#[test]
+fn crowd_equals_alone_in_both_modes_and_modes_agree() {
+    let reqs: Vec<NewRequest> = (0..8)
+        .map(|i| request(i, prompt(i as u32, 3 + (i as u32 * 5) % 13), 4 + i as u32 % 5))
+        .collect();
+    let mut outputs = Vec::new();
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let mut h = Harness::new(small_config(mode, 24));
+        for req in &reqs {
+            h.submit(req.clone()).unwrap();
+        }
+        h.run_until_idle(1_000);
+        assert_eq!(h.finished.len(), reqs.len());
+        assert_matches_alone(&h, &reqs);
+        assert_eq!(h.sched.pool().held_count(), 0);
+        outputs.push(h.tokens.clone());
+    }
+    assert_eq!(outputs[0], outputs[1], "sync and overlap modes must give the same tokens");
+}
+
+#[test]
+fn long_prompts_are_chunked_and_only_the_last_chunk_samples() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 32));
+    h.submit(request(1, prompt(2, 20), 2)).unwrap();
+    let mut chunks = Vec::new();
+    for _ in 0..3 {
+        let plan = h.sched.plan_step(h.now).unwrap();
+        let row = &plan.rows[0];
+        chunks.push((row.positions.clone(), row.sample));
+        let out = h.model.execute(&plan).unwrap();
+        h.sched.apply_outputs(&out, h.now).unwrap();
+        h.sched.check_invariants().unwrap();
+    }
+    assert_eq!(chunks, vec![(0..8, false), (8..16, false), (16..20, true)]);
+}
+
+#[test]
+fn decode_rows_come_before_prefill_and_admission_follows_order() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 64));
+    h.submit(request(5, prompt(5, 3), 8)).unwrap();
+    assert!(h.step());
+    // Now 5 decodes. Submit three more; 9 has the best priority, 7 and 8 tie on priority and
+    // arrival, so the lower id goes first.
+    let mut low = request(9, prompt(9, 3), 4);
+    low.priority = -1;
+    h.submit(request(8, prompt(8, 3), 4)).unwrap();
+    h.submit(request(7, prompt(7, 3), 4)).unwrap();
+    h.submit(low).unwrap();
+    let plan = h.sched.plan_step(h.now).unwrap();
+    let order: Vec<u64> = plan.rows.iter().map(|r| r.request.0).collect();
+    assert_eq!(order, vec![5, 9, 7, 8]);
+    assert_eq!(plan.rows[0].positions.len(), 1, "the decode row is first");
+}
+
+#[test]
+fn admission_refuses_with_a_reason() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 8));
+    assert_eq!(h.submit(request(1, vec![], 4)), Err(AdmissionError::EmptyPrompt));
+    assert_eq!(h.submit(request(1, vec![1], 0)), Err(AdmissionError::ZeroMaxTokens));
+    assert_eq!(
+        h.submit(request(1, prompt(1, 64), 1)),
+        Err(AdmissionError::PromptTooLong { prompt_tokens: 64, request_tokens_max: 64 })
+    );
+    assert_eq!(
+        h.submit(request(1, prompt(1, 30), 10)),
+        Err(AdmissionError::NeverFits { pages_needed: 10, pages_total: 8 })
+    );
+    h.submit(request(1, prompt(1, 3), 2)).unwrap();
+    assert_eq!(
+        h.submit(request(1, prompt(1, 3), 2)),
+        Err(AdmissionError::DuplicateId(RequestId(1)))
+    );
+    for id in 2..=8 {
+        h.submit(request(id, prompt(1, 3), 2)).unwrap();
+    }
+    assert_eq!(
+        h.submit(request(9, prompt(1, 3), 2)),
+        Err(AdmissionError::QueueFull { waiting_max: 8 })
+    );
+    assert_eq!(h.sched.requests_held(), 8, "refusals leave no trace");
+}
+
+#[test]
+fn stop_tokens_eos_and_ignore_eos() {
+    let config = small_config(StepMode::Sync, 64);
+    let base = request(1, prompt(3, 4), 12);
+    let mut free = base.clone();
+    free.ignore_eos = true;
+    let natural = run_alone(&config, &free);
+    assert_eq!(natural.len(), 12);
+    let stop_at = natural[3];
+    let first = natural.iter().position(|&t| t == stop_at).unwrap();
+    let mut with_stop = free.clone();
+    with_stop.stop_token_ids = vec![stop_at];
+    let mut h = Harness::new(config.clone());
+    h.submit(with_stop).unwrap();
+    h.run_until_idle(100);
+    assert_eq!(h.tokens[&RequestId(1)], natural[..=first].to_vec());
+    assert_eq!(h.finished[&RequestId(1)], FinishReason::StopToken(stop_at));
+
+    // The same token as an end-of-sequence id ends it the same way, unless ignored.
+    let mut h = Harness::new(SchedConfig { eos_token_ids: vec![stop_at], ..config });
+    h.submit(base).unwrap();
+    h.submit(NewRequest { id: RequestId(2), ..free }).unwrap();
+    h.run_until_idle(100);
+    assert_eq!(h.finished[&RequestId(1)], FinishReason::EndOfSequence(stop_at));
+    assert_eq!(h.finished[&RequestId(2)], FinishReason::Length);
+}
+
+#[test]
+fn context_length_ends_a_request() {
+    let config = SchedConfig { request_tokens_max: 10, ..small_config(StepMode::Sync, 64) };
+    let mut h = Harness::new(config);
+    let mut req = request(1, prompt(4, 7), 50);
+    req.ignore_eos = true;
+    h.submit(req).unwrap();
+    h.run_until_idle(100);
+    assert_eq!(h.finished[&RequestId(1)], FinishReason::ContextLength);
+    assert_eq!(h.tokens[&RequestId(1)].len(), 3);
+}
+
+#[test]
+fn prefix_cache_skips_shared_full_pages_and_changes_nothing() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 64));
+    let shared = prompt(6, 13);
+    let first = request(1, shared.clone(), 3);
+    h.submit(first.clone()).unwrap();
+    h.run_until_idle(100);
+    assert!(h.sched.pool().cached_count() >= 3);
+    let mut second_prompt = shared.clone();
+    second_prompt.extend([40, 41]);
+    let second = request(2, second_prompt, 3);
+    h.submit(second.clone()).unwrap();
+    let plan = h.sched.plan_step(h.now).unwrap();
+    assert_eq!(plan.rows[0].positions, 12..15, "three cached pages of four tokens are skipped");
+    assert_eq!(plan.rows[0].page_table_from, 0);
+    assert_eq!(plan.row_page_updates(&plan.rows[0]).len(), 4);
+    let out = h.model.execute(&plan).unwrap();
+    h.sched.apply_outputs(&out, h.now).unwrap();
+    h.run_until_idle(100);
+    assert_matches_alone(&h, &[first, second]);
+}
+
+#[test]
+fn the_last_prompt_token_is_always_computed_even_when_every_page_is_cached() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 64));
+    let exact = prompt(7, 8);
+    h.submit(request(1, exact.clone(), 2)).unwrap();
+    h.run_until_idle(100);
+    h.submit(request(2, exact, 2)).unwrap();
+    let plan = h.sched.plan_step(h.now).unwrap();
+    assert_eq!(
+        plan.rows[0].positions,
+        4..8,
+        "the page holding the last token is recomputed, not shared"
+    );
+}
+
+#[test]
+fn buckets_follow_capture_sizes() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 64));
+    for id in 0..3 {
+        h.submit(request(id, prompt(id as u32, 2), 8)).unwrap();
+    }
+    let plan = h.sched.plan_step(h.now).unwrap();
+    assert_eq!(plan.bucket, Bucket::Eager, "prefill runs eagerly");
+    let out = h.model.execute(&plan).unwrap();
+    h.sched.apply_outputs(&out, h.now).unwrap();
+    let plan = h.sched.plan_step(h.now).unwrap();
+    assert_eq!(plan.rows.len(), 3);
+    assert_eq!(plan.bucket, Bucket::Graph { padded_rows: 4 });
+}
+
+#[test]
+fn preemption_takes_the_newest_and_outputs_still_match() {
+    // 10 pages of 4 tokens; three requests that each grow to 4 pages cannot all fit.
+    let mut config = small_config(StepMode::Sync, 10);
+    config.prefix_cache = false;
+    let reqs: Vec<NewRequest> = (1..=3)
+        .map(|i| NewRequest { ignore_eos: true, ..request(i, prompt(i as u32, 6), 10) })
+        .collect();
+    let mut h = Harness::new(config);
+    for req in &reqs {
+        h.submit(req.clone()).unwrap();
+        h.now = h.now.saturating_add(Duration::from_millis(1));
+    }
+    let mut first_preempted = None;
+    for _ in 0..500 {
+        h.step();
+        while first_preempted.is_none() && h.preemptions > 0 {
+            first_preempted = Some(());
+            assert_eq!(
+                h.sched.entry(h.sched.by_id[&RequestId(3)]).preemptions,
+                1,
+                "the newest goes first"
+            );
+        }
+        if h.sched.requests_held() == 0 {
+            break;
+        }
+    }
+    assert!(h.preemptions > 0, "the pool was meant to run out");
+    assert_matches_alone(&h, &reqs);
+    assert_eq!(h.sched.pool().held_count(), 0);
+}
+
+#[test]
+fn overlap_preemption_waits_for_pages_in_flight() {
+    let mut config = small_config(StepMode::Overlap, 10);
+    config.prefix_cache = false;
+    let reqs: Vec<NewRequest> = (1..=4)
+        .map(|i| NewRequest { ignore_eos: true, ..request(i, prompt(i as u32, 5), 12) })
+        .collect();
+    let mut h = Harness::new(config);
+    for req in &reqs {
+        h.submit(req.clone()).unwrap();
+    }
+    h.run_until_idle(2_000);
+    assert!(h.preemptions > 0);
+    assert_matches_alone(&h, &reqs);
+}
+
+#[test]
+fn abort_in_every_phase_reports_once_and_frees_everything() {
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let mut h = Harness::new(small_config(mode, 32));
+        for id in 1..=5 {
+            h.submit(NewRequest { ignore_eos: true, ..request(id, prompt(id as u32, 9), 20) })
+                .unwrap();
+        }
+        // Four run (running_max), one waits.
+        h.step();
+        assert!(h.abort(RequestId(5)), "waiting");
+        h.step();
+        assert!(h.abort(RequestId(1)), "running, maybe mid prefill, maybe in flight");
+        assert!(!h.abort(RequestId(1)), "a second abort is refused");
+        h.step();
+        h.step();
+        assert!(h.abort(RequestId(2)));
+        h.run_until_idle(500);
+        assert_eq!(h.finished[&RequestId(5)], FinishReason::Aborted);
+        assert_eq!(h.finished[&RequestId(1)], FinishReason::Aborted);
+        assert_eq!(h.finished[&RequestId(2)], FinishReason::Aborted);
+        assert_eq!(h.sched.pool().held_count(), 0, "{mode:?}: pages leaked");
+        assert!(!h.abort(RequestId(3)), "finished requests are gone");
+    }
+}
+
+#[test]
+fn queue_waits_are_bounded() {
+    let mut config = small_config(StepMode::Sync, 32);
+    config.running_max = 1;
+    config.step_tokens_max = 4;
+    config.queue_wait_max = Duration::from_millis(50);
+    let mut h = Harness::new(config);
+    h.submit(NewRequest { ignore_eos: true, ..request(1, prompt(1, 2), 40) }).unwrap();
+    h.step();
+    h.submit(request(2, prompt(2, 2), 4)).unwrap();
+    assert_eq!(h.sched.next_timeout(), Some(h.now.saturating_add(Duration::from_millis(50))));
+    h.advance(Duration::from_millis(49));
+    assert!(!h.finished.contains_key(&RequestId(2)));
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.finished[&RequestId(2)], FinishReason::QueueTimeout);
+    assert_eq!(h.sched.next_timeout(), None);
+}
+
+#[test]
+fn outputs_for_the_wrong_step_or_count_are_refused() {
+    let mut h = Harness::new(small_config(StepMode::Overlap, 32));
+    h.submit(request(1, prompt(1, 3), 5)).unwrap();
+    assert_eq!(
+        h.sched.apply_outputs(&StepOutputs { step: StepId(0), sampled: vec![] }, h.now),
+        Err(ApplyError::UnexpectedStep { got: StepId(0), expected: None })
+    );
+    let first = h.sched.plan_step(h.now).unwrap();
+    let second = h.sched.plan_step(h.now).unwrap();
+    assert!(h.sched.plan_step(h.now).is_none(), "two steps in flight at most");
+    assert_eq!(
+        h.sched.apply_outputs(&StepOutputs { step: second.step, sampled: vec![1] }, h.now),
+        Err(ApplyError::UnexpectedStep { got: second.step, expected: Some(first.step) })
+    );
+    assert_eq!(
+        h.sched.apply_outputs(&StepOutputs { step: first.step, sampled: vec![] }, h.now),
+        Err(ApplyError::WrongTokenCount { step: first.step, expected: 1, got: 0 })
+    );
+    h.sched.check_invariants().unwrap();
+    assert_eq!(second.input_tokens, vec![InputToken::FromStep { step: first.step, row: 0 }]);
+}
+
+#[test]
+fn same_inputs_same_plans_bit_for_bit() {
+    let run = || {
+        let mut h = Harness::new(small_config(StepMode::Overlap, 12));
+        let mut plans = Vec::new();
+        for id in 0..6 {
+            h.submit(request(id, prompt(id as u32, 4 + id as u32), 6)).unwrap();
+        }
+        for _ in 0..200 {
+            if let Some(plan) = h.sched.plan_step(h.now) {
+                let out = h.model.execute(&plan).unwrap();
+                plans.push(plan);
+                h.pending.push_back(out);
+            } else if !h.apply_oldest() {
+                break;
+            }
+            if h.pending.len() == 2 {
+                h.apply_oldest();
+            }
+        }
+        (plans, h.tokens)
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn time_is_only_an_argument() {
+    // Submitting at another clock offset changes nothing but the times themselves.
+    let outputs = |offset: u64| {
+        let mut h = Harness::new(small_config(StepMode::Sync, 32));
+        h.now = Time::from_millis(offset);
+        for id in 0..3 {
+            h.submit(request(id, prompt(id as u32, 5), 5)).unwrap();
+        }
+        h.run_until_idle(200);
+        h.tokens
+    };
+    assert_eq!(outputs(0), outputs(123_456));
+}

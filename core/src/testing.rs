@@ -1,0 +1,177 @@
+//! A single-worker harness for tests and fuzz targets: a scheduler and a provenance model driven
+//! step by step with a virtual clock, checking invariants after every input and recording each
+//! request's tokens and its one terminal event. Compiled for tests and under feature `testing`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use crate::Time;
+use crate::kv::PoolConfig;
+use crate::model::ProvenanceModel;
+use crate::sched::{
+    AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
+    StepMode, StepOutputs,
+};
+
+pub const VOCAB_SIZE: u32 = 97;
+
+/// A small configuration that exercises chunking, preemption and the cache.
+pub fn small_config(mode: StepMode, pages_total: u32) -> SchedConfig {
+    SchedConfig {
+        pool: PoolConfig { pages_total, page_tokens: 4, pins_max: 16 },
+        mode,
+        waiting_max: 8,
+        running_max: 4,
+        step_tokens_max: 16,
+        prefill_chunk_tokens_max: 8,
+        request_tokens_max: 64,
+        capture_sizes: vec![1, 2, 4],
+        eos_token_ids: vec![0],
+        queue_wait_max: Duration::from_secs(5),
+        prefix_cache: true,
+    }
+}
+
+pub fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
+    NewRequest {
+        id: RequestId(id),
+        prompt,
+        max_tokens,
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+        priority: 0,
+        cache_salt: 0,
+    }
+}
+
+#[derive(Debug)]
+pub struct Harness {
+    pub sched: Scheduler,
+    pub model: ProvenanceModel,
+    pub now: Time,
+    /// Executed steps whose outputs are not applied yet, oldest first.
+    pub pending: VecDeque<StepOutputs>,
+    pub tokens: BTreeMap<RequestId, Vec<u32>>,
+    pub finished: BTreeMap<RequestId, FinishReason>,
+    pub preemptions: u32,
+    pub steps: u64,
+}
+
+impl Harness {
+    pub fn new(config: SchedConfig) -> Harness {
+        let model = ProvenanceModel::new(config.pool, config.running_max, VOCAB_SIZE);
+        let sched = Scheduler::new(config).expect("harness config is valid");
+        Harness {
+            sched,
+            model,
+            now: Time::ZERO,
+            pending: VecDeque::new(),
+            tokens: BTreeMap::new(),
+            finished: BTreeMap::new(),
+            preemptions: 0,
+            steps: 0,
+        }
+    }
+
+    pub fn submit(&mut self, req: NewRequest) -> Result<(), AdmissionError> {
+        let id = req.id;
+        let result = self.sched.submit(req, self.now);
+        if result.is_ok() {
+            self.tokens.insert(id, Vec::new());
+            self.finished.remove(&id);
+        }
+        self.after_input();
+        result
+    }
+
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        let ok = self.sched.abort(id, self.now).is_ok();
+        self.after_input();
+        ok
+    }
+
+    /// Plans and executes a step if one can be planned, and applies the oldest executed step
+    /// when no further step may be planned before it. Returns whether anything happened.
+    pub fn step(&mut self) -> bool {
+        self.now = self.now.saturating_add(Duration::from_millis(1));
+        self.sched.handle_timeout(self.now);
+        let planned = match self.sched.plan_step(self.now) {
+            Some(plan) => {
+                let outputs = self.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+                self.pending.push_back(outputs);
+                self.steps += 1;
+                true
+            }
+            None => false,
+        };
+        self.after_input();
+        let in_flight_max = self.sched.config().mode.steps_in_flight_max();
+        let applied = if !planned || self.pending.len() >= in_flight_max {
+            self.apply_oldest()
+        } else {
+            false
+        };
+        planned || applied
+    }
+
+    pub fn apply_oldest(&mut self) -> bool {
+        let Some(outputs) = self.pending.pop_front() else { return false };
+        self.sched.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
+        self.after_input();
+        true
+    }
+
+    /// Steps until nothing is held, or panics after `steps_max` steps: a wedge.
+    pub fn run_until_idle(&mut self, steps_max: u64) {
+        for _ in 0..steps_max {
+            if !self.step() && self.sched.requests_held() == 0 {
+                return;
+            }
+        }
+        panic!("not idle after {steps_max} steps: {:?}", self.sched);
+    }
+
+    pub fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        self.sched.handle_timeout(self.now);
+        self.after_input();
+    }
+
+    fn after_input(&mut self) {
+        if let Err(e) = self.sched.check_invariants() {
+            panic!("{e}");
+        }
+        while let Some(event) = self.sched.poll_event() {
+            match event {
+                SchedEvent::Token { request, token } => {
+                    assert!(
+                        !self.finished.contains_key(&request),
+                        "{request} got a token after it finished"
+                    );
+                    self.tokens
+                        .get_mut(&request)
+                        .expect("tokens only for submitted requests")
+                        .push(token);
+                }
+                SchedEvent::Finished { request, reason, output_tokens } => {
+                    let previous = self.finished.insert(request, reason);
+                    assert_eq!(previous, None, "{request} finished twice");
+                    assert_eq!(
+                        self.tokens[&request].len() as u32,
+                        output_tokens,
+                        "{request} finished with a wrong count"
+                    );
+                }
+                SchedEvent::Preempted { .. } => self.preemptions += 1,
+            }
+        }
+    }
+}
+
+/// A request's output when it runs alone in a fresh harness with the same config: the oracle.
+pub fn run_alone(config: &SchedConfig, req: &NewRequest) -> Vec<u32> {
+    let mut alone = Harness::new(SchedConfig { prefix_cache: false, ..config.clone() });
+    alone.submit(req.clone()).expect("the request is admissible alone");
+    alone.run_until_idle(10_000);
+    alone.tokens.remove(&req.id).unwrap_or_default()
+}
