@@ -68,6 +68,13 @@ impl ProvenanceModel {
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
         for row in &plan.rows {
+            if row.positions.is_empty() {
+                // A real model gets logits only by computing a position; neither may this one.
+                return Err(ProvenanceError(format!(
+                    "{}: a row with no position to compute",
+                    row.request
+                )));
+            }
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
                 let token = self.resolve(*input)?;
                 let previous = match position {
