@@ -215,9 +215,11 @@ impl ReferenceStateMachine for KvReference {
             Op::Advance(ms) => {
                 state.now += ms;
                 let now = state.now;
-                let expired: Vec<usize> = (0..state.pins.len())
+                // Expired pins go in expiry order, then in the order they were made.
+                let mut expired: Vec<usize> = (0..state.pins.len())
                     .filter(|&p| state.pins[p].2 && state.pins[p].1 <= now)
                     .collect();
+                expired.sort_by_key(|&p| (state.pins[p].1, p));
                 for p in expired {
                     state.unpin(p);
                 }

@@ -25,14 +25,17 @@ pub(crate) struct Pin {
 #[derive(Debug, Clone)]
 enum PinSlot {
     Free { generation: u32 },
-    Live { generation: u32, pin: Pin },
+    Live { generation: u32, pin: Pin, serial: u64 },
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct PinTable {
     slots: Vec<PinSlot>,
     free: Vec<u32>,
-    by_expiry: BTreeSet<(Time, u32)>,
+    /// Live pins by expiry, then by the order they were made: pins expiring together are
+    /// released first-made first, whatever slots they sit in.
+    by_expiry: BTreeSet<(Time, u64, u32)>,
+    serial_next: u64,
 }
 
 impl PinTable {
@@ -42,6 +45,7 @@ impl PinTable {
             // Reversed so that slot 0 is used first: easier to read in traces.
             free: (0..pins_max).rev().collect(),
             by_expiry: BTreeSet::new(),
+            serial_next: 0,
         }
     }
 
@@ -55,42 +59,50 @@ impl PinTable {
             PinSlot::Free { generation } => generation,
             PinSlot::Live { .. } => unreachable!("pin slot {slot} on the free list is live"),
         };
-        self.slots[slot as usize] = PinSlot::Live { generation, pin };
-        self.by_expiry.insert((pin.expires_at, slot));
+        let serial = self.serial_next;
+        self.serial_next += 1;
+        self.slots[slot as usize] = PinSlot::Live { generation, pin, serial };
+        self.by_expiry.insert((pin.expires_at, serial, slot));
         Some(PinId { slot, generation })
     }
 
     pub(crate) fn get(&self, id: PinId) -> Option<Pin> {
+        self.get_with_serial(id).map(|(pin, _)| pin)
+    }
+
+    fn get_with_serial(&self, id: PinId) -> Option<(Pin, u64)> {
         match self.slots.get(id.slot as usize)? {
-            PinSlot::Live { generation, pin } if *generation == id.generation => Some(*pin),
+            PinSlot::Live { generation, pin, serial } if *generation == id.generation => {
+                Some((*pin, *serial))
+            }
             _ => None,
         }
     }
 
     pub(crate) fn remove(&mut self, id: PinId) -> Option<Pin> {
-        let pin = self.get(id)?;
-        self.by_expiry.remove(&(pin.expires_at, id.slot));
+        let (pin, serial) = self.get_with_serial(id)?;
+        self.by_expiry.remove(&(pin.expires_at, serial, id.slot));
         self.slots[id.slot as usize] = PinSlot::Free { generation: id.generation.wrapping_add(1) };
         self.free.push(id.slot);
         Some(pin)
     }
 
     pub(crate) fn set_expiry(&mut self, id: PinId, expires_at: Time) -> Option<()> {
-        let pin = self.get(id)?;
-        self.by_expiry.remove(&(pin.expires_at, id.slot));
-        self.by_expiry.insert((expires_at, id.slot));
+        let (pin, serial) = self.get_with_serial(id)?;
+        self.by_expiry.remove(&(pin.expires_at, serial, id.slot));
+        self.by_expiry.insert((expires_at, serial, id.slot));
         self.slots[id.slot as usize] =
-            PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin } };
+            PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin }, serial };
         Some(())
     }
 
     pub(crate) fn next_expiry(&self) -> Option<Time> {
-        self.by_expiry.first().map(|(t, _)| *t)
+        self.by_expiry.first().map(|(t, _, _)| *t)
     }
 
     /// The live pin that expires first, if it has expired by `now`.
     pub(crate) fn first_expired(&self, now: Time) -> Option<PinId> {
-        let &(expires_at, slot) = self.by_expiry.first()?;
+        let &(expires_at, _, slot) = self.by_expiry.first()?;
         if expires_at > now {
             return None;
         }
@@ -103,7 +115,7 @@ impl PinTable {
     /// Every live pin. For invariant checks only.
     pub(crate) fn live(&self) -> impl Iterator<Item = (PinId, Pin)> + '_ {
         self.slots.iter().enumerate().filter_map(|(slot, s)| match s {
-            PinSlot::Live { generation, pin } => {
+            PinSlot::Live { generation, pin, .. } => {
                 Some((PinId { slot: slot as u32, generation: *generation }, *pin))
             }
             PinSlot::Free { .. } => None,
@@ -130,8 +142,8 @@ impl PinTable {
                 PinSlot::Free { .. } if !on_free_list[slot] => {
                     return Err(format!("free pin slot {slot} is not on the free list"));
                 }
-                PinSlot::Live { pin, .. } => {
-                    if !self.by_expiry.contains(&(pin.expires_at, slot as u32)) {
+                PinSlot::Live { pin, serial, .. } => {
+                    if !self.by_expiry.contains(&(pin.expires_at, *serial, slot as u32)) {
                         return Err(format!("pin slot {slot} is missing from the expiry order"));
                     }
                     expiries += 1;

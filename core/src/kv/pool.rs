@@ -8,7 +8,7 @@ use super::PageRef;
 use super::lru::LruList;
 use super::pins::{Pin, PinId, PinTable};
 use super::prefix_hash::block_hash;
-use super::prefix_index::PrefixIndex;
+use super::prefix_index::{PrefixIndex, fingerprint as prefix_fingerprint};
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
@@ -414,7 +414,10 @@ impl PagePool {
                 got: tokens.len(),
             });
         }
-        if let Err(existing) = self.index.insert(key.hash, page.index) {
+        let pages = &self.pages;
+        if let Err(existing) =
+            self.index.insert(key.hash, page.index, |p| cache_hash(pages, p) == Some(key.hash))
+        {
             let generation = self.pages[existing as usize].generation;
             return Ok(CacheInsert::KeyTaken(PageRef { index: existing, generation }));
         }
@@ -426,15 +429,31 @@ impl PagePool {
     /// The cached page holding exactly `tokens` after the page keyed `key.parent`, if any. Takes
     /// no reference: call `retain` to use it.
     pub fn cache_lookup(&self, key: CacheKey, tokens: &[u32]) -> Option<PageRef> {
-        let index = self.index.get(key.hash)?;
-        let page = self.pages[index as usize];
-        let cached = match page.state {
+        let index = self.index.get(key.hash, |p| cache_hash(&self.pages, p) == Some(key.hash))?;
+        self.holds(index, key, tokens).then(|| self.handle(index))
+    }
+
+    /// Whether page `index` is cached under exactly `key` and holds exactly `tokens`: what makes a
+    /// hash collision a miss rather than another request's KV.
+    fn holds(&self, index: u32, key: CacheKey, tokens: &[u32]) -> bool {
+        let cached = match self.pages[index as usize].state {
             PageState::Held { cache, .. } => cache,
             PageState::Evictable { cache } => Some(cache),
             PageState::Free => None,
         };
-        (cached == Some(key) && self.page_tokens_of(index) == tokens)
-            .then_some(PageRef { index, generation: page.generation })
+        // An inline loop, not `==`: for a page of a few dozen tokens the call to memcmp costs
+        // more than the comparison.
+        cached == Some(key)
+            && tokens.len() == self.config.page_tokens as usize
+            && self
+                .page_tokens_of(index)
+                .iter()
+                .zip(tokens)
+                .fold(true, |same, (a, b)| same & (a == b))
+    }
+
+    fn handle(&self, index: u32) -> PageRef {
+        PageRef { index, generation: self.pages[index as usize].generation }
     }
 
     /// Retains the longest run of cached pages that holds `tokens` from its start, given the
@@ -447,19 +466,51 @@ impl PagePool {
         tokens: &[u32],
         out: &mut Vec<PageRef>,
     ) -> usize {
-        let page_tokens = self.config.page_tokens as usize;
-        let mut parent = root;
-        let mut matched = 0;
-        for (&hash, page_tokens_slice) in keys.iter().zip(tokens.chunks_exact(page_tokens)) {
-            let Some(page) = self.cache_lookup(CacheKey { hash, parent }, page_tokens_slice) else {
-                break;
-            };
+        // Look everything up first, then take references: the lookups are independent reads the
+        // processor overlaps, where interleaved writes would serialize them.
+        let first = out.len();
+        let matched = self.lookup_prefix(root, keys, tokens, out);
+        for &page in &out[first..] {
             self.retain(page).expect("a page found in the cache is live");
-            out.push(page);
-            parent = hash;
-            matched += 1;
         }
         matched
+    }
+
+    /// The longest run of cached pages holding `tokens` from its start, appended to `out`,
+    /// without taking references.
+    pub fn lookup_prefix(
+        &self,
+        root: u64,
+        keys: &[u64],
+        tokens: &[u32],
+        out: &mut Vec<PageRef>,
+    ) -> usize {
+        const BLOCK: usize = 64;
+        let page_tokens = self.config.page_tokens as usize;
+        let pages_max = keys.len().min(tokens.len() / page_tokens);
+        let mut candidates = [0u32; BLOCK];
+        let mut parent = root;
+        for block_start in (0..pages_max).step_by(BLOCK) {
+            let block = &keys[block_start..pages_max.min(block_start + BLOCK)];
+            self.index.home_candidates(block, &mut candidates);
+            for (i, (&hash, &candidate)) in block.iter().zip(&candidates).enumerate() {
+                let page = block_start + i;
+                let key = CacheKey { hash, parent };
+                let page_tokens_slice = &tokens[page * page_tokens..(page + 1) * page_tokens];
+                let found =
+                    if candidate != u32::MAX && self.holds(candidate, key, page_tokens_slice) {
+                        Some(self.handle(candidate))
+                    } else {
+                        self.cache_lookup(key, page_tokens_slice)
+                    };
+                let Some(found) = found else {
+                    return page;
+                };
+                out.push(found);
+                parent = hash;
+            }
+        }
+        pages_max
     }
 
     /// Checks every invariant in the module docs. O(pages + pins + cached tokens).
@@ -571,7 +622,8 @@ impl PagePool {
                 cached += 1;
                 ensure_invariant!(
                     KV,
-                    self.index.get(key.hash) == Some(index as u32),
+                    self.index.get(key.hash, |p| cache_hash(&self.pages, p) == Some(key.hash))
+                        == Some(index as u32),
                     "cached page {index} is not indexed under its key {:#x}",
                     key.hash
                 );
@@ -607,13 +659,15 @@ impl PagePool {
             "{cached} cached pages but {} index entries",
             self.index.len()
         );
-        for (hash, index) in self.index.entries() {
+        for (fingerprint, index) in self.index.entries() {
             let state = self.pages.get(index as usize).map(|p| p.state);
-            let names_it = matches!(state, Some(PageState::Held { cache: Some(k), .. } | PageState::Evictable { cache: k }) if k.hash == hash);
+            let names_it = (index as usize) < total
+                && cache_hash(&self.pages, index)
+                    .is_some_and(|h| prefix_fingerprint(h) == fingerprint);
             ensure_invariant!(
                 KV,
                 names_it,
-                "index entry {hash:#x} points at page {index}, which is {state:?}"
+                "index entry {fingerprint:#x} points at page {index}, which is {state:?}"
             );
         }
         Ok(())
@@ -649,12 +703,16 @@ impl PagePool {
 
     /// Takes an evictable page out of the cache; the caller hands it out at once.
     fn evict(&mut self, index: u32) {
-        let page = &mut self.pages[index as usize];
-        let PageState::Evictable { cache } = page.state else {
-            unreachable!("page {index} on the eviction list is {:?}", page.state);
+        let PageState::Evictable { cache } = self.pages[index as usize].state else {
+            unreachable!(
+                "page {index} on the eviction list is {:?}",
+                self.pages[index as usize].state
+            );
         };
-        let removed = self.index.remove(cache.hash);
+        let pages = &self.pages;
+        let removed = self.index.remove(cache.hash, |p| cache_hash(pages, p) == Some(cache.hash));
         assert_eq!(removed, Some(index), "evicted page {index} was not indexed under its key");
+        let page = &mut self.pages[index as usize];
         page.state = PageState::Free;
         page.generation = page.generation.wrapping_add(1);
     }
@@ -667,6 +725,15 @@ impl PagePool {
     fn page_tokens_mut(&mut self, index: u32) -> &mut [u32] {
         let n = self.config.page_tokens as usize;
         &mut self.cached_tokens[index as usize * n..(index as usize + 1) * n]
+    }
+}
+
+/// The cache key hash of page `index`, if it is cached.
+fn cache_hash(pages: &[Page], index: u32) -> Option<u64> {
+    match pages[index as usize].state {
+        PageState::Held { cache, .. } => cache.map(|k| k.hash),
+        PageState::Evictable { cache } => Some(cache.hash),
+        PageState::Free => None,
     }
 }
 

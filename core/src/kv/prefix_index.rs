@@ -1,16 +1,23 @@
 //! The prefix cache's index: page key (a 64-bit chained hash) to page number.
 //!
 //! An open-addressed table sized once at start to at least twice the pool, so it never grows,
-//! never allocates after construction, and stays at most half full. Linear probing with
-//! backward-shift deletion keeps lookups short without tombstones. Nothing ever iterates it to
-//! make a decision; iteration exists only for `check_invariants`.
+//! never allocates after construction, and stays at most half full. A slot holds the key's upper
+//! 32 bits and the page number, 8 bytes, so a 65,536-page pool's index fits in 1 MiB of cache;
+//! the owner confirms a candidate against the page's full key. Linear probing with backward-shift
+//! deletion keeps lookups short without tombstones. Nothing ever iterates it to make a decision;
+//! iteration exists only for `check_invariants`.
 
 const EMPTY: u32 = u32::MAX;
 
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    fingerprint: u32,
+    page: u32,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixIndex {
-    keys: Vec<u64>,
-    pages: Vec<u32>,
+    slots: Vec<Slot>,
     mask: usize,
     len: usize,
 }
@@ -19,45 +26,69 @@ impl PrefixIndex {
     /// A table able to hold `entries_max` keys at a load of at most one half.
     pub(crate) fn with_capacity(entries_max: usize) -> PrefixIndex {
         let slots = (entries_max.max(1) * 2).next_power_of_two();
-        PrefixIndex { keys: vec![0; slots], pages: vec![EMPTY; slots], mask: slots - 1, len: 0 }
+        PrefixIndex {
+            slots: vec![Slot { fingerprint: 0, page: EMPTY }; slots],
+            mask: slots - 1,
+            len: 0,
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub(crate) fn get(&self, key: u64) -> Option<u32> {
-        let mut slot = self.home(key);
+    /// The page indexed under `key`; `has_key(page)` confirms a candidate's full key.
+    pub(crate) fn get(&self, key: u64, has_key: impl Fn(u32) -> bool) -> Option<u32> {
+        let fingerprint = fingerprint(key);
+        let mut slot = self.home(fingerprint);
         loop {
-            let page = self.pages[slot];
+            let Slot { fingerprint: found, page } = self.slots[slot];
             if page == EMPTY {
                 return None;
             }
-            if self.keys[slot] == key {
+            if found == fingerprint && has_key(page) {
                 return Some(page);
             }
             slot = (slot + 1) & self.mask;
         }
     }
 
-    /// Inserts `key -> page`. Returns the page already there, and changes nothing, if the key is
-    /// taken.
-    pub(crate) fn insert(&mut self, key: u64, page: u32) -> Result<(), u32> {
+    /// The page in each key's home slot when the fingerprint there matches, else `u32::MAX`.
+    ///
+    /// A tight loop of independent loads: the processor keeps dozens in flight, where lookups one
+    /// by one, each followed by its checks, keep a few. A long prompt's keys land all over the
+    /// index, so this is what makes matching it fast; `get` then finds the slots in cache.
+    pub(crate) fn home_candidates(&self, keys: &[u64], out: &mut [u32]) {
+        for (key, out) in keys.iter().zip(out) {
+            let fingerprint = fingerprint(*key);
+            let slot = self.slots[self.home(fingerprint)];
+            *out = if slot.fingerprint == fingerprint { slot.page } else { EMPTY };
+        }
+    }
+
+    /// Indexes `page` under `key`. Returns the page already there, and changes nothing, if the key
+    /// is taken.
+    pub(crate) fn insert(
+        &mut self,
+        key: u64,
+        page: u32,
+        has_key: impl Fn(u32) -> bool,
+    ) -> Result<(), u32> {
         assert_ne!(page, EMPTY, "page number {EMPTY} is reserved");
         assert!(
-            self.len < self.keys.len() / 2,
+            self.len < self.slots.len() / 2,
             "prefix index sized for fewer entries than the pool has pages"
         );
-        let mut slot = self.home(key);
+        let fingerprint = fingerprint(key);
+        let mut slot = self.home(fingerprint);
         loop {
-            let existing = self.pages[slot];
+            let Slot { fingerprint: found, page: existing } = self.slots[slot];
             if existing == EMPTY {
-                self.keys[slot] = key;
-                self.pages[slot] = page;
+                self.slots[slot] = Slot { fingerprint, page };
                 self.len += 1;
                 return Ok(());
             }
-            if self.keys[slot] == key {
+            if found == fingerprint && has_key(existing) {
                 return Err(existing);
             }
             slot = (slot + 1) & self.mask;
@@ -65,15 +96,16 @@ impl PrefixIndex {
     }
 
     /// Removes `key`, returning its page.
-    pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
-        let mut slot = self.home(key);
+    pub(crate) fn remove(&mut self, key: u64, has_key: impl Fn(u32) -> bool) -> Option<u32> {
+        let fingerprint = fingerprint(key);
+        let mut slot = self.home(fingerprint);
         loop {
-            let page = self.pages[slot];
+            let Slot { fingerprint: found, page } = self.slots[slot];
             if page == EMPTY {
                 return None;
             }
-            if self.keys[slot] == key {
-                self.pages[slot] = EMPTY;
+            if found == fingerprint && has_key(page) {
+                self.slots[slot].page = EMPTY;
                 self.len -= 1;
                 self.close_gap(slot);
                 return Some(page);
@@ -82,34 +114,37 @@ impl PrefixIndex {
         }
     }
 
-    /// Every `(key, page)`, in table order. For invariant checks only.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.keys.iter().zip(&self.pages).filter(|(_, p)| **p != EMPTY).map(|(k, p)| (*k, *p))
+    /// Every `(fingerprint, page)`, in table order. For invariant checks only.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.slots.iter().filter(|s| s.page != EMPTY).map(|s| (s.fingerprint, s.page))
     }
 
-    fn home(&self, key: u64) -> usize {
-        // Keys are already well-mixed hashes; the high bits pick the slot.
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
+    fn home(&self, fingerprint: u32) -> usize {
+        (u64::from(fingerprint).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
     }
 
     /// Backward-shift deletion: pull later entries of the probe run into the hole, so that every
     /// entry stays reachable from its home slot without tombstones.
     fn close_gap(&mut self, mut hole: usize) {
         let mut slot = (hole + 1) & self.mask;
-        while self.pages[slot] != EMPTY {
-            let home = self.home(self.keys[slot]);
+        while self.slots[slot].page != EMPTY {
+            let home = self.home(self.slots[slot].fingerprint);
             // The entry may move to `hole` only if `hole` lies on its probe path home..=slot.
             let distance_to_slot = slot.wrapping_sub(home) & self.mask;
             let distance_to_hole = hole.wrapping_sub(home) & self.mask;
             if distance_to_hole < distance_to_slot {
-                self.keys[hole] = self.keys[slot];
-                self.pages[hole] = self.pages[slot];
-                self.pages[slot] = EMPTY;
+                self.slots[hole] = self.slots[slot];
+                self.slots[slot].page = EMPTY;
                 hole = slot;
             }
             slot = (slot + 1) & self.mask;
         }
     }
+}
+
+/// The upper half of a key: what a slot keeps of it.
+pub(crate) fn fingerprint(key: u64) -> u32 {
+    (key >> 32) as u32
 }
 
 #[cfg(test)]
@@ -120,15 +155,18 @@ mod tests {
     #[test]
     fn behaves_like_a_map_under_churn() {
         let mut index = PrefixIndex::with_capacity(64);
-        let mut model = BTreeMap::new();
-        // Keys that collide on purpose: many share their home slot.
+        let mut model: BTreeMap<u64, u32> = BTreeMap::new();
+        // Keys whose fingerprints collide on purpose: few distinct upper halves, so home slots and
+        // fingerprints are shared and only the full-key check tells entries apart.
         let mut state = 1u64;
         for step in 0..20_000u32 {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let key = (state >> 58) << 40 | (state >> 61);
+            let key = (state >> 61) << 32 | (state >> 58);
+            let keys: BTreeMap<u32, u64> = model.iter().map(|(k, p)| (*p, *k)).collect();
+            let has_key = |page: u32| keys.get(&page) == Some(&key);
             if model.len() < 64 && state & 1 == 0 {
                 let expected = model.get(&key).copied();
-                match index.insert(key, step) {
+                match index.insert(key, step, has_key) {
                     Ok(()) => {
                         assert_eq!(expected, None);
                         model.insert(key, step);
@@ -136,11 +174,16 @@ mod tests {
                     Err(page) => assert_eq!(Some(page), expected),
                 }
             } else {
-                assert_eq!(index.remove(key), model.remove(&key));
+                assert_eq!(index.remove(key, has_key), model.remove(&key));
             }
             assert_eq!(index.len(), model.len());
+            let keys: BTreeMap<u32, u64> = model.iter().map(|(k, p)| (*p, *k)).collect();
             for (k, v) in &model {
-                assert_eq!(index.get(*k), Some(*v), "key {k:#x} lost at step {step}");
+                assert_eq!(
+                    index.get(*k, |page| keys.get(&page) == Some(k)),
+                    Some(*v),
+                    "key {k:#x} lost at step {step}"
+                );
             }
         }
     }

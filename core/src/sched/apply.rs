@@ -108,10 +108,11 @@ impl Scheduler {
         let page_tokens = self.pool.page_tokens() as usize;
         let Scheduler { pool, entries, .. } = self;
         let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
-        let full = r.computed as usize / page_tokens;
-        if (r.pages_cached as usize) >= full {
+        // Most steps complete no page; a multiply tells so without a division.
+        if (r.pages_cached as usize + 1) * page_tokens > r.computed as usize {
             return;
         }
+        let full = r.computed as usize / page_tokens;
         extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, full);
         for i in r.pages_cached as usize..full {
             let parent = if i == 0 { root_hash(r.cache_salt) } else { r.page_keys[i - 1] };

@@ -45,27 +45,33 @@ impl Scheduler {
         let mut draft = std::mem::take(&mut self.draft);
         draft.clear();
         let mut budget = self.config.step_tokens_max;
-        self.draft_running(Pass::Decode, &mut draft, &mut budget, now);
-        self.draft_running(Pass::Prefill, &mut draft, &mut budget, now);
+        let prefilling = self.draft_running(Pass::Decode, &mut draft, &mut budget, now);
+        if prefilling > 0 {
+            self.draft_running(Pass::Prefill, &mut draft, &mut budget, now);
+        }
         self.draft_admissions(&mut draft, &mut budget);
         let plan = draft.iter().any(|row| !row.cancelled).then(|| self.materialize(&draft));
         self.draft = draft;
         plan
     }
 
+    /// Drafts the pass's rows; returns how many running requests it saw with more than one
+    /// position to compute, so that the prefill pass is skipped when there are none.
     fn draft_running(
         &mut self,
         pass: Pass,
         draft: &mut Vec<DraftRow>,
         budget: &mut u32,
         now: Time,
-    ) {
+    ) -> usize {
         let chunk_max = self.config.prefill_chunk_tokens_max;
+        let mut prefilling = 0;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let (_, entry) = self.running[i];
             let r = self.entry(entry);
             let remaining = r.len_with_in_flight() - r.planned_end();
+            prefilling += usize::from(remaining > 1);
             let tokens = match pass {
                 _ if r.draft_row.is_some() || self.will_finish(entry) => 0,
                 Pass::Decode if remaining == 1 => 1,
@@ -96,6 +102,8 @@ impl Scheduler {
                 Pages::SelfPreempted => {}
             }
         }
+        // Stopped early for want of budget: the prefill pass cannot run either.
+        prefilling
     }
 
     /// True when the samples in flight will end the request: it gets no further row.
@@ -147,8 +155,13 @@ impl Scheduler {
     }
 
     fn pages_needed(&self, entry: u32, end: u32) -> u32 {
-        let covered = end.div_ceil(self.pool.page_tokens());
-        covered.saturating_sub(self.entry(entry).pages.len() as u32)
+        let held = self.entry(entry).pages.len() as u32;
+        let page_tokens = self.pool.page_tokens();
+        // Most steps need no new page; a multiply tells so without a division.
+        if end <= held * page_tokens {
+            return 0;
+        }
+        end.div_ceil(page_tokens) - held
     }
 
     /// Pages that become available when this request lets go of them.
@@ -225,10 +238,15 @@ impl Scheduler {
         let step = self.next_step;
         self.next_step.0 += 1;
         let rows_count = draft.iter().filter(|row| !row.cancelled).count();
+        let tokens_count = draft
+            .iter()
+            .filter(|row| !row.cancelled)
+            .map(|row| (row.end - row.start) as usize)
+            .sum();
         let mut plan = StepPlan {
             step,
             rows: Vec::with_capacity(rows_count),
-            input_tokens: Vec::new(),
+            input_tokens: Vec::with_capacity(tokens_count),
             page_updates: Vec::new(),
             bucket: Bucket::Eager,
         };

@@ -325,7 +325,7 @@ fn check_fires_on_index_entry_lost() {
             PageState::Evictable { cache } => cache,
             s => panic!("{s:?}"),
         };
-        p.index.remove(key.hash);
+        p.index.remove(key.hash, |_| true);
     });
     assert!(what.contains("not indexed"), "{what}");
 }
