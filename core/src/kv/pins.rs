@@ -66,10 +66,6 @@ impl PinTable {
         Some(PinId { slot, generation })
     }
 
-    pub(crate) fn get(&self, id: PinId) -> Option<Pin> {
-        self.get_with_serial(id).map(|(pin, _)| pin)
-    }
-
     fn get_with_serial(&self, id: PinId) -> Option<(Pin, u64)> {
         match self.slots.get(id.slot as usize)? {
             PinSlot::Live { generation, pin, serial } if *generation == id.generation => {
