@@ -5,9 +5,9 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use lockstep_core::Time;
 use lockstep_core::kv::prefix_hash::{block_hashes, root_hash};
 use lockstep_core::kv::{CacheKey, PagePool, PageRef, PinId, PoolConfig};
-use lockstep_core::Time;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -37,7 +37,8 @@ const SEQ_PAGES: usize = 6;
 fn seq_tokens(seq: u8, page_tokens: usize) -> Vec<u32> {
     (0..SEQ_PAGES * page_tokens)
         .map(|i| {
-            let family = if i < 2 * page_tokens { u32::from(seq % 4 / 2) } else { u32::from(seq % 4) };
+            let family =
+                if i < 2 * page_tokens { u32::from(seq % 4 / 2) } else { u32::from(seq % 4) };
             family * 1000 + i as u32
         })
         .collect()
@@ -79,7 +80,11 @@ fuzz_target!(|input: Input| {
                     let keys = block_hashes(0, &tokens, pt);
                     let i = page as usize % SEQ_PAGES;
                     let parent = if i == 0 { root_hash(0) } else { keys[i - 1] };
-                    let _ = pool.cache_insert(h, CacheKey { hash: keys[i], parent }, &tokens[i * pt..(i + 1) * pt]);
+                    let _ = pool.cache_insert(
+                        h,
+                        CacheKey { hash: keys[i], parent },
+                        &tokens[i * pt..(i + 1) * pt],
+                    );
                 }
             }
             Op::Match { seq, pages } => {

@@ -12,15 +12,26 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use lockstep_core::sched::{FinishReason, NewRequest, RequestId, StepId, StepMode, StepOutputs};
-use lockstep_core::testing::{run_alone, small_config, Harness};
+use lockstep_core::testing::{Harness, run_alone, small_config};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Submit { id: u8, family: u8, shared: u8, suffix: u8, max_tokens: u8, priority: i8, ignore_eos: bool },
+    Submit {
+        id: u8,
+        family: u8,
+        shared: u8,
+        suffix: u8,
+        max_tokens: u8,
+        priority: i8,
+        ignore_eos: bool,
+    },
     Abort(u8),
     Step,
     Advance(u16),
-    BogusOutputs { step: u8, tokens: u8 },
+    BogusOutputs {
+        step: u8,
+        tokens: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -38,8 +49,10 @@ fuzz_target!(|input: Input| {
     for op in input.ops.into_iter().take(500) {
         match op {
             Op::Submit { id, family, shared, suffix, max_tokens, priority, ignore_eos } => {
-                let shared = (0..u32::from(shared % 20)).map(|i| 1 + (u32::from(family % 3) * 13 + i * 7) % 90);
-                let suffix = (0..u32::from(suffix % 12)).map(|i| 1 + (u32::from(id) * 29 + i * 11) % 90);
+                let shared = (0..u32::from(shared % 20))
+                    .map(|i| 1 + (u32::from(family % 3) * 13 + i * 7) % 90);
+                let suffix =
+                    (0..u32::from(suffix % 12)).map(|i| 1 + (u32::from(id) * 29 + i * 11) % 90);
                 let req = NewRequest {
                     id: RequestId(u64::from(id)),
                     prompt: shared.chain(suffix).collect(),
@@ -61,8 +74,14 @@ fuzz_target!(|input: Input| {
             }
             Op::Advance(ms) => h.advance(Duration::from_millis(u64::from(ms))),
             Op::BogusOutputs { step, tokens } => {
-                let bogus = StepOutputs { step: StepId(u64::from(step) + 1_000), sampled: vec![7; usize::from(tokens % 4)] };
-                assert!(h.sched.apply_outputs(&bogus, h.now).is_err(), "outputs for an unknown step were accepted");
+                let bogus = StepOutputs {
+                    step: StepId(u64::from(step) + 1_000),
+                    sampled: vec![7; usize::from(tokens % 4)],
+                };
+                assert!(
+                    h.sched.apply_outputs(&bogus, h.now).is_err(),
+                    "outputs for an unknown step were accepted"
+                );
                 h.sched.check_invariants().expect("a refused input changes nothing");
             }
         }
@@ -72,7 +91,11 @@ fuzz_target!(|input: Input| {
     for (id, req) in &submitted {
         match h.finished.get(id) {
             Some(FinishReason::Aborted | FinishReason::QueueTimeout) => {}
-            Some(_) => assert_eq!(h.tokens[id], run_alone(&config, req), "{id} differs from its output alone"),
+            Some(_) => assert_eq!(
+                h.tokens[id],
+                run_alone(&config, req),
+                "{id} differs from its output alone"
+            ),
             None => panic!("{id} never finished"),
         }
     }

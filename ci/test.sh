@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole test job, as CI (.ci/run) and the README run it, from a clean clone.
+# Installs what it needs itself (rustfmt, clippy, cargo-fuzz). Knobs, for local runs:
+#   PROPTEST_CASES  cases per proptest state-machine suite (default 4000, release build)
+#   FUZZ_SECONDS    seconds per fuzz target (default 60; 0 skips fuzzing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROPTEST_CASES="${PROPTEST_CASES:-4000}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+CARGO_FUZZ_VERSION=0.13.2
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+step "toolchain"
+cargo --version
+for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+done
+
+step "format"
+cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
+
+step "clippy, warnings denied"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+step "tests"
+# The state-machine suites run here at a few cases, and at full count below in release.
+PROPTEST_CASES=32 cargo test --workspace --locked
+
+step "proptest state-machine suites, $PROPTEST_CASES cases each"
+PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
+    --test kv_state_machine --test sched_state_machine
+
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    step "fuzz targets, ${FUZZ_SECONDS}s each"
+    if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+        cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
+    fi
+    (
+        cd fuzz
+        # Stable Rust: no sanitizer (RUSTC_BOOTSTRAP=1 would give AddressSanitizer).
+        cargo fuzz build --sanitizer none
+        for target in $(cargo fuzz list); do
+            log="$(mktemp)"
+            if ! cargo fuzz run --sanitizer none "$target" -- -max_total_time="$FUZZ_SECONDS" >"$log" 2>&1; then
+                tail -n 60 "$log"
+                echo "fuzz target $target failed: the input is in fuzz/artifacts/$target" >&2
+                exit 1
+            fi
+            echo "$target: $(grep -E '^Done [0-9]+ runs' "$log")"
+        done
+    )
+fi
+
+step "all checks passed"
