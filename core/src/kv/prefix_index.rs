@@ -39,6 +39,11 @@ impl PrefixIndex {
 
     /// The page indexed under `key`; `has_key(page)` confirms a candidate's full key.
     pub(crate) fn get(&self, key: u64, has_key: impl Fn(u32) -> bool) -> Option<u32> {
+        self.find(key, has_key).map(|(_, page)| page)
+    }
+
+    /// The slot and page indexed under `key`.
+    fn find(&self, key: u64, has_key: impl Fn(u32) -> bool) -> Option<(usize, u32)> {
         let fingerprint = fingerprint(key);
         let mut slot = self.home(fingerprint);
         loop {
@@ -47,7 +52,7 @@ impl PrefixIndex {
                 return None;
             }
             if found == fingerprint && has_key(page) {
-                return Some(page);
+                return Some((slot, page));
             }
             slot = (slot + 1) & self.mask;
         }
@@ -97,21 +102,11 @@ impl PrefixIndex {
 
     /// Removes `key`, returning its page.
     pub(crate) fn remove(&mut self, key: u64, has_key: impl Fn(u32) -> bool) -> Option<u32> {
-        let fingerprint = fingerprint(key);
-        let mut slot = self.home(fingerprint);
-        loop {
-            let Slot { fingerprint: found, page } = self.slots[slot];
-            if page == EMPTY {
-                return None;
-            }
-            if found == fingerprint && has_key(page) {
-                self.slots[slot].page = EMPTY;
-                self.len -= 1;
-                self.close_gap(slot);
-                return Some(page);
-            }
-            slot = (slot + 1) & self.mask;
-        }
+        let (slot, page) = self.find(key, has_key)?;
+        self.slots[slot].page = EMPTY;
+        self.len -= 1;
+        self.close_gap(slot);
+        Some(page)
     }
 
     /// Every `(fingerprint, page)`, in table order. For invariant checks only.
