@@ -72,7 +72,7 @@ impl ReferenceStateMachine for SchedReference {
     type Transition = Op;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (prop_oneof![Just(StepMode::Sync), Just(StepMode::Overlap)], 6..40u32)
+        (prop_oneof![Just(StepMode::Sync), Just(StepMode::Overlap)], 2..32u32)
             .prop_map(|(mode, pages_total)| Model { mode, pages_total, next_id: 0 })
             .boxed()
     }

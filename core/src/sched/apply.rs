@@ -46,6 +46,7 @@ impl Scheduler {
         from: (super::StepId, u32),
         now: Time,
     ) {
+        let page_tokens = self.pool.page_tokens();
         let r = self.entry_mut(row.entry);
         assert_eq!(
             r.id, row.request,
@@ -62,25 +63,33 @@ impl Scheduler {
                 r.last_sample = None;
             }
         }
+        let drained = r.in_flight_steps == 0;
         let discard = matches!(r.phase, Phase::Draining { then: AfterDrain::Remove, .. });
+        // Most rows complete no page; a multiply tells so without a division.
+        let page_completed = (r.pages_cached + 1) * page_tokens <= r.computed;
         if !discard {
-            self.offer_full_pages_to_cache(row.entry);
+            if page_completed {
+                self.offer_full_pages_to_cache(row.entry);
+            }
             if let Some(token) = token {
-                let r = self.entry_mut(row.entry);
-                r.tokens.push(token);
-                let request = r.id;
+                let request = self.push_token(row.entry, token);
                 self.events.push_back(SchedEvent::Token { request, token });
                 if let Some(reason) = self.stop_reason(row.entry, token) {
+                    // A running request is let go of here if no step in flight touches it; a
+                    // draining one is below.
                     self.finish(row.entry, reason);
                 }
             }
         }
-        // `finish` may already have let go of it.
-        let drained =
-            self.entries[row.entry as usize].as_ref().is_some_and(|r| r.in_flight_steps == 0);
-        if drained {
+        if drained && self.entries[row.entry as usize].is_some() {
             self.complete_drain(row.entry, now);
         }
+    }
+
+    fn push_token(&mut self, entry: u32, token: u32) -> super::RequestId {
+        let r = self.entry_mut(entry);
+        r.tokens.push(token);
+        r.id
     }
 
     fn stop_reason(&self, entry: u32, token: u32) -> Option<FinishReason> {
@@ -108,10 +117,6 @@ impl Scheduler {
         let page_tokens = self.pool.page_tokens() as usize;
         let Scheduler { pool, entries, .. } = self;
         let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
-        // Most steps complete no page; a multiply tells so without a division.
-        if (r.pages_cached as usize + 1) * page_tokens > r.computed as usize {
-            return;
-        }
         let full = r.computed as usize / page_tokens;
         extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, full);
         for i in r.pages_cached as usize..full {

@@ -67,13 +67,19 @@ impl Scheduler {
         let chunk_max = self.config.prefill_chunk_tokens_max;
         let mut prefilling = 0;
         let mut i = 0;
+        let page_tokens = self.pool.page_tokens();
+        let context_max = self.config.request_tokens_max;
         while i < self.running.len() && *budget > 0 {
             let (_, entry) = self.running[i];
             let r = self.entry(entry);
-            let remaining = r.len_with_in_flight() - r.planned_end();
+            let (start, len_with_in_flight) = (r.planned_end(), r.len_with_in_flight());
+            let remaining = len_with_in_flight - start;
             prefilling += usize::from(remaining > 1);
+            // Samples in flight that will end the request: it gets no further row.
+            let will_finish = r.output_len() + r.in_flight_samples >= r.max_tokens
+                || len_with_in_flight >= context_max;
             let tokens = match pass {
-                _ if r.draft_row.is_some() || self.will_finish(entry) => 0,
+                _ if r.draft_row.is_some() || will_finish => 0,
                 Pass::Decode if remaining == 1 => 1,
                 Pass::Prefill if remaining > 1 => remaining.min(*budget).min(chunk_max),
                 _ => 0,
@@ -82,9 +88,15 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let (start, len_with_in_flight) = (r.planned_end(), r.len_with_in_flight());
             let end = start + tokens;
-            match self.ensure_pages(entry, end, draft, budget, now) {
+            // Most rows need no new page; a multiply tells so without a division.
+            let has_pages = end <= r.pages.len() as u32 * page_tokens;
+            let pages = if has_pages {
+                Pages::Ready
+            } else {
+                self.ensure_pages(entry, end, draft, budget, now)
+            };
+            match pages {
                 Pages::Ready => {
                     self.entry_mut(entry).draft_row = Some(draft.len() as u32);
                     draft.push(DraftRow {
@@ -104,13 +116,6 @@ impl Scheduler {
         }
         // Stopped early for want of budget: the prefill pass cannot run either.
         prefilling
-    }
-
-    /// True when the samples in flight will end the request: it gets no further row.
-    fn will_finish(&self, entry: u32) -> bool {
-        let r = self.entry(entry);
-        r.output_len() + r.in_flight_samples >= r.max_tokens
-            || r.len_with_in_flight() >= self.config.request_tokens_max
     }
 
     /// Gives a running request pages for positions up to `end`, preempting requests of lower
@@ -156,12 +161,7 @@ impl Scheduler {
 
     fn pages_needed(&self, entry: u32, end: u32) -> u32 {
         let held = self.entry(entry).pages.len() as u32;
-        let page_tokens = self.pool.page_tokens();
-        // Most steps need no new page; a multiply tells so without a division.
-        if end <= held * page_tokens {
-            return 0;
-        }
-        end.div_ceil(page_tokens) - held
+        end.div_ceil(self.pool.page_tokens()).saturating_sub(held)
     }
 
     /// Pages that become available when this request lets go of them.

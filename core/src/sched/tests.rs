@@ -357,3 +357,22 @@ fn time_is_only_an_argument() {
     };
     assert_eq!(outputs(0), outputs(123_456));
 }
+
+#[test]
+fn a_request_preempted_while_its_last_token_is_in_flight_finishes_and_lets_go() {
+    // Two pages: A needs a second page for step 1 while B's final token is still in flight in
+    // step 0, so B is preempted while draining, then finishes when step 0 is applied.
+    let mut config = small_config(StepMode::Overlap, 2);
+    config.prefix_cache = false;
+    let a = NewRequest { ignore_eos: true, ..request(1, prompt(1, 4), 4) };
+    let b = NewRequest { ignore_eos: true, ..request(2, prompt(2, 4), 1) };
+    let mut h = Harness::new(config);
+    h.submit(a.clone()).unwrap();
+    h.now = h.now.saturating_add(Duration::from_millis(1));
+    h.submit(b.clone()).unwrap();
+    h.run_until_idle(100);
+    assert!(h.preemptions > 0, "the scenario needs B preempted");
+    assert_eq!(h.finished[&RequestId(2)], FinishReason::Length);
+    assert_matches_alone(&h, &[a, b]);
+    assert_eq!(h.sched.pool().held_count(), 0);
+}
