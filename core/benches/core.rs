@@ -119,9 +119,19 @@ fn allocate_and_free(c: &mut Criterion) {
 }
 
 fn prefix_match(c: &mut Criterion) {
+    // 16 tokens a page is vLLM's default and the hard case (8,192 pages); 64 is a common
+    // disaggregated-serving page (2,048 pages).
+    for page_tokens in [16, 64] {
+        prefix_match_with(c, page_tokens);
+    }
+}
+
+fn prefix_match_with(c: &mut Criterion, page_tokens: u32) {
     const PROMPT: usize = 128 * 1024;
-    let pt = PAGE_TOKENS as usize;
-    let mut pool = PagePool::new(pool_config()).unwrap();
+    let pt = page_tokens as usize;
+    let config =
+        PoolConfig { pages_total: PAGES * PAGE_TOKENS / page_tokens, page_tokens, pins_max: 0 };
+    let mut pool = PagePool::new(config).unwrap();
     let tokens: Vec<u32> =
         (0..PROMPT as u32).map(|t| t.wrapping_mul(2_654_435_761) % 151_000).collect();
     let keys = block_hashes(0, &tokens, pt);
@@ -133,7 +143,7 @@ fn prefix_match(c: &mut Criterion) {
         pool.cache_insert(page, CacheKey { hash, parent }, &tokens[i * pt..(i + 1) * pt]).unwrap();
         pool.release(page).unwrap();
     }
-    let mut group = c.benchmark_group("prefix_match_128k_tokens");
+    let mut group = c.benchmark_group(format!("prefix_match_128k_tokens_{page_tokens}_per_page"));
     group.bench_function("hash_only", |b| {
         b.iter(|| black_box(block_hashes(0, black_box(&tokens), pt)))
     });

@@ -441,15 +441,7 @@ impl PagePool {
             PageState::Evictable { cache } => Some(cache),
             PageState::Free => None,
         };
-        // An inline loop, not `==`: for a page of a few dozen tokens the call to memcmp costs
-        // more than the comparison.
-        cached == Some(key)
-            && tokens.len() == self.config.page_tokens as usize
-            && self
-                .page_tokens_of(index)
-                .iter()
-                .zip(tokens)
-                .fold(true, |same, (a, b)| same & (a == b))
+        cached == Some(key) && self.page_tokens_of(index) == tokens
     }
 
     fn handle(&self, index: u32) -> PageRef {
