@@ -17,6 +17,7 @@ pub mod sched;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod time;
+pub mod wire;
 
 pub use invariant::InvariantViolation;
 pub use time::Time;

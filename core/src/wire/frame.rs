@@ -1,0 +1,255 @@
+//! Frames: `[length: u32 LE][version: u8][kind: u8][from][to][body]`, where the length counts
+//! every byte after itself. A reader of a byte stream asks `frame_len` whether a whole frame has
+//! arrived, then `decode_frame` on exactly that frame.
+//!
+//! Our own format rather than postcard or bincode: core/ takes std and serde only (DESIGN.md
+//! section 2), the format is small enough to read in one sitting, every length is bounded before
+//! it is allocated, and the version byte lets a mixed-version deployment refuse cleanly.
+
+use super::codec::{Reader, WireError, Writer};
+use super::messages::*;
+use crate::sched::RequestId;
+
+/// The version this build writes and reads.
+pub const WIRE_VERSION: u8 = 1;
+/// Largest frame, header included: a KV write of a large page with room to spare.
+pub const FRAME_BYTES_MAX: usize = 64 << 20;
+pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
+pub const STOP_TOKENS_MAX: usize = 64;
+pub const PAGES_MAX: usize = 1 << 22;
+const HEADER_BYTES: usize = 4;
+
+/// Encodes an envelope as one frame, appended to `out`.
+pub fn encode_frame(envelope: &Envelope, out: Vec<u8>) -> Vec<u8> {
+    let mut w = Writer::with_buffer(out);
+    let start = w.len();
+    w.u32_fixed(0);
+    w.u8(WIRE_VERSION);
+    w.u8(kind(&envelope.body));
+    endpoint(&mut w, envelope.from);
+    endpoint(&mut w, envelope.to);
+    body(&mut w, &envelope.body);
+    let len = w.len() - start - HEADER_BYTES;
+    debug_assert!(len <= FRAME_BYTES_MAX, "encoded a frame over FRAME_BYTES_MAX");
+    w.patch_u32_fixed(start, len as u32);
+    w.into_bytes()
+}
+
+/// How many bytes the frame at the start of `buf` takes, once its length prefix has arrived;
+/// `Ok(None)` while it has not. A length over `FRAME_BYTES_MAX` is an error: the stream is
+/// garbage or hostile and should be closed.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    let Some(prefix) = buf.first_chunk::<HEADER_BYTES>() else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes(*prefix) as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err(WireError::TooLong {
+            what: "frame",
+            len: len as u64,
+            max: FRAME_BYTES_MAX as u64,
+        });
+    }
+    Ok(Some(HEADER_BYTES + len))
+}
+
+/// Decodes exactly one frame (as delimited by `frame_len`).
+pub fn decode_frame(frame: &[u8]) -> Result<Envelope, WireError> {
+    let mut r = Reader::new(frame);
+    let len = r.u32_fixed("frame length")? as usize;
+    if len != r.remaining() {
+        return Err(WireError::Invalid { what: "frame length", value: len as u64 });
+    }
+    let version = r.u8("version")?;
+    if version != WIRE_VERSION {
+        return Err(WireError::UnsupportedVersion { got: version, supported: WIRE_VERSION });
+    }
+    let kind = r.u8("kind")?;
+    let from = read_endpoint(&mut r)?;
+    let to = read_endpoint(&mut r)?;
+    let body = read_body(&mut r, kind)?;
+    r.finish()?;
+    Ok(Envelope { from, to, body })
+}
+
+fn kind(message: &Message) -> u8 {
+    match message {
+        Message::Reserve { .. } => 1,
+        Message::Prepare { .. } => 2,
+        Message::Heartbeat { .. } => 3,
+        Message::LeaseGrant { .. } => 4,
+        Message::Done { .. } => 5,
+        Message::DoneAck { .. } => 6,
+        Message::Abort { .. } => 7,
+        Message::AbortAck { .. } => 8,
+        Message::Outcome { .. } => 9,
+        Message::KvWrite { .. } => 10,
+    }
+}
+
+fn body(w: &mut Writer, message: &Message) {
+    transfer_key(w, message.key());
+    match message {
+        Message::Reserve { request, prefill, .. } => {
+            request_spec(w, request);
+            endpoint(w, *prefill);
+        }
+        Message::Prepare { request, cached_tokens, page_tokens, pages, lease_ms, .. } => {
+            request_spec(w, request);
+            w.u32(*cached_tokens);
+            w.u32(*page_tokens);
+            w.u64(pages.len() as u64);
+            for page in pages {
+                page_slot(w, *page);
+            }
+            w.u32(*lease_ms);
+        }
+        Message::Heartbeat { .. } | Message::DoneAck { .. } | Message::AbortAck { .. } => {}
+        Message::LeaseGrant { lease_ms, .. } => w.u32(*lease_ms),
+        Message::Done { first_token, pages_written, .. } => {
+            w.u32(*first_token);
+            w.u32(*pages_written);
+        }
+        Message::Abort { reason, .. } => w.u8(abort_reason(*reason)),
+        Message::Outcome { failure, .. } => match failure {
+            None => w.u8(0),
+            Some(reason) => w.u8(abort_reason(*reason)),
+        },
+        Message::KvWrite { page, first_token, data, .. } => {
+            page_slot(w, *page);
+            w.u32(*first_token);
+            w.bytes(data);
+        }
+    }
+}
+
+fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
+    let key = read_transfer_key(r)?;
+    Ok(match kind {
+        1 => Message::Reserve { key, request: read_request_spec(r)?, prefill: read_endpoint(r)? },
+        2 => {
+            let request = read_request_spec(r)?;
+            let cached_tokens = r.u32("cached tokens")?;
+            let page_tokens = r.u32("page tokens")?;
+            if page_tokens == 0 {
+                return Err(WireError::Invalid { what: "page tokens", value: 0 });
+            }
+            let count = r.len("pages", PAGES_MAX, 2)?;
+            let mut pages = Vec::with_capacity(count);
+            for _ in 0..count {
+                pages.push(read_page_slot(r)?);
+            }
+            let lease_ms = r.u32("lease")?;
+            Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
+        }
+        3 => Message::Heartbeat { key },
+        4 => Message::LeaseGrant { key, lease_ms: r.u32("lease")? },
+        5 => Message::Done {
+            key,
+            first_token: r.u32("first token")?,
+            pages_written: r.u32("pages written")?,
+        },
+        6 => Message::DoneAck { key },
+        7 => Message::Abort { key, reason: read_abort_reason(r.u8("abort reason")?)? },
+        8 => Message::AbortAck { key },
+        9 => {
+            let failure = match r.u8("outcome")? {
+                0 => None,
+                code => Some(read_abort_reason(code)?),
+            };
+            Message::Outcome { key, failure }
+        }
+        10 => {
+            let page = read_page_slot(r)?;
+            let first_token = r.u32("first token")?;
+            let data = r.bytes("kv data", FRAME_BYTES_MAX)?.to_vec();
+            Message::KvWrite { key, page, first_token, data }
+        }
+        other => return Err(WireError::UnknownKind(other)),
+    })
+}
+
+fn endpoint(w: &mut Writer, e: Endpoint) {
+    w.u32(e.worker.0);
+    w.u64(e.incarnation.0);
+}
+
+fn read_endpoint(r: &mut Reader<'_>) -> Result<Endpoint, WireError> {
+    Ok(Endpoint {
+        worker: WorkerId(r.u32("worker")?),
+        incarnation: Incarnation(r.u64("incarnation")?),
+    })
+}
+
+fn transfer_key(w: &mut Writer, key: TransferKey) {
+    w.u64(key.transfer.0);
+    w.u32(key.epoch.0);
+}
+
+fn read_transfer_key(r: &mut Reader<'_>) -> Result<TransferKey, WireError> {
+    Ok(TransferKey { transfer: TransferId(r.u64("transfer")?), epoch: Epoch(r.u32("epoch")?) })
+}
+
+fn page_slot(w: &mut Writer, page: PageSlot) {
+    w.u32(page.index);
+    w.u32(page.generation);
+}
+
+fn read_page_slot(r: &mut Reader<'_>) -> Result<PageSlot, WireError> {
+    Ok(PageSlot { index: r.u32("page index")?, generation: r.u32("page generation")? })
+}
+
+fn request_spec(w: &mut Writer, spec: &RequestSpec) {
+    w.u64(spec.id.0);
+    w.u32s(&spec.prompt);
+    w.u32(spec.max_tokens);
+    w.u32s(&spec.stop_token_ids);
+    w.bool(spec.ignore_eos);
+    w.i32(spec.priority);
+    w.u64(spec.cache_salt);
+    w.f32(spec.sampling.temperature);
+    w.f32(spec.sampling.top_p);
+    w.u32(spec.sampling.top_k);
+    w.u64(spec.sampling.seed);
+}
+
+fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
+    Ok(RequestSpec {
+        id: RequestId(r.u64("request id")?),
+        prompt: r.u32s("prompt", PROMPT_TOKENS_MAX)?,
+        max_tokens: r.u32("max tokens")?,
+        stop_token_ids: r.u32s("stop tokens", STOP_TOKENS_MAX)?,
+        ignore_eos: r.bool("ignore eos")?,
+        priority: r.i32("priority")?,
+        cache_salt: r.u64("cache salt")?,
+        sampling: Sampling {
+            temperature: r.f32("temperature")?,
+            top_p: r.f32("top p")?,
+            top_k: r.u32("top k")?,
+            seed: r.u64("seed")?,
+        },
+    })
+}
+
+fn abort_reason(reason: AbortReason) -> u8 {
+    match reason {
+        AbortReason::Client => 1,
+        AbortReason::Router => 2,
+        AbortReason::PrefillFailed => 3,
+        AbortReason::DecodeFailed => 4,
+        AbortReason::Timeout => 5,
+        AbortReason::PeerRestarted => 6,
+    }
+}
+
+fn read_abort_reason(code: u8) -> Result<AbortReason, WireError> {
+    Ok(match code {
+        1 => AbortReason::Client,
+        2 => AbortReason::Router,
+        3 => AbortReason::PrefillFailed,
+        4 => AbortReason::DecodeFailed,
+        5 => AbortReason::Timeout,
+        6 => AbortReason::PeerRestarted,
+        value => return Err(WireError::Invalid { what: "abort reason", value: u64::from(value) }),
+    })
+}

@@ -1,0 +1,144 @@
+//! The messages of the prefill-to-decode transfer protocol and of the router (DESIGN.md
+//! section 3, "pd"), as plain data. `frame.rs` turns them into bytes and back.
+
+use crate::sched::RequestId;
+
+/// A worker (router, prefill or decode) in a deployment.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct WorkerId(pub u32);
+
+/// Which life of a worker: changes on every restart, so peers can tell the old one's messages
+/// (and drop its state) from the new one's.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Incarnation(pub u64);
+
+/// One life of one worker.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Endpoint {
+    pub worker: WorkerId,
+    pub incarnation: Incarnation,
+}
+
+/// Names a transfer. Allocated by the router, never reused while a late message could arrive.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TransferId(pub u64);
+
+/// Which attempt at a transfer: a retried transfer gets a higher epoch, and messages of a lower
+/// one are dropped.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Epoch(pub u32);
+
+/// What every protocol message is about.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TransferKey {
+    pub transfer: TransferId,
+    pub epoch: Epoch,
+}
+
+/// A decode-side page named on the wire: number and generation, so a write aimed at a page that
+/// has since been reused is recognizable.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct PageSlot {
+    pub index: u32,
+    pub generation: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 means no top-k cut.
+    pub top_k: u32,
+    pub seed: u64,
+}
+
+/// A request as it travels between workers.
+#[derive(Clone, PartialEq, Debug)]
+pub struct RequestSpec {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub priority: i32,
+    pub cache_salt: u64,
+    pub sampling: Sampling,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AbortReason {
+    /// The client went away or cancelled.
+    Client,
+    /// The router gave up on the transfer (its own timeout, a peer declared dead).
+    Router,
+    /// The prefill side could not compute or write the KV.
+    PrefillFailed,
+    /// The decode side could not take the request (no pages, queue full).
+    DecodeFailed,
+    /// A lease or a wait ran out.
+    Timeout,
+    /// The peer came back as a new incarnation: whatever the old one held is gone.
+    PeerRestarted,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub enum Message {
+    /// Router → decode: take this request, whose prefill runs on `prefill`.
+    Reserve { key: TransferKey, request: RequestSpec, prefill: Endpoint },
+    /// Decode → prefill: compute the request and write the KV of positions from
+    /// `cached_tokens` on into these pages (the first `cached_tokens` are cached on the decode
+    /// side already). Writes are allowed for `lease_ms` from receipt unless extended.
+    Prepare {
+        key: TransferKey,
+        request: RequestSpec,
+        cached_tokens: u32,
+        page_tokens: u32,
+        pages: Vec<PageSlot>,
+        lease_ms: u32,
+    },
+    /// Prefill → decode: still working on it; please extend the lease.
+    Heartbeat { key: TransferKey },
+    /// Decode → prefill: writes are allowed for `lease_ms` more from receipt.
+    LeaseGrant { key: TransferKey, lease_ms: u32 },
+    /// Prefill → decode: every page is written and every write has completed; here is the first
+    /// output token.
+    Done { key: TransferKey, first_token: u32, pages_written: u32 },
+    /// Decode → prefill: `Done` received; the prefill side may let go.
+    DoneAck { key: TransferKey },
+    /// Any side → its peer: end the transfer.
+    Abort { key: TransferKey, reason: AbortReason },
+    /// Reply to `Abort`. From the prefill side it also says "drained": no write of mine to this
+    /// transfer will land any more.
+    AbortAck { key: TransferKey },
+    /// Decode → router: the transfer ended; `failure` is `None` when the request now decodes.
+    Outcome { key: TransferKey, failure: Option<AbortReason> },
+    /// Prefill → decode memory, one-sided: KV bytes for a page, landing whatever the receiver's
+    /// state (as an RDMA write does). Never handled by the decode state machine.
+    KvWrite { key: TransferKey, page: PageSlot, first_token: u32, data: Vec<u8> },
+}
+
+impl Message {
+    pub fn key(&self) -> TransferKey {
+        match self {
+            Message::Reserve { key, .. }
+            | Message::Prepare { key, .. }
+            | Message::Heartbeat { key }
+            | Message::LeaseGrant { key, .. }
+            | Message::Done { key, .. }
+            | Message::DoneAck { key }
+            | Message::Abort { key, .. }
+            | Message::AbortAck { key }
+            | Message::Outcome { key, .. }
+            | Message::KvWrite { key, .. } => *key,
+        }
+    }
+}
+
+/// A message with its sender and addressee. A worker drops an envelope addressed to another
+/// incarnation of itself: that is how a restarted worker ignores traffic meant for its past.
+#[derive(Clone, PartialEq, Debug)]
+pub struct Envelope {
+    pub from: Endpoint,
+    pub to: Endpoint,
+    pub body: Message,
+}

@@ -1,0 +1,17 @@
+//! The wire: message types of the transfer protocol and the router, and their versioned,
+//! length-prefixed binary codec. Decoding arbitrary bytes returns an error, never panics, and
+//! never allocates more than the input could describe.
+
+mod codec;
+mod frame;
+mod messages;
+
+pub use codec::{Reader, WireError, Writer};
+pub use frame::{
+    FRAME_BYTES_MAX, PAGES_MAX, PROMPT_TOKENS_MAX, STOP_TOKENS_MAX, WIRE_VERSION, decode_frame,
+    encode_frame, frame_len,
+};
+pub use messages::*;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+//! Round trips of every message, and bad bytes of every kind refused without a panic.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::sched::RequestId;
+
+fn endpoint() -> impl Strategy<Value = Endpoint> {
+    (any::<u32>(), any::<u64>())
+        .prop_map(|(w, i)| Endpoint { worker: WorkerId(w), incarnation: Incarnation(i) })
+}
+
+fn key() -> impl Strategy<Value = TransferKey> {
+    (any::<u64>(), any::<u32>())
+        .prop_map(|(t, e)| TransferKey { transfer: TransferId(t), epoch: Epoch(e) })
+}
+
+fn page() -> impl Strategy<Value = PageSlot> {
+    (any::<u32>(), any::<u32>()).prop_map(|(index, generation)| PageSlot { index, generation })
+}
+
+fn reason() -> impl Strategy<Value = AbortReason> {
+    prop_oneof![
+        Just(AbortReason::Client),
+        Just(AbortReason::Router),
+        Just(AbortReason::PrefillFailed),
+        Just(AbortReason::DecodeFailed),
+        Just(AbortReason::Timeout),
+        Just(AbortReason::PeerRestarted),
+    ]
+}
+
+fn spec() -> impl Strategy<Value = RequestSpec> {
+    (
+        any::<u64>(),
+        prop::collection::vec(any::<u32>(), 0..40),
+        any::<u32>(),
+        prop::collection::vec(any::<u32>(), 0..STOP_TOKENS_MAX),
+        any::<bool>(),
+        any::<i32>(),
+        any::<u64>(),
+        (-1e6f32..1e6, 0f32..1.0, any::<u32>(), any::<u64>()),
+    )
+        .prop_map(
+            |(
+                id,
+                prompt,
+                max_tokens,
+                stop_token_ids,
+                ignore_eos,
+                priority,
+                cache_salt,
+                (t, p, k, s),
+            )| RequestSpec {
+                id: RequestId(id),
+                prompt,
+                max_tokens,
+                stop_token_ids,
+                ignore_eos,
+                priority,
+                cache_salt,
+                sampling: Sampling { temperature: t, top_p: p, top_k: k, seed: s },
+            },
+        )
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (key(), spec(), endpoint()).prop_map(|(key, request, prefill)| Message::Reserve {
+            key,
+            request,
+            prefill
+        }),
+        (
+            key(),
+            spec(),
+            any::<u32>(),
+            1..u32::MAX,
+            prop::collection::vec(page(), 0..20),
+            any::<u32>()
+        )
+            .prop_map(|(key, request, cached_tokens, page_tokens, pages, lease_ms)| {
+                Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
+            }),
+        key().prop_map(|key| Message::Heartbeat { key }),
+        (key(), any::<u32>()).prop_map(|(key, lease_ms)| Message::LeaseGrant { key, lease_ms }),
+        (key(), any::<u32>(), any::<u32>()).prop_map(|(key, first_token, pages_written)| {
+            Message::Done { key, first_token, pages_written }
+        }),
+        key().prop_map(|key| Message::DoneAck { key }),
+        (key(), reason()).prop_map(|(key, reason)| Message::Abort { key, reason }),
+        key().prop_map(|key| Message::AbortAck { key }),
+        (key(), prop::option::of(reason()))
+            .prop_map(|(key, failure)| Message::Outcome { key, failure }),
+        (key(), page(), any::<u32>(), prop::collection::vec(any::<u8>(), 0..200)).prop_map(
+            |(key, page, first_token, data)| Message::KvWrite { key, page, first_token, data }
+        ),
+    ]
+}
+
+fn envelope() -> impl Strategy<Value = Envelope> {
+    (endpoint(), endpoint(), message()).prop_map(|(from, to, body)| Envelope { from, to, body })
+}
+
+proptest! {
+    #[test]
+    fn every_message_round_trips(envelope in envelope()) {
+        let frame = encode_frame(&envelope, Vec::new());
+        prop_assert_eq!(frame_len(&frame), Ok(Some(frame.len())));
+        prop_assert_eq!(decode_frame(&frame), Ok(envelope));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error(envelope in envelope()) {
+        let frame = encode_frame(&envelope, Vec::new());
+        for cut in 0..frame.len() {
+            prop_assert!(decode_frame(&frame[..cut]).is_err(), "a frame cut at {} decoded", cut);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let _ = frame_len(&bytes);
+        let _ = decode_frame(&bytes);
+    }
+
+    #[test]
+    fn frames_split_a_stream(envelopes in prop::collection::vec(envelope(), 1..5)) {
+        let mut stream = Vec::new();
+        for e in &envelopes {
+            stream = encode_frame(e, stream);
+        }
+        let mut decoded = Vec::new();
+        let mut rest = stream.as_slice();
+        while let Some(len) = frame_len(rest).unwrap() {
+            decoded.push(decode_frame(&rest[..len]).unwrap());
+            rest = &rest[len..];
+        }
+        prop_assert!(rest.is_empty());
+        prop_assert_eq!(decoded, envelopes);
+    }
+}
+
+fn sample() -> Envelope {
+    let end = Endpoint { worker: WorkerId(1), incarnation: Incarnation(2) };
+    Envelope {
+        from: end,
+        to: end,
+        body: Message::Heartbeat { key: TransferKey { transfer: TransferId(3), epoch: Epoch(4) } },
+    }
+}
+
+#[test]
+fn bytes_are_pinned() {
+    // A change here is a wire-format change: bump WIRE_VERSION.
+    assert_eq!(encode_frame(&sample(), Vec::new()), vec![8, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4]);
+}
+
+#[test]
+fn other_versions_and_kinds_are_refused() {
+    let mut frame = encode_frame(&sample(), Vec::new());
+    frame[4] = 2;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 2, supported: 1 }));
+    frame[4] = 1;
+    frame[5] = 99;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
+}
+
+#[test]
+fn huge_lengths_are_refused_before_allocating() {
+    assert!(matches!(frame_len(&[0xff, 0xff, 0xff, 0xff]), Err(WireError::TooLong { .. })));
+    assert_eq!(frame_len(&[1, 0]), Ok(None));
+    // A Reserve whose prompt claims a billion tokens, in a frame of a few bytes: refused by the
+    // length check, not by running out of memory.
+    let mut w = Writer::new();
+    w.u32_fixed(0);
+    w.u8(WIRE_VERSION);
+    w.u8(1);
+    for _ in 0..2 {
+        w.u32(1);
+        w.u64(2);
+    }
+    w.u64(3); // transfer
+    w.u32(4); // epoch
+    w.u64(5); // request id
+    w.u64(1 << 30); // prompt length
+    let mut frame = w.into_bytes();
+    let len = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(decode_frame(&frame), Err(WireError::TooLong { what: "prompt", .. })));
+}
+
+#[test]
+fn a_length_that_disagrees_with_the_frame_is_refused() {
+    let mut frame = encode_frame(&sample(), Vec::new());
+    frame.push(0);
+    assert!(matches!(decode_frame(&frame), Err(WireError::Invalid { what: "frame length", .. })));
+}
