@@ -104,8 +104,12 @@ fn body(w: &mut Writer, message: &Message) {
             }
             w.u32(*lease_ms);
         }
-        Message::Heartbeat { .. } | Message::DoneAck { .. } | Message::AbortAck { .. } => {}
-        Message::LeaseGrant { lease_ms, .. } => w.u32(*lease_ms),
+        Message::DoneAck { .. } | Message::AbortAck { .. } => {}
+        Message::Heartbeat { seq, .. } => w.u32(*seq),
+        Message::LeaseGrant { seq, lease_ms, .. } => {
+            w.u32(*seq);
+            w.u32(*lease_ms);
+        }
         Message::Done { first_token, pages_written, .. } => {
             w.u32(*first_token);
             w.u32(*pages_written);
@@ -142,8 +146,8 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             let lease_ms = r.u32("lease")?;
             Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
         }
-        3 => Message::Heartbeat { key },
-        4 => Message::LeaseGrant { key, lease_ms: r.u32("lease")? },
+        3 => Message::Heartbeat { key, seq: r.u32("heartbeat seq")? },
+        4 => Message::LeaseGrant { key, seq: r.u32("heartbeat seq")?, lease_ms: r.u32("lease")? },
         5 => Message::Done {
             key,
             first_token: r.u32("first token")?,

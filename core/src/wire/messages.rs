@@ -87,7 +87,8 @@ pub enum Message {
     Reserve { key: TransferKey, request: RequestSpec, prefill: Endpoint },
     /// Decode → prefill: compute the request and write the KV of positions from
     /// `cached_tokens` on into these pages (the first `cached_tokens` are cached on the decode
-    /// side already). Writes are allowed for `lease_ms` from receipt unless extended.
+    /// side already). No write is allowed before a `LeaseGrant`; `lease_ms` is how long each
+    /// grant lasts.
     Prepare {
         key: TransferKey,
         request: RequestSpec,
@@ -96,10 +97,12 @@ pub enum Message {
         pages: Vec<PageSlot>,
         lease_ms: u32,
     },
-    /// Prefill → decode: still working on it; please extend the lease.
-    Heartbeat { key: TransferKey },
-    /// Decode → prefill: writes are allowed for `lease_ms` more from receipt.
-    LeaseGrant { key: TransferKey, lease_ms: u32 },
+    /// Prefill → decode: asks for write permission (a lease). The prefill side remembers when it
+    /// sent heartbeat `seq`; the grant that answers it runs from that moment, which is no later
+    /// than the decode side's own start of the lease.
+    Heartbeat { key: TransferKey, seq: u32 },
+    /// Decode → prefill: writes are allowed for `lease_ms` from when heartbeat `seq` was sent.
+    LeaseGrant { key: TransferKey, seq: u32, lease_ms: u32 },
     /// Prefill → decode: every page is written and every write has completed; here is the first
     /// output token.
     Done { key: TransferKey, first_token: u32, pages_written: u32 },
@@ -122,7 +125,7 @@ impl Message {
         match self {
             Message::Reserve { key, .. }
             | Message::Prepare { key, .. }
-            | Message::Heartbeat { key }
+            | Message::Heartbeat { key, .. }
             | Message::LeaseGrant { key, .. }
             | Message::Done { key, .. }
             | Message::DoneAck { key }

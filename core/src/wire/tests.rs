@@ -82,8 +82,12 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(key, request, cached_tokens, page_tokens, pages, lease_ms)| {
                 Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
             }),
-        key().prop_map(|key| Message::Heartbeat { key }),
-        (key(), any::<u32>()).prop_map(|(key, lease_ms)| Message::LeaseGrant { key, lease_ms }),
+        (key(), any::<u32>()).prop_map(|(key, seq)| Message::Heartbeat { key, seq }),
+        (key(), any::<u32>(), any::<u32>()).prop_map(|(key, seq, lease_ms)| Message::LeaseGrant {
+            key,
+            seq,
+            lease_ms
+        }),
         (key(), any::<u32>(), any::<u32>()).prop_map(|(key, first_token, pages_written)| {
             Message::Done { key, first_token, pages_written }
         }),
@@ -146,14 +150,17 @@ fn sample() -> Envelope {
     Envelope {
         from: end,
         to: end,
-        body: Message::Heartbeat { key: TransferKey { transfer: TransferId(3), epoch: Epoch(4) } },
+        body: Message::Heartbeat {
+            key: TransferKey { transfer: TransferId(3), epoch: Epoch(4) },
+            seq: 5,
+        },
     }
 }
 
 #[test]
 fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
-    assert_eq!(encode_frame(&sample(), Vec::new()), vec![8, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4]);
+    assert_eq!(encode_frame(&sample(), Vec::new()), vec![9, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4, 5]);
 }
 
 #[test]
