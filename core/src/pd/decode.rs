@@ -1,0 +1,500 @@
+//! The decode side of the transfer protocol: reserves pages for the prefill side to write,
+//! grants write leases, and hands the pages to the scheduler only once `Done` says every write
+//! has landed. See the module docs of `pd` for the lease argument.
+//!
+//! Per transfer: `AwaitingPrefill → (Ready | Ended)`, or `AwaitingPrefill → Draining → gone` when
+//! it ends while writes may still land. Exactly one terminal output (`Ready` or `Ended`) per
+//! transfer.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::Time;
+use crate::ensure_invariant;
+use crate::invariant::InvariantViolation;
+use crate::kv::prefix_hash::{block_hashes, root_hash};
+use crate::kv::{PagePool, PageRef, PinId};
+use crate::wire::{
+    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, TransferId,
+    TransferKey, WorkerId,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    /// How long one lease grant lets the prefill side write (`L`).
+    pub lease: Duration,
+    /// How long a write issued may take to land or fail (`W`): the data plane's timeout.
+    pub write_flight_max: Duration,
+    /// Live transfers at most; a `Reserve` beyond it is refused.
+    pub transfers_max: u32,
+    /// Whether reserved prompts reuse the decode side's prefix cache.
+    pub prefix_cache: bool,
+}
+
+/// What the decode side asks its driver to do. Drained with `poll_output` after every input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DecodeOutput {
+    Send(Envelope),
+    /// The KV arrived whole: the scheduler takes the request with these page references (they
+    /// move; the transfer holds none any more) and `computed_tokens` positions already computed.
+    Ready {
+        key: TransferKey,
+        request: RequestSpec,
+        pages: Vec<PageRef>,
+        computed_tokens: u32,
+        first_token: u32,
+    },
+    /// The transfer ended without KV.
+    Ended {
+        key: TransferKey,
+        reason: AbortReason,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Pages reserved and pinned; waiting for `Done`.
+    AwaitingPrefill,
+    /// Ended (its terminal output is out) while writes may still land: the pages stay until the
+    /// prefill side reports it drained, or the lease runs out.
+    Draining,
+}
+
+#[derive(Clone, Debug)]
+struct Transfer {
+    key: TransferKey,
+    router: Endpoint,
+    prefill: Endpoint,
+    request: RequestSpec,
+    /// Pages found in the prefix cache: read, never written, by this request.
+    cached: Vec<PageRef>,
+    /// Pages the prefill side writes, in position order, each pinned by `pins`.
+    reserved: Vec<PageRef>,
+    pins: Vec<PinId>,
+    lease_until: Time,
+    phase: Phase,
+}
+
+#[derive(Clone, Debug)]
+pub struct DecodeSide {
+    me: Endpoint,
+    config: DecodeConfig,
+    transfers: BTreeMap<TransferId, Transfer>,
+    leases: BTreeSet<(Time, TransferId)>,
+    /// Transfers that ended, oldest first, and whether they completed: the answer to a late
+    /// duplicate `Done`. Bounded by `transfers_max`.
+    ended: VecDeque<(TransferKey, bool)>,
+    /// The newest incarnation seen of each peer.
+    peers: BTreeMap<WorkerId, Incarnation>,
+    outputs: VecDeque<DecodeOutput>,
+}
+
+impl DecodeSide {
+    pub fn new(me: Endpoint, config: DecodeConfig) -> DecodeSide {
+        DecodeSide {
+            me,
+            ended: VecDeque::with_capacity(config.transfers_max as usize),
+            config,
+            transfers: BTreeMap::new(),
+            leases: BTreeSet::new(),
+            peers: BTreeMap::new(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    pub fn transfers_live(&self) -> usize {
+        self.transfers.len()
+    }
+
+    pub fn poll_output(&mut self) -> Option<DecodeOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest lease end, if any: when to call `handle_timeout`.
+    pub fn next_timeout(&self) -> Option<Time> {
+        self.leases.first().map(|(t, _)| *t)
+    }
+
+    /// Handles one envelope from the network. Envelopes for another incarnation of this worker,
+    /// from an older incarnation of a peer, or about another epoch are dropped.
+    pub fn handle_envelope(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time) {
+        if envelope.to != self.me || !self.note_peer(envelope.from, pool, now) {
+            return;
+        }
+        let from = envelope.from;
+        let key = envelope.body.key();
+        let Some(transfer) = self.transfers.get(&key.transfer) else {
+            self.handle_unknown(from, envelope.body, pool, now);
+            return;
+        };
+        let expected = match envelope.body {
+            Message::Abort { .. } if from == transfer.router => transfer.router,
+            _ => transfer.prefill,
+        };
+        if transfer.key != key || from != expected {
+            return;
+        }
+        match envelope.body {
+            Message::Heartbeat { seq, .. } => self.on_heartbeat(key, seq, pool, now),
+            Message::Done { first_token, pages_written, .. } => {
+                self.on_done(key, first_token, pages_written, pool)
+            }
+            Message::Abort { reason, .. } if from == transfer.router => {
+                self.on_router_abort(key, reason)
+            }
+            Message::Abort { reason, .. } => self.on_prefill_abort(key, reason, pool),
+            Message::AbortAck { .. } if transfer.phase == Phase::Draining => {
+                self.release(key.transfer, pool)
+            }
+            _ => {}
+        }
+    }
+
+    /// Ends transfers whose lease ran out: no write can land in their pages any more.
+    pub fn handle_timeout(&mut self, pool: &mut PagePool, now: Time) {
+        while let Some(&(until, id)) = self.leases.first() {
+            if until > now {
+                break;
+            }
+            let transfer = &self.transfers[&id];
+            let (key, phase) = (transfer.key, transfer.phase);
+            if phase == Phase::AwaitingPrefill {
+                self.send_to_prefill(key, Message::Abort { key, reason: AbortReason::Timeout });
+                self.end(key, AbortReason::Timeout);
+            }
+            self.release(id, pool);
+        }
+    }
+
+    /// A transfer the decode side does not hold: a new `Reserve`, or a late message for one that
+    /// ended. A heartbeat is never granted here: the answer is always `Abort`.
+    fn handle_unknown(&mut self, from: Endpoint, body: Message, pool: &mut PagePool, now: Time) {
+        let key = body.key();
+        let completed =
+            self.ended.iter().find(|(k, _)| k.transfer == key.transfer).map(|(_, done)| *done);
+        match body {
+            Message::Reserve { request, prefill, .. } if completed.is_none() => {
+                self.on_reserve(from, key, request, prefill, pool, now);
+            }
+            Message::Done { .. } if completed == Some(true) => {
+                self.send(from, Message::DoneAck { key })
+            }
+            Message::Heartbeat { .. } | Message::Done { .. } => {
+                self.send(from, Message::Abort { key, reason: AbortReason::DecodeFailed });
+            }
+            Message::Abort { .. } => self.send(from, Message::AbortAck { key }),
+            _ => {}
+        }
+    }
+
+    fn on_reserve(
+        &mut self,
+        router: Endpoint,
+        key: TransferKey,
+        request: RequestSpec,
+        prefill: Endpoint,
+        pool: &mut PagePool,
+        now: Time,
+    ) {
+        if self.transfers.len() >= self.config.transfers_max as usize || request.prompt.is_empty() {
+            self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeFailed) });
+            return;
+        }
+        let page_tokens = pool.page_tokens() as usize;
+        let mut cached = Vec::new();
+        if self.config.prefix_cache {
+            // The page holding the last prompt token is always written: the prefill side
+            // computes it to sample the first token, and it must not land in a shared page.
+            let shareable = (request.prompt.len() - 1) / page_tokens * page_tokens;
+            let keys = block_hashes(request.cache_salt, &request.prompt[..shareable], page_tokens);
+            pool.match_prefix(root_hash(request.cache_salt), &keys, &request.prompt, &mut cached);
+        }
+        let needed = request.prompt.len().div_ceil(page_tokens) - cached.len();
+        debug_assert!(
+            needed >= 1,
+            "the last prompt page is never shared, so a hand-off is never empty"
+        );
+        let lease_until = now.saturating_add(self.config.lease + self.config.write_flight_max);
+        let pin_until = self.pin_until(lease_until);
+        let mut reserved = Vec::with_capacity(needed);
+        let mut pins = Vec::with_capacity(needed);
+        let reserved_ok = pool.allocate_many(needed as u32, &mut reserved).is_ok()
+            && reserved
+                .iter()
+                .all(|&page| pool.pin(page, pin_until).map(|pin| pins.push(pin)).is_ok());
+        if !reserved_ok {
+            for pin in pins {
+                pool.unpin(pin).expect("a pin made a moment ago is live");
+            }
+            for page in cached.into_iter().chain(reserved) {
+                pool.release(page).expect("a page taken a moment ago is held");
+            }
+            self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeFailed) });
+            return;
+        }
+        let prepare = Message::Prepare {
+            key,
+            request: request.clone(),
+            cached_tokens: (cached.len() * page_tokens) as u32,
+            page_tokens: page_tokens as u32,
+            pages: reserved
+                .iter()
+                .map(|p| PageSlot { index: p.index(), generation: p.generation() })
+                .collect(),
+            lease_ms: u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX),
+        };
+        self.send(prefill, prepare);
+        self.leases.insert((lease_until, key.transfer));
+        self.transfers.insert(
+            key.transfer,
+            Transfer {
+                key,
+                router,
+                prefill,
+                request,
+                cached,
+                reserved,
+                pins,
+                lease_until,
+                phase: Phase::AwaitingPrefill,
+            },
+        );
+    }
+
+    fn on_heartbeat(&mut self, key: TransferKey, seq: u32, pool: &mut PagePool, now: Time) {
+        let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
+        if transfer.phase == Phase::Draining {
+            // Ended: never a new lease. Say so again, in case the first Abort was lost.
+            let prefill = transfer.prefill;
+            self.send(prefill, Message::Abort { key, reason: AbortReason::DecodeFailed });
+            return;
+        }
+        let until = now.saturating_add(self.config.lease + self.config.write_flight_max);
+        if until > transfer.lease_until {
+            self.leases.remove(&(transfer.lease_until, key.transfer));
+            self.leases.insert((until, key.transfer));
+            transfer.lease_until = until;
+            let pin_until = until.saturating_add(self.config.write_flight_max);
+            for &pin in &transfer.pins {
+                pool.extend_pin(pin, pin_until).expect("a reserved page's pin outlives its lease");
+            }
+        }
+        let (prefill, lease_ms) =
+            (transfer.prefill, u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX));
+        self.send(prefill, Message::LeaseGrant { key, seq, lease_ms });
+    }
+
+    fn on_done(
+        &mut self,
+        key: TransferKey,
+        first_token: u32,
+        pages_written: u32,
+        pool: &mut PagePool,
+    ) {
+        let transfer = &self.transfers[&key.transfer];
+        let prefill = transfer.prefill;
+        if transfer.phase == Phase::Draining {
+            // It finished before our Abort reached it; every write has completed.
+            self.release(key.transfer, pool);
+            return;
+        }
+        if pages_written as usize != transfer.reserved.len() {
+            // Fail closed: KV that did not arrive whole is never decoded from.
+            self.send(prefill, Message::Abort { key, reason: AbortReason::PrefillFailed });
+            self.end(key, AbortReason::PrefillFailed);
+            self.release(key.transfer, pool);
+            return;
+        }
+        let mut transfer = self.transfers.remove(&key.transfer).expect("looked up above");
+        self.leases.remove(&(transfer.lease_until, key.transfer));
+        for pin in transfer.pins.drain(..) {
+            // Writes are over: the pages are ordinary request pages from here on.
+            pool.unpin(pin).expect("a reserved page's pin outlives its lease");
+        }
+        let page_tokens = pool.page_tokens();
+        let computed_tokens = transfer.request.prompt.len() as u32;
+        debug_assert!(transfer.cached.len() as u32 * page_tokens <= computed_tokens);
+        let mut pages = transfer.cached;
+        pages.append(&mut transfer.reserved);
+        self.send(prefill, Message::DoneAck { key });
+        self.send(transfer.router, Message::Outcome { key, failure: None });
+        self.remember(key, true);
+        self.outputs.push_back(DecodeOutput::Ready {
+            key,
+            request: transfer.request,
+            pages,
+            computed_tokens,
+            first_token,
+        });
+    }
+
+    fn on_router_abort(&mut self, key: TransferKey, reason: AbortReason) {
+        let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
+        if transfer.phase == Phase::Draining {
+            return;
+        }
+        let prefill = transfer.prefill;
+        self.send(prefill, Message::Abort { key, reason });
+        self.end(key, reason);
+    }
+
+    fn on_prefill_abort(&mut self, key: TransferKey, reason: AbortReason, pool: &mut PagePool) {
+        // The prefill side aborts only once its writes have drained.
+        let transfer = &self.transfers[&key.transfer];
+        let prefill = transfer.prefill;
+        if transfer.phase == Phase::AwaitingPrefill {
+            self.end(key, reason);
+        }
+        self.send(prefill, Message::AbortAck { key });
+        self.release(key.transfer, pool);
+    }
+
+    /// Records a newer incarnation of a peer; returns false for an envelope from an older one.
+    /// A prefill worker that restarted gives up its transfers, which keep their pages until their
+    /// lease ends: its writes may still be in flight.
+    fn note_peer(&mut self, from: Endpoint, _pool: &mut PagePool, _now: Time) -> bool {
+        let known = self.peers.get(&from.worker).copied();
+        if known.is_some_and(|known| from.incarnation < known) {
+            return false;
+        }
+        if known.is_none_or(|known| from.incarnation > known) {
+            self.peers.insert(from.worker, from.incarnation);
+            let gone: Vec<TransferKey> = self
+                .transfers
+                .values()
+                .filter(|t| {
+                    t.prefill.worker == from.worker
+                        && t.prefill.incarnation < from.incarnation
+                        && t.phase == Phase::AwaitingPrefill
+                })
+                .map(|t| t.key)
+                .collect();
+            for key in gone {
+                self.end(key, AbortReason::PeerRestarted);
+            }
+        }
+        true
+    }
+
+    /// The terminal transition without KV: reported once, now; the pages stay until drained.
+    fn end(&mut self, key: TransferKey, reason: AbortReason) {
+        let transfer = self.transfers.get_mut(&key.transfer).expect("ending a live transfer");
+        assert_eq!(transfer.phase, Phase::AwaitingPrefill, "transfer {key:?} ended twice");
+        transfer.phase = Phase::Draining;
+        let router = transfer.router;
+        self.send(router, Message::Outcome { key, failure: Some(reason) });
+        self.remember(key, false);
+        self.outputs.push_back(DecodeOutput::Ended { key, reason });
+    }
+
+    /// The pool's own expiry of a reserved page's pin: a backstop one write flight after the
+    /// lease, so that it never fires before this side's lease handling, whichever the driver
+    /// runs first.
+    fn pin_until(&self, lease_until: Time) -> Time {
+        lease_until.saturating_add(self.config.write_flight_max)
+    }
+
+    /// Lets go of a transfer's pages and forgets it. Only once no write can land.
+    fn release(&mut self, id: TransferId, pool: &mut PagePool) {
+        let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
+        debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
+        self.leases.remove(&(transfer.lease_until, id));
+        for pin in transfer.pins {
+            pool.unpin(pin).expect("a reserved page's pin outlives its lease");
+        }
+        for page in transfer.cached.into_iter().chain(transfer.reserved) {
+            pool.release(page).expect("a transfer's page reference is live");
+        }
+    }
+
+    fn remember(&mut self, key: TransferKey, completed: bool) {
+        if self.ended.len() >= self.config.transfers_max as usize {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((key, completed));
+    }
+
+    fn send_to_prefill(&mut self, key: TransferKey, body: Message) {
+        let prefill = self.transfers[&key.transfer].prefill;
+        self.send(prefill, body);
+    }
+
+    fn send(&mut self, to: Endpoint, body: Message) {
+        self.outputs.push_back(DecodeOutput::Send(Envelope { from: self.me, to, body }));
+    }
+
+    /// Every reserved page belongs to exactly one live transfer, is live in the pool, referenced
+    /// and pinned at least until the lease ends; the lease index matches the transfers; bounds hold.
+    pub fn check_invariants(&self, pool: &PagePool) -> Result<(), InvariantViolation> {
+        const PD: &str = "pd-decode";
+        ensure_invariant!(
+            PD,
+            self.transfers.len() <= self.config.transfers_max as usize,
+            "{} transfers over the bound",
+            self.transfers.len()
+        );
+        ensure_invariant!(
+            PD,
+            self.leases.len() == self.transfers.len(),
+            "{} leases for {} transfers",
+            self.leases.len(),
+            self.transfers.len()
+        );
+        let mut owner: BTreeMap<u32, TransferId> = BTreeMap::new();
+        for (&id, t) in &self.transfers {
+            ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+            ensure_invariant!(
+                PD,
+                self.leases.contains(&(t.lease_until, id)),
+                "transfer {id:?} missing from the lease index"
+            );
+            ensure_invariant!(
+                PD,
+                !t.reserved.is_empty(),
+                "transfer {id:?} reserved no page: an empty hand-off"
+            );
+            ensure_invariant!(
+                PD,
+                t.pins.len() == t.reserved.len(),
+                "transfer {id:?}: {} pins for {} pages",
+                t.pins.len(),
+                t.reserved.len()
+            );
+            for &page in t.reserved.iter().chain(&t.cached) {
+                ensure_invariant!(
+                    PD,
+                    pool.is_live(page),
+                    "transfer {id:?} holds page {page:?}, which was freed or reused"
+                );
+                ensure_invariant!(
+                    PD,
+                    pool.refs(page).unwrap_or(0) >= 1,
+                    "transfer {id:?} holds page {page:?} without a reference"
+                );
+            }
+            for &page in &t.reserved {
+                if let Some(other) = owner.insert(page.index(), id) {
+                    return Err(InvariantViolation::new(
+                        PD,
+                        format!("page {} reserved by {other:?} and {id:?}", page.index()),
+                    ));
+                }
+                ensure_invariant!(
+                    PD,
+                    pool.pin_count(page).unwrap_or(0) >= 1,
+                    "reserved page {page:?} of {id:?} is not pinned while a write may land"
+                );
+            }
+        }
+        ensure_invariant!(
+            PD,
+            self.ended.len() <= self.config.transfers_max as usize,
+            "ended memory over its bound"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

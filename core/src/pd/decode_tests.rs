@@ -1,0 +1,333 @@
+//! The decode side against a scripted router and prefill side, one test per protocol bug class
+//! of shared/bugs.md that this side guards, each with the invariant check shown to fire.
+
+use super::*;
+use crate::kv::PoolConfig;
+use crate::sched::RequestId;
+use crate::wire::{Epoch, Sampling, TransferId};
+
+const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
+const R: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) };
+const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+const LEASE_MS: u64 = 100;
+const FLIGHT_MS: u64 = 20;
+
+struct Rig {
+    side: DecodeSide,
+    pool: PagePool,
+    now: Time,
+}
+
+fn key(id: u64) -> TransferKey {
+    TransferKey { transfer: TransferId(id), epoch: Epoch(0) }
+}
+
+fn spec(id: u64, prompt_len: u32) -> RequestSpec {
+    RequestSpec {
+        id: RequestId(id),
+        prompt: (0..prompt_len).map(|t| t + 1).collect(),
+        max_tokens: 8,
+        stop_token_ids: vec![],
+        ignore_eos: false,
+        priority: 0,
+        cache_salt: 0,
+        sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+    }
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let config = DecodeConfig {
+            lease: Duration::from_millis(LEASE_MS),
+            write_flight_max: Duration::from_millis(FLIGHT_MS),
+            transfers_max: 4,
+            prefix_cache: true,
+        };
+        let pool =
+            PagePool::new(PoolConfig { pages_total: 8, page_tokens: 4, pins_max: 16 }).unwrap();
+        Rig { side: DecodeSide::new(D, config), pool, now: Time::ZERO }
+    }
+
+    fn deliver(&mut self, from: Endpoint, body: Message) -> Vec<DecodeOutput> {
+        self.side.handle_envelope(Envelope { from, to: D, body }, &mut self.pool, self.now);
+        self.drain()
+    }
+
+    fn advance(&mut self, ms: u64) -> Vec<DecodeOutput> {
+        self.now = self.now.saturating_add(Duration::from_millis(ms));
+        self.side.handle_timeout(&mut self.pool, self.now);
+        self.pool.handle_timeout(self.now);
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Vec<DecodeOutput> {
+        self.side.check_invariants(&self.pool).unwrap_or_else(|e| panic!("{e}"));
+        self.pool.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        std::iter::from_fn(|| self.side.poll_output()).collect()
+    }
+
+    /// Reserves a transfer and returns the pages the prefill side is told to write.
+    fn reserve(&mut self, id: u64, prompt_len: u32) -> Vec<PageSlot> {
+        let out = self.deliver(
+            R,
+            Message::Reserve { key: key(id), request: spec(id, prompt_len), prefill: P },
+        );
+        match out.as_slice() {
+            [DecodeOutput::Send(Envelope { to, body: Message::Prepare { pages, .. }, .. })]
+                if *to == P =>
+            {
+                pages.clone()
+            }
+            other => panic!("expected one Prepare, got {other:?}"),
+        }
+    }
+}
+
+fn sent(out: &[DecodeOutput]) -> Vec<(Endpoint, Message)> {
+    out.iter()
+        .filter_map(|o| match o {
+            DecodeOutput::Send(e) => Some((e.to, e.body.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn terminals(out: &[DecodeOutput]) -> usize {
+    out.iter().filter(|o| !matches!(o, DecodeOutput::Send(_))).count()
+}
+
+#[test]
+fn happy_path_hands_whole_kv_to_the_scheduler() {
+    let mut rig = Rig::new();
+    let pages = rig.reserve(1, 10);
+    assert_eq!(pages.len(), 3);
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+    assert_eq!(
+        sent(&out),
+        vec![(P, Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS as u32 })]
+    );
+    let out = rig.deliver(P, Message::Done { key: key(1), first_token: 42, pages_written: 3 });
+    let ready = out.iter().find_map(|o| match o {
+        DecodeOutput::Ready { pages, first_token, computed_tokens, .. } => {
+            Some((pages.clone(), *first_token, *computed_tokens))
+        }
+        _ => None,
+    });
+    let (ready_pages, first_token, computed) = ready.expect("Ready");
+    assert_eq!((first_token, computed), (42, 10));
+    assert_eq!(
+        ready_pages.iter().map(|p| p.index()).collect::<Vec<_>>(),
+        pages.iter().map(|p| p.index).collect::<Vec<_>>()
+    );
+    assert!(sent(&out).contains(&(P, Message::DoneAck { key: key(1) })));
+    assert!(sent(&out).contains(&(R, Message::Outcome { key: key(1), failure: None })));
+    assert_eq!(rig.pool.pins_live_count(), 0, "no write can land after Done: pins go");
+    assert_eq!(rig.pool.held_count(), 3, "the references moved to the scheduler");
+}
+
+/// sglang#32564, sglang#35049, nixl#2067: an abort freed pages while a one-sided write was in
+/// flight; the write landed in the next request's pages.
+#[test]
+fn free_while_a_write_lands() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+    let out = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert_eq!(terminals(&out), 1);
+    assert!(sent(&out).contains(&(P, Message::Abort { key: key(1), reason: AbortReason::Client })));
+    // The prefill side has not said it drained: the pages stay reserved and pinned.
+    assert_eq!(rig.pool.held_count(), 3);
+    let mut more = Vec::new();
+    assert!(
+        rig.pool.allocate_many(6, &mut more).is_err(),
+        "reserved pages were handed out while writes may land"
+    );
+    rig.deliver(P, Message::AbortAck { key: key(1) });
+    assert_eq!(rig.pool.held_count(), 0, "drained: now they go");
+    // And without the drain acknowledgment, the lease bounds the wait.
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    rig.advance(LEASE_MS + FLIGHT_MS - 1);
+    assert_eq!(rig.pool.held_count(), 3, "released before the lease provably outlived every write");
+    rig.advance(1);
+    assert_eq!(rig.pool.held_count(), 0);
+    // By hand: free a draining transfer's pages in the pool, as the bug did.
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    let t = rig.side.transfers.values().next().unwrap().clone();
+    for (pin, page) in t.pins.iter().zip(&t.reserved) {
+        rig.pool.unpin(*pin).unwrap();
+        rig.pool.release(*page).unwrap();
+    }
+    let what = rig.side.check_invariants(&rig.pool).unwrap_err();
+    assert!(what.what().contains("freed or reused"), "{what}");
+}
+
+/// vllm#46283, sglang#34692: the peer never answered; pages were never reclaimed.
+#[test]
+fn leak_when_the_peer_is_silent() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(LEASE_MS + FLIGHT_MS)));
+    let out = rig.advance(LEASE_MS + FLIGHT_MS);
+    assert_eq!(terminals(&out), 1);
+    assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::Timeout }));
+    assert!(
+        sent(&out)
+            .contains(&(R, Message::Outcome { key: key(1), failure: Some(AbortReason::Timeout) }))
+    );
+    assert_eq!(rig.pool.held_count(), 0);
+    assert_eq!(rig.side.transfers_live(), 0);
+    // Heartbeats keep it alive; silence after them still ends it one lease later.
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    for _ in 0..10 {
+        rig.advance(LEASE_MS / 2);
+        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 1 });
+    }
+    assert_eq!(rig.side.transfers_live(), 1);
+    rig.advance(LEASE_MS + FLIGHT_MS);
+    assert_eq!(rig.side.transfers_live(), 0);
+}
+
+/// sglang#30233, vllm#52234: decode generated from incomplete KV and answered 200.
+#[test]
+fn fail_open() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let out = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 2 });
+    assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PrefillFailed }));
+    assert!(
+        !out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })),
+        "partial KV reached the scheduler"
+    );
+    assert_eq!(rig.pool.held_count(), 0);
+}
+
+/// vllm#46240: both completions of an aborted request arrived; an assertion killed the engine.
+#[test]
+fn double_completion() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let first = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    let second = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    assert_eq!(terminals(&first), 1);
+    assert_eq!(terminals(&second), 0, "a duplicate Done must not complete twice");
+    assert_eq!(
+        sent(&second),
+        vec![(P, Message::DoneAck { key: key(1) })],
+        "but it is acknowledged again"
+    );
+}
+
+/// vllm#25067: an abort raced prefill completion.
+#[test]
+fn abort_races_completion() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    let done = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    assert_eq!(terminals(&aborted) + terminals(&done), 1, "exactly one terminal");
+    assert!(!done.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
+    assert_eq!(rig.pool.held_count(), 0, "Done means every write completed: the pages can go");
+}
+
+/// sglang#17259, sglang#22716: a late message for an earlier use of a slot was taken for the
+/// current one. Here: a message of another epoch or for another transfer changes nothing.
+#[test]
+fn late_messages_of_another_epoch_are_dropped() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
+    assert!(
+        rig.deliver(P, Message::Done { key: stale, first_token: 1, pages_written: 3 }).is_empty()
+    );
+    assert_eq!(rig.side.transfers_live(), 1);
+    // Traffic meant for an earlier life of this worker is dropped too.
+    let old_me = Endpoint { incarnation: Incarnation(0), ..D };
+    rig.side.handle_envelope(
+        Envelope {
+            from: P,
+            to: old_me,
+            body: Message::Done { key: key(1), first_token: 1, pages_written: 3 },
+        },
+        &mut rig.pool,
+        rig.now,
+    );
+    assert!(rig.drain().is_empty());
+}
+
+#[test]
+fn a_restarted_prefill_gives_up_its_transfers_after_their_lease() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let reborn = Endpoint { incarnation: Incarnation(2), ..P };
+    let out = rig.deliver(reborn, Message::Heartbeat { key: key(9), seq: 0 });
+    assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PeerRestarted }));
+    assert_eq!(rig.pool.held_count(), 3, "the old incarnation's writes may still be in flight");
+    // The old incarnation is not heard any more.
+    assert!(
+        rig.deliver(P, Message::Done { key: key(1), first_token: 1, pages_written: 3 }).is_empty()
+    );
+    rig.advance(LEASE_MS + FLIGHT_MS);
+    assert_eq!(rig.pool.held_count(), 0);
+}
+
+#[test]
+fn an_ended_transfer_is_never_granted_a_lease() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 3 });
+    assert!(sent(&out).iter().all(|(_, m)| !matches!(m, Message::LeaseGrant { .. })));
+    assert!(sent(&out).iter().any(|(_, m)| matches!(m, Message::Abort { .. })));
+}
+
+/// vllm#50297: a prefill preempted in its last step handed over an empty page list.
+#[test]
+fn the_hand_off_is_never_empty() {
+    // Every full page of the 8-token prompt cached already: the last one is reserved anyway,
+    // since the prefill side computes its last token and that write must not land in a shared page.
+    let mut rig = Rig::new();
+    let prompt = spec(1, 8).prompt;
+    let keys = block_hashes(0, &prompt, 4);
+    let mut parent = root_hash(0);
+    for (i, &hash) in keys.iter().enumerate() {
+        let page = rig.pool.allocate().unwrap();
+        let key = crate::kv::CacheKey { hash, parent };
+        rig.pool.cache_insert(page, key, &prompt[i * 4..(i + 1) * 4]).unwrap();
+        rig.pool.release(page).unwrap();
+        parent = hash;
+    }
+    let out = rig.deliver(R, Message::Reserve { key: key(1), request: spec(1, 8), prefill: P });
+    let Some((cached_tokens, pages)) = sent(&out).into_iter().find_map(|(_, m)| match m {
+        Message::Prepare { cached_tokens, pages, .. } => Some((cached_tokens, pages)),
+        _ => None,
+    }) else {
+        panic!("no Prepare in {out:?}");
+    };
+    assert_eq!((cached_tokens, pages.len()), (4, 1));
+    // By hand: a transfer with nothing reserved.
+    let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
+    let (pins, pages) = (std::mem::take(&mut t.pins), std::mem::take(&mut t.reserved));
+    for (pin, page) in pins.into_iter().zip(pages) {
+        rig.pool.unpin(pin).unwrap();
+        rig.pool.release(page).unwrap();
+    }
+    assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("empty hand-off"));
+}
+
+#[test]
+fn refusals_when_full_or_out_of_pages() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 16);
+    rig.reserve(2, 16);
+    let out = rig.deliver(R, Message::Reserve { key: key(3), request: spec(3, 4), prefill: P });
+    assert_eq!(
+        sent(&out),
+        vec![(R, Message::Outcome { key: key(3), failure: Some(AbortReason::DecodeFailed) })]
+    );
+    assert_eq!(rig.pool.held_count(), 8);
+}

@@ -1,0 +1,40 @@
+//! The prefill-to-decode KV transfer protocol (DESIGN.md section 3, "pd"), one state machine per
+//! side. Work in progress: the decode side is here; the prefill side and the router come next.
+//!
+//! ## Flow
+//!
+//! ```text
+//! router ──Reserve──▶ decode: match the prefix cache, allocate and pin the missing pages
+//!                     decode ──Prepare(pages)──▶ prefill
+//!          prefill ──Heartbeat(seq)──▶ decode ──LeaseGrant(seq)──▶ prefill      (repeats)
+//!          prefill ══KvWrite══▶ decode memory (one-sided; lands whatever decode's state)
+//!          prefill ──Done(first token)──▶ decode   (only after every write completed)
+//!                     decode ──DoneAck──▶ prefill, ──Outcome──▶ router; pages go to the scheduler
+//! ```
+//!
+//! ## Why a page is never freed while a write may land
+//!
+//! The prefill side writes only under a lease. It asks with `Heartbeat(seq)` at its time `s` and,
+//! when `LeaseGrant(seq, L)` comes back, may issue writes until `s + L` on its own clock. The
+//! decode side, receiving the heartbeat at `r >= s`, keeps the pages reserved until `r + L + W`,
+//! where `W` bounds how long a write issued may take to land or fail (the data plane's transport
+//! timeout). Every write is issued before `s + L <= r + L` and so lands before `r + L + W`.
+//! Clocks need not agree, only run at the same rate (drift is absorbed in `W`). Before the first
+//! grant no write may be issued at all, and the pages are held for `L + W` from `Prepare`.
+//!
+//! So the decode side releases reserved pages only (1) on `Done`, sent once every write has
+//! completed, (2) on the prefill side's `Abort` or `AbortAck`, each sent only once its writes have
+//! drained, or (3) when the lease has run out. A restarted prefill worker's writes may still be in
+//! flight: its transfers wait for their lease. KV that did not arrive whole is never decoded from:
+//! `Done` must report every page written, and nothing reaches the scheduler before `Done`.
+//!
+//! ## Identity
+//!
+//! Transfer ids are allocated by the router and never reused; a retry is a new transfer. Every
+//! message carries `(transfer, epoch)` and is dropped unless both match. Envelopes name the
+//! sender's and the addressee's incarnation: traffic meant for an earlier life of a worker is
+//! dropped, and state held for a peer's earlier life is given up (after its lease).
+
+mod decode;
+
+pub use decode::{DecodeConfig, DecodeOutput, DecodeSide};
