@@ -86,6 +86,10 @@ pub struct DecodeSide {
     ended: VecDeque<(TransferKey, bool)>,
     /// The newest incarnation seen of each peer.
     peers: BTreeMap<WorkerId, Incarnation>,
+    /// The highest transfer id reserved by each router incarnation. Routers allocate ids in
+    /// increasing order, so a `Reserve` at or below it is a late duplicate of a transfer that may
+    /// have ended and been forgotten: taking it would reserve pages nobody will ever write.
+    reserved_up_to: BTreeMap<Endpoint, TransferId>,
     outputs: VecDeque<DecodeOutput>,
 }
 
@@ -98,6 +102,7 @@ impl DecodeSide {
             transfers: BTreeMap::new(),
             leases: BTreeSet::new(),
             peers: BTreeMap::new(),
+            reserved_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
     }
@@ -173,7 +178,11 @@ impl DecodeSide {
         let completed =
             self.ended.iter().find(|(k, _)| k.transfer == key.transfer).map(|(_, done)| *done);
         match body {
-            Message::Reserve { request, prefill, .. } if completed.is_none() => {
+            Message::Reserve { request, prefill, .. } => {
+                if self.reserved_up_to.get(&from).is_some_and(|&up_to| key.transfer <= up_to) {
+                    return;
+                }
+                self.reserved_up_to.insert(from, key.transfer);
                 self.on_reserve(from, key, request, prefill, pool, now);
             }
             Message::Done { .. } if completed == Some(true) => {

@@ -331,3 +331,16 @@ fn refusals_when_full_or_out_of_pages() {
     );
     assert_eq!(rig.pool.held_count(), 8);
 }
+
+/// A late duplicate `Reserve` of a transfer that already ended must not reserve pages again:
+/// nobody would ever write them, and they would sit out a whole lease.
+#[test]
+fn a_late_duplicate_reserve_is_ignored() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    rig.deliver(P, Message::Done { key: key(1), first_token: 1, pages_written: 3 });
+    let held = rig.pool.held_count();
+    let out = rig.deliver(R, Message::Reserve { key: key(1), request: spec(1, 10), prefill: P });
+    assert!(out.is_empty());
+    assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, held));
+}
