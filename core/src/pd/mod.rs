@@ -36,5 +36,7 @@
 //! dropped, and state held for a peer's earlier life is given up (after its lease).
 
 mod decode;
+mod prefill;
 
 pub use decode::{DecodeConfig, DecodeOutput, DecodeSide};
+pub use prefill::{PrefillConfig, PrefillOutput, PrefillSide};

@@ -1,0 +1,568 @@
+//! The prefill side of the transfer protocol: computes a prompt's KV, writes it into the decode
+//! side's reserved pages under a lease, and reports `Done` only once every write has completed.
+//!
+//! Per transfer: `Computing → Writing → DoneSent → gone`, or `Draining → gone` from any of the
+//! first three on an abort, a failed write, a lost lease or a deadline. Exactly one terminal
+//! output per transfer. `Draining` ends only when no write of this transfer can land any more:
+//! every issued write completed or failed, or one write flight passed since the last was issued.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::Time;
+use crate::ensure_invariant;
+use crate::invariant::InvariantViolation;
+use crate::kv::{PagePool, PageRef, PinId};
+use crate::wire::{
+    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, TransferId,
+    TransferKey, WorkerId,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillConfig {
+    /// How often to ask for a lease while computing or writing; well under the lease itself.
+    pub heartbeat_interval: Duration,
+    /// How long a write issued may take to land or fail (`W`); the transport guarantees it.
+    pub write_flight_max: Duration,
+    /// How long a transfer may take from `Prepare` to `Done`: what ends one stuck waiting for a
+    /// lease, a computation or an answer.
+    pub transfer_deadline: Duration,
+    /// How often `Done` is sent again until acknowledged.
+    pub done_retransmit: Duration,
+    /// Live transfers at most; a `Prepare` beyond it is refused.
+    pub transfers_max: u32,
+}
+
+/// What the prefill side asks its driver to do. Drained with `poll_output` after every input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PrefillOutput {
+    Send(Envelope),
+    /// Compute the request's prompt and report with `handle_computed`.
+    Compute {
+        key: TransferKey,
+        request: RequestSpec,
+    },
+    /// Stop computing the request if it still is; its KV is not needed.
+    Cancel {
+        key: TransferKey,
+    },
+    /// Write the KV of positions `first_token..first_token + page_tokens` (from `source`, pinned
+    /// here until the write completes) into the decode side's `page`, one-sided. Report the
+    /// outcome with `handle_write_completion(key, ordinal, ..)`.
+    Write {
+        key: TransferKey,
+        to: Endpoint,
+        ordinal: u32,
+        source: PageRef,
+        page: PageSlot,
+        first_token: u32,
+    },
+    /// The transfer ended: `true` if the decode side has the whole KV.
+    Ended {
+        key: TransferKey,
+        completed: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the computation (and, meanwhile, for a lease).
+    Computing,
+    /// Issuing writes while the lease allows; `issued` of the pages so far.
+    Writing { first_token: u32, issued: u32 },
+    /// Every write completed and `Done` sent; waiting for `DoneAck`.
+    DoneSent { first_token: u32, resend_at: Time },
+    /// Ending: no new write; waiting until none can land. Then `answer` goes to the decode side.
+    Draining { answer: Answer, drained_by: Time },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// The decode side aborted: acknowledge once drained.
+    AbortAck,
+    /// This side gives up: say so once drained.
+    Abort(AbortReason),
+}
+
+#[derive(Clone, Debug)]
+struct Transfer {
+    key: TransferKey,
+    decode: Endpoint,
+    request: RequestSpec,
+    cached_tokens: u32,
+    page_tokens: u32,
+    pages: Vec<PageSlot>,
+    /// Source pages of the computed KV (positions from 0), pinned while writes read them.
+    sources: Vec<PageRef>,
+    source_pins: Vec<PinId>,
+    /// Writes issued and not yet completed or failed.
+    outstanding: BTreeSet<u32>,
+    completed_writes: u32,
+    last_write_at: Option<Time>,
+    /// Writes are allowed until then; `None` before the first grant.
+    permission_until: Option<Time>,
+    heartbeat_seq: u32,
+    /// Send times of recent heartbeats, to anchor each grant to when it was asked for.
+    heartbeats_sent: VecDeque<(u32, Time)>,
+    next_heartbeat: Time,
+    deadline: Time,
+    phase: Phase,
+}
+
+const HEARTBEATS_REMEMBERED: usize = 8;
+
+#[derive(Clone, Debug)]
+pub struct PrefillSide {
+    me: Endpoint,
+    config: PrefillConfig,
+    transfers: BTreeMap<TransferId, Transfer>,
+    peers: BTreeMap<WorkerId, Incarnation>,
+    outputs: VecDeque<PrefillOutput>,
+}
+
+impl PrefillSide {
+    pub fn new(me: Endpoint, config: PrefillConfig) -> PrefillSide {
+        PrefillSide {
+            me,
+            config,
+            transfers: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    pub fn transfers_live(&self) -> usize {
+        self.transfers.len()
+    }
+
+    pub fn poll_output(&mut self) -> Option<PrefillOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest time something is due: a heartbeat, a retransmission, a drain, a deadline.
+    pub fn next_timeout(&self) -> Option<Time> {
+        self.transfers.values().map(|t| self.due(t)).min()
+    }
+
+    fn due(&self, t: &Transfer) -> Time {
+        match t.phase {
+            Phase::Computing | Phase::Writing { .. } => t.next_heartbeat.min(t.deadline),
+            Phase::DoneSent { resend_at, .. } => resend_at.min(t.deadline),
+            Phase::Draining { drained_by, .. } => drained_by,
+        }
+    }
+
+    pub fn handle_envelope(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time) {
+        if envelope.to != self.me || !self.note_peer(envelope.from, pool, now) {
+            return;
+        }
+        let from = envelope.from;
+        let key = envelope.body.key();
+        let Some(transfer) = self.transfers.get(&key.transfer) else {
+            if let Message::Prepare { request, cached_tokens, page_tokens, pages, .. } =
+                envelope.body
+            {
+                self.on_prepare(from, key, request, cached_tokens, page_tokens, pages, now);
+            } else if let Message::Abort { .. } = envelope.body {
+                self.send(from, Message::AbortAck { key });
+            }
+            return;
+        };
+        if transfer.key != key || transfer.decode != from {
+            return;
+        }
+        match envelope.body {
+            Message::LeaseGrant { seq, lease_ms, .. } => {
+                self.on_grant(key, seq, lease_ms, pool, now)
+            }
+            Message::DoneAck { .. } => self.on_done_ack(key, pool),
+            Message::Abort { .. } => self.drain(key, Answer::AbortAck, pool, now),
+            _ => {}
+        }
+    }
+
+    /// The prompt's KV is computed: `sources` hold it from position 0, and `first_token` is the
+    /// sampled first output token.
+    pub fn handle_computed(
+        &mut self,
+        key: TransferKey,
+        first_token: u32,
+        sources: &[PageRef],
+        pool: &mut PagePool,
+        now: Time,
+    ) {
+        let Some(t) = self.transfers.get_mut(&key.transfer) else { return };
+        if t.key != key || t.phase != Phase::Computing {
+            return;
+        }
+        let prompt_pages = t.request.prompt.len().div_ceil(t.page_tokens as usize);
+        let first_page = (t.cached_tokens / t.page_tokens) as usize;
+        if sources.len() < prompt_pages || prompt_pages - first_page != t.pages.len() {
+            self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+            return;
+        }
+        // Pin what the writes will read, so the prefill scheduler may finish or preempt the
+        // request meanwhile without freeing it under a write.
+        let mut pins = Vec::with_capacity(t.pages.len());
+        for &source in &sources[first_page..prompt_pages] {
+            match pool.pin(source, t.deadline.saturating_add(self.config.write_flight_max)) {
+                Ok(pin) => pins.push(pin),
+                Err(_) => {
+                    for pin in pins {
+                        pool.unpin(pin).expect("a pin made a moment ago is live");
+                    }
+                    self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+                    return;
+                }
+            }
+        }
+        let t = self.transfers.get_mut(&key.transfer).expect("looked up above");
+        t.sources = sources[first_page..prompt_pages].to_vec();
+        t.source_pins = pins;
+        t.phase = Phase::Writing { first_token, issued: 0 };
+        self.issue_writes(key, now);
+    }
+
+    /// The computation failed or was refused: give up.
+    pub fn handle_compute_failed(&mut self, key: TransferKey, pool: &mut PagePool, now: Time) {
+        if self.transfers.get(&key.transfer).is_some_and(|t| t.key == key) {
+            self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+        }
+    }
+
+    /// A write issued earlier completed (`landed`) or failed.
+    pub fn handle_write_completion(
+        &mut self,
+        key: TransferKey,
+        ordinal: u32,
+        landed: bool,
+        pool: &mut PagePool,
+        now: Time,
+    ) {
+        let Some(t) = self.transfers.get_mut(&key.transfer) else { return };
+        if t.key != key || !t.outstanding.remove(&ordinal) {
+            return;
+        }
+        t.completed_writes += u32::from(landed);
+        match (&t.phase, landed) {
+            (Phase::Writing { .. }, false) => {
+                self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now)
+            }
+            (Phase::Writing { .. }, true) => self.issue_writes(key, now),
+            (Phase::Draining { .. }, _) => self.finish_drain_if_done(key, pool, now),
+            _ => {}
+        }
+    }
+
+    pub fn handle_timeout(&mut self, pool: &mut PagePool, now: Time) {
+        let due: Vec<TransferKey> =
+            self.transfers.values().filter(|t| self.due(t) <= now).map(|t| t.key).collect();
+        for key in due {
+            let Some(t) = self.transfers.get(&key.transfer) else { continue };
+            match t.phase {
+                Phase::Draining { .. } => self.finish_drain_if_done(key, pool, now),
+                _ if t.deadline <= now => {
+                    self.drain(key, Answer::Abort(AbortReason::Timeout), pool, now)
+                }
+                Phase::DoneSent { first_token, .. } => {
+                    let (decode, pages_written) = (t.decode, t.pages.len() as u32);
+                    self.send(decode, Message::Done { key, first_token, pages_written });
+                    let resend_at = now.saturating_add(self.config.done_retransmit);
+                    self.transfer_mut(key).phase = Phase::DoneSent { first_token, resend_at };
+                }
+                Phase::Computing | Phase::Writing { .. } => self.heartbeat(key, now),
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_prepare(
+        &mut self,
+        decode: Endpoint,
+        key: TransferKey,
+        request: RequestSpec,
+        cached_tokens: u32,
+        page_tokens: u32,
+        pages: Vec<PageSlot>,
+        now: Time,
+    ) {
+        let prompt_pages = request.prompt.len().div_ceil(page_tokens.max(1) as usize);
+        let first_page = (cached_tokens / page_tokens.max(1)) as usize;
+        let sane = page_tokens > 0
+            && !request.prompt.is_empty()
+            && cached_tokens.is_multiple_of(page_tokens)
+            && first_page < prompt_pages
+            && prompt_pages - first_page == pages.len();
+        if !sane || self.transfers.len() >= self.config.transfers_max as usize {
+            // An empty or inconsistent hand-off is refused, never half-served.
+            self.send(decode, Message::Abort { key, reason: AbortReason::PrefillFailed });
+            return;
+        }
+        let deadline = now.saturating_add(self.config.transfer_deadline);
+        self.transfers.insert(
+            key.transfer,
+            Transfer {
+                key,
+                decode,
+                request: request.clone(),
+                cached_tokens,
+                page_tokens,
+                pages,
+                sources: Vec::new(),
+                source_pins: Vec::new(),
+                outstanding: BTreeSet::new(),
+                completed_writes: 0,
+                last_write_at: None,
+                permission_until: None,
+                heartbeat_seq: 0,
+                heartbeats_sent: VecDeque::with_capacity(HEARTBEATS_REMEMBERED),
+                next_heartbeat: now,
+                deadline,
+                phase: Phase::Computing,
+            },
+        );
+        self.heartbeat(key, now);
+        self.outputs.push_back(PrefillOutput::Compute { key, request });
+    }
+
+    fn heartbeat(&mut self, key: TransferKey, now: Time) {
+        let interval = self.config.heartbeat_interval;
+        let t = self.transfer_mut(key);
+        let seq = t.heartbeat_seq;
+        t.heartbeat_seq = seq.wrapping_add(1);
+        if t.heartbeats_sent.len() == HEARTBEATS_REMEMBERED {
+            t.heartbeats_sent.pop_front();
+        }
+        t.heartbeats_sent.push_back((seq, now));
+        t.next_heartbeat = now.saturating_add(interval);
+        let decode = t.decode;
+        self.send(decode, Message::Heartbeat { key, seq });
+    }
+
+    fn on_grant(
+        &mut self,
+        key: TransferKey,
+        seq: u32,
+        lease_ms: u32,
+        _pool: &mut PagePool,
+        now: Time,
+    ) {
+        let t = self.transfer_mut(key);
+        // The lease runs from when its heartbeat was sent, never from when the grant arrived.
+        let Some(&(_, sent_at)) = t.heartbeats_sent.iter().find(|(s, _)| *s == seq) else { return };
+        let until = sent_at.saturating_add(Duration::from_millis(u64::from(lease_ms)));
+        if t.permission_until.is_none_or(|p| until > p) {
+            t.permission_until = Some(until);
+        }
+        if matches!(t.phase, Phase::Writing { .. }) {
+            self.issue_writes(key, now);
+        }
+    }
+
+    /// Issues every write the lease allows now; sends `Done` once all have completed.
+    fn issue_writes(&mut self, key: TransferKey, now: Time) {
+        let t = self.transfers.get_mut(&key.transfer).expect("writing a live transfer");
+        let Phase::Writing { first_token, issued } = t.phase else { return };
+        let allowed = t.permission_until.is_some_and(|until| now < until);
+        let mut issued_now = issued;
+        while allowed && (issued_now as usize) < t.pages.len() {
+            let ordinal = issued_now;
+            t.outstanding.insert(ordinal);
+            t.last_write_at = Some(now);
+            let position = t.cached_tokens + ordinal * t.page_tokens;
+            self.outputs.push_back(PrefillOutput::Write {
+                key,
+                to: t.decode,
+                ordinal,
+                source: t.sources[ordinal as usize],
+                page: t.pages[ordinal as usize],
+                first_token: position,
+            });
+            issued_now += 1;
+        }
+        t.phase = Phase::Writing { first_token, issued: issued_now };
+        if issued_now as usize == t.pages.len() && t.outstanding.is_empty() {
+            // Every write has completed: only now may `Done` go out.
+            assert_eq!(t.completed_writes as usize, t.pages.len(), "Done with writes unresolved");
+            let (decode, pages_written) = (t.decode, t.pages.len() as u32);
+            t.phase = Phase::DoneSent {
+                first_token,
+                resend_at: now.saturating_add(self.config.done_retransmit),
+            };
+            self.send(decode, Message::Done { key, first_token, pages_written });
+        }
+    }
+
+    fn on_done_ack(&mut self, key: TransferKey, pool: &mut PagePool) {
+        if matches!(self.transfer_mut(key).phase, Phase::DoneSent { .. }) {
+            self.outputs.push_back(PrefillOutput::Ended { key, completed: true });
+            self.forget(key, pool);
+        }
+    }
+
+    /// Stops issuing writes and waits until none can land, then answers. Reports the end now.
+    fn drain(&mut self, key: TransferKey, answer: Answer, pool: &mut PagePool, now: Time) {
+        let flight = self.config.write_flight_max;
+        let t = self.transfer_mut(key);
+        match t.phase {
+            Phase::Draining { .. } => return,
+            Phase::DoneSent { .. } if answer == Answer::AbortAck => {
+                // Every write completed already: acknowledge at once.
+                let decode = t.decode;
+                self.send(decode, Message::AbortAck { key });
+                self.outputs.push_back(PrefillOutput::Ended { key, completed: false });
+                self.forget(key, pool);
+                return;
+            }
+            Phase::Computing => self.outputs.push_back(PrefillOutput::Cancel { key }),
+            _ => {}
+        }
+        let t = self.transfer_mut(key);
+        let drained_by = t.last_write_at.map_or(now, |at| at.saturating_add(flight));
+        t.phase = Phase::Draining { answer, drained_by };
+        self.outputs.push_back(PrefillOutput::Ended { key, completed: false });
+        self.finish_drain_if_done(key, pool, now);
+    }
+
+    /// Ends a drain once no write can land: all completed or failed, or the flight bound passed.
+    fn finish_drain_if_done(&mut self, key: TransferKey, pool: &mut PagePool, now: Time) {
+        let t = self.transfer_mut(key);
+        let Phase::Draining { answer, drained_by } = t.phase else { return };
+        if !t.outstanding.is_empty() && now < drained_by {
+            return;
+        }
+        let decode = t.decode;
+        let message = match answer {
+            Answer::AbortAck => Message::AbortAck { key },
+            Answer::Abort(reason) => Message::Abort { key, reason },
+        };
+        self.send(decode, message);
+        self.forget(key, pool);
+    }
+
+    fn forget(&mut self, key: TransferKey, pool: &mut PagePool) {
+        let t = self.transfers.remove(&key.transfer).expect("forgetting a live transfer");
+        for pin in t.source_pins {
+            // The backstop expiry is a write flight past the deadline; it may have passed.
+            let _ = pool.unpin(pin);
+        }
+    }
+
+    /// Records a newer incarnation of a peer; returns false for an envelope from an older one. A
+    /// decode worker that restarted has lost its reservations: its transfers end.
+    fn note_peer(&mut self, from: Endpoint, pool: &mut PagePool, now: Time) -> bool {
+        let known = self.peers.get(&from.worker).copied();
+        if known.is_some_and(|known| from.incarnation < known) {
+            return false;
+        }
+        if known.is_none_or(|known| from.incarnation > known) {
+            self.peers.insert(from.worker, from.incarnation);
+            let gone: Vec<TransferKey> = self
+                .transfers
+                .values()
+                .filter(|t| {
+                    t.decode.worker == from.worker && t.decode.incarnation < from.incarnation
+                })
+                .map(|t| t.key)
+                .collect();
+            for key in gone {
+                self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+            }
+        }
+        true
+    }
+
+    fn transfer_mut(&mut self, key: TransferKey) -> &mut Transfer {
+        self.transfers.get_mut(&key.transfer).expect("a live transfer")
+    }
+
+    fn send(&mut self, to: Endpoint, body: Message) {
+        self.outputs.push_back(PrefillOutput::Send(Envelope { from: self.me, to, body }));
+    }
+
+    /// Writes are issued only under a lease and never beyond the pages; `Done` only after every
+    /// write completed; a drain answers only once nothing is outstanding or the flight bound
+    /// passed; source pages stay pinned while writes may read them; bounds hold.
+    pub fn check_invariants(&self, pool: &PagePool) -> Result<(), InvariantViolation> {
+        const PD: &str = "pd-prefill";
+        ensure_invariant!(
+            PD,
+            self.transfers.len() <= self.config.transfers_max as usize,
+            "{} transfers over the bound",
+            self.transfers.len()
+        );
+        for (&id, t) in &self.transfers {
+            ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+            ensure_invariant!(
+                PD,
+                !t.pages.is_empty(),
+                "transfer {id:?} has nothing to write: an empty hand-off"
+            );
+            ensure_invariant!(
+                PD,
+                t.heartbeats_sent.len() <= HEARTBEATS_REMEMBERED,
+                "transfer {id:?} remembers too many heartbeats"
+            );
+            ensure_invariant!(
+                PD,
+                t.outstanding.is_empty() || t.permission_until.is_some(),
+                "transfer {id:?} has writes out without ever holding a lease"
+            );
+            match t.phase {
+                Phase::Computing => ensure_invariant!(
+                    PD,
+                    t.outstanding.is_empty() && t.sources.is_empty(),
+                    "transfer {id:?} writes before its KV exists"
+                ),
+                Phase::Writing { issued, .. } => {
+                    ensure_invariant!(
+                        PD,
+                        issued as usize <= t.pages.len(),
+                        "transfer {id:?} issued {issued} writes for {} pages",
+                        t.pages.len()
+                    );
+                    ensure_invariant!(
+                        PD,
+                        t.outstanding.iter().all(|&o| o < issued),
+                        "transfer {id:?} has an outstanding write it never issued"
+                    );
+                }
+                Phase::DoneSent { .. } => {
+                    ensure_invariant!(
+                        PD,
+                        t.outstanding.is_empty(),
+                        "transfer {id:?} sent Done with {} writes unresolved",
+                        t.outstanding.len()
+                    );
+                    ensure_invariant!(
+                        PD,
+                        t.completed_writes as usize == t.pages.len(),
+                        "transfer {id:?} sent Done after {} of {} writes",
+                        t.completed_writes,
+                        t.pages.len()
+                    );
+                }
+                Phase::Draining { .. } => {}
+            }
+            if !t.outstanding.is_empty() {
+                ensure_invariant!(
+                    PD,
+                    t.source_pins.len() == t.sources.len(),
+                    "transfer {id:?} reads unpinned pages"
+                );
+                for &source in &t.sources {
+                    ensure_invariant!(
+                        PD,
+                        pool.pin_count(source).unwrap_or(0) >= 1,
+                        "source page {source:?} of {id:?} unpinned while a write reads it"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "prefill_tests.rs"]
+mod tests;

@@ -1,0 +1,312 @@
+//! The prefill side against a scripted decode side and write transport, one test per protocol
+//! bug class of shared/bugs.md that this side guards, each with the invariant check shown to fire.
+
+use super::*;
+use crate::kv::PoolConfig;
+use crate::sched::RequestId;
+use crate::wire::{Epoch, Sampling};
+
+const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
+const LEASE_MS: u32 = 100;
+const FLIGHT_MS: u64 = 20;
+
+struct Rig {
+    side: PrefillSide,
+    pool: PagePool,
+    now: Time,
+    sources: Vec<PageRef>,
+}
+
+fn key(id: u64) -> TransferKey {
+    TransferKey { transfer: TransferId(id), epoch: Epoch(0) }
+}
+
+fn prepare(id: u64, prompt_len: u32, cached_tokens: u32) -> Message {
+    let pages = (prompt_len.div_ceil(4) - cached_tokens / 4) as usize;
+    Message::Prepare {
+        key: key(id),
+        request: RequestSpec {
+            id: RequestId(id),
+            prompt: (0..prompt_len).collect(),
+            max_tokens: 4,
+            stop_token_ids: vec![],
+            ignore_eos: false,
+            priority: 0,
+            cache_salt: 0,
+            sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+        },
+        cached_tokens,
+        page_tokens: 4,
+        pages: (0..pages as u32).map(|i| PageSlot { index: 10 + i, generation: 0 }).collect(),
+        lease_ms: LEASE_MS,
+    }
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let config = PrefillConfig {
+            heartbeat_interval: Duration::from_millis(30),
+            write_flight_max: Duration::from_millis(FLIGHT_MS),
+            transfer_deadline: Duration::from_millis(1_000),
+            done_retransmit: Duration::from_millis(50),
+            transfers_max: 4,
+        };
+        let mut pool =
+            PagePool::new(PoolConfig { pages_total: 8, page_tokens: 4, pins_max: 16 }).unwrap();
+        let sources = (0..3).map(|_| pool.allocate().unwrap()).collect();
+        Rig { side: PrefillSide::new(P, config), pool, now: Time::ZERO, sources }
+    }
+
+    fn deliver(&mut self, body: Message) -> Vec<PrefillOutput> {
+        self.side.handle_envelope(Envelope { from: D, to: P, body }, &mut self.pool, self.now);
+        self.drain()
+    }
+
+    fn computed(&mut self, id: u64) -> Vec<PrefillOutput> {
+        let sources = self.sources.clone();
+        self.side.handle_computed(key(id), 9, &sources, &mut self.pool, self.now);
+        self.drain()
+    }
+
+    fn completion(&mut self, id: u64, ordinal: u32, landed: bool) -> Vec<PrefillOutput> {
+        self.side.handle_write_completion(key(id), ordinal, landed, &mut self.pool, self.now);
+        self.drain()
+    }
+
+    fn advance(&mut self, ms: u64) -> Vec<PrefillOutput> {
+        self.now = self.now.saturating_add(Duration::from_millis(ms));
+        self.side.handle_timeout(&mut self.pool, self.now);
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Vec<PrefillOutput> {
+        self.side.check_invariants(&self.pool).unwrap_or_else(|e| panic!("{e}"));
+        self.pool.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        std::iter::from_fn(|| self.side.poll_output()).collect()
+    }
+}
+
+fn sent(out: &[PrefillOutput]) -> Vec<Message> {
+    out.iter()
+        .filter_map(|o| match o {
+            PrefillOutput::Send(e) => Some(e.body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn writes(out: &[PrefillOutput]) -> Vec<u32> {
+    out.iter()
+        .filter_map(|o| match o {
+            PrefillOutput::Write { ordinal, .. } => Some(*ordinal),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ends(out: &[PrefillOutput]) -> Vec<bool> {
+    out.iter()
+        .filter_map(|o| match o {
+            PrefillOutput::Ended { completed, .. } => Some(*completed),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn happy_path_writes_under_a_lease_then_done() {
+    let mut rig = Rig::new();
+    let out = rig.deliver(prepare(1, 10, 0));
+    assert_eq!(sent(&out), vec![Message::Heartbeat { key: key(1), seq: 0 }]);
+    assert!(out.iter().any(|o| matches!(o, PrefillOutput::Compute { .. })));
+    let out = rig.computed(1);
+    assert!(writes(&out).is_empty(), "no write before a lease is granted");
+    let out = rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    assert_eq!(writes(&out), vec![0, 1, 2]);
+    rig.completion(1, 0, true);
+    rig.completion(1, 2, true);
+    let out = rig.completion(1, 1, true);
+    assert_eq!(sent(&out), vec![Message::Done { key: key(1), first_token: 9, pages_written: 3 }]);
+    let out = rig.deliver(Message::DoneAck { key: key(1) });
+    assert_eq!(ends(&out), vec![true]);
+    assert_eq!(rig.pool.pins_live_count(), 0, "source pages are let go of at the end");
+}
+
+#[test]
+fn a_lease_runs_from_when_it_was_asked_for() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0)); // heartbeat 0 sent at t=0
+    rig.computed(1);
+    rig.advance(90);
+    // The grant for heartbeat 0 arrives at t=90: it runs to t=100, not t=190.
+    let out = rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    assert_eq!(writes(&out).len(), 3);
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.now = Time::from_millis(100);
+    let out = rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    assert!(writes(&out).is_empty(), "a grant that expired on the way allows no write");
+}
+
+/// sglang#36707, sglang#38961: the abort acknowledgment went out with writes unresolved.
+#[test]
+fn premature_release() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert_eq!(ends(&out), vec![false]);
+    assert!(sent(&out).is_empty(), "acknowledged the abort with three writes in flight");
+    rig.completion(1, 0, true);
+    let out = rig.completion(1, 1, false);
+    assert!(sent(&out).is_empty());
+    let out = rig.completion(1, 2, true);
+    assert_eq!(sent(&out), vec![Message::AbortAck { key: key(1) }]);
+    // By hand: a transfer that claims Done with a write outstanding.
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
+    t.phase = Phase::DoneSent { first_token: 9, resend_at: Time::MAX };
+    assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("unresolved"));
+}
+
+/// sglang#30352: an abort tripped an assertion in the transfer thread; the transfer never
+/// reached a terminal state. Here an abort in every phase ends, within one write flight at most.
+#[test]
+fn abort_path_wedge() {
+    for phase in 0..4 {
+        let mut rig = Rig::new();
+        rig.deliver(prepare(1, 10, 0));
+        if phase >= 1 {
+            rig.computed(1);
+        }
+        if phase >= 2 {
+            rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+        }
+        if phase >= 3 {
+            for ordinal in 0..3 {
+                rig.completion(1, ordinal, true);
+            }
+        }
+        let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+        assert_eq!(ends(&out), vec![false], "phase {phase}");
+        // Writes whose completion never comes: the flight bound still ends the drain.
+        rig.advance(FLIGHT_MS);
+        assert_eq!(rig.side.transfers_live(), 0, "phase {phase}: wedged");
+    }
+}
+
+/// sglang#34692: the sender stayed in its handshake state forever: a leak and a hang.
+#[test]
+fn stuck_in_handshake() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    // The decode side never grants a lease: heartbeats repeat, then the deadline ends it.
+    let mut heartbeats = 0;
+    let mut ended = Vec::new();
+    for _ in 0..40 {
+        let out = rig.advance(30);
+        heartbeats += sent(&out).iter().filter(|m| matches!(m, Message::Heartbeat { .. })).count();
+        ended.extend(ends(&out));
+    }
+    assert!(heartbeats >= 30);
+    assert_eq!(ended, vec![false]);
+    assert_eq!(rig.side.transfers_live(), 0);
+    assert_eq!(rig.pool.pins_live_count(), 0);
+}
+
+/// vllm#50297: a prefill preempted in its last step handed an empty page list to the transfer.
+#[test]
+fn empty_hand_off() {
+    let mut rig = Rig::new();
+    // A Prepare naming no page (everything "cached") is refused, never half-served.
+    let mut message = prepare(1, 8, 0);
+    if let Message::Prepare { cached_tokens, pages, .. } = &mut message {
+        *cached_tokens = 8;
+        pages.clear();
+    }
+    let out = rig.deliver(message);
+    assert_eq!(
+        sent(&out),
+        vec![Message::Abort { key: key(1), reason: AbortReason::PrefillFailed }]
+    );
+    // KV computed over fewer pages than the transfer needs (preempted in its last step): refused.
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.side.handle_computed(key(1), 9, &rig.sources[..2], &mut rig.pool, rig.now);
+    let out = rig.drain();
+    assert_eq!(ends(&out), vec![false]);
+    assert!(writes(&out).is_empty());
+    // By hand: a transfer with nothing to write.
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.side.transfers.get_mut(&TransferId(1)).unwrap().pages.clear();
+    assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("empty hand-off"));
+}
+
+/// nixl#2067, nixl#2044: a release returned while remote memory access was still outstanding.
+/// Here: the source pages a write reads stay pinned until the write completes, even if the
+/// prefill scheduler lets go of the request meanwhile.
+#[test]
+fn sources_stay_pinned_while_writes_read_them() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    for page in rig.sources.clone() {
+        rig.pool.release(page).unwrap(); // the prefill scheduler finished the request
+    }
+    assert_eq!(rig.pool.held_count(), 3, "pages under a write were freed");
+    for ordinal in 0..3 {
+        rig.completion(1, ordinal, true);
+    }
+    rig.deliver(Message::DoneAck { key: key(1) });
+    assert_eq!(rig.pool.held_count(), 0);
+    // By hand: unpin a source page while its write is outstanding.
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    let pin = rig.side.transfers[&TransferId(1)].source_pins[0];
+    rig.pool.unpin(pin).unwrap();
+    assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("unpinned"));
+}
+
+#[test]
+fn done_is_resent_until_acknowledged_and_a_late_abort_is_answered_at_once() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    for ordinal in 0..3 {
+        rig.completion(1, ordinal, true);
+    }
+    let out = rig.advance(50);
+    assert_eq!(sent(&out), vec![Message::Done { key: key(1), first_token: 9, pages_written: 3 }]);
+    // abort races completion (vllm#25067): the abort wins, once, with nothing in flight.
+    let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert_eq!(sent(&out), vec![Message::AbortAck { key: key(1) }]);
+    assert_eq!(ends(&out), vec![false]);
+    assert!(rig.deliver(Message::DoneAck { key: key(1) }).is_empty(), "no second terminal");
+}
+
+#[test]
+fn a_restarted_decode_worker_ends_its_transfers() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    let reborn = Endpoint { incarnation: Incarnation(2), ..D };
+    rig.side.handle_envelope(
+        Envelope { from: reborn, to: P, body: Message::AbortAck { key: key(5) } },
+        &mut rig.pool,
+        rig.now,
+    );
+    let out = rig.drain();
+    assert_eq!(ends(&out), vec![false]);
+    assert_eq!(rig.side.transfers_live(), 0);
+}
