@@ -30,9 +30,9 @@ step "tests"
 # The state-machine suites run here at a few cases, and at full count below in release.
 PROPTEST_CASES=32 cargo test --workspace --locked
 
-step "proptest state-machine suites, $PROPTEST_CASES cases each"
+step "proptest suites (kv, sched, pd pair driver), $PROPTEST_CASES cases each"
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
-    --test kv_state_machine --test sched_state_machine
+    --test kv_state_machine --test sched_state_machine --test pd_pair
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
     step "fuzz targets, ${FUZZ_SECONDS}s each"

@@ -37,6 +37,12 @@ pub struct PageRef {
 }
 
 impl PageRef {
+    /// A handle from its parts, as a page named on the wire arrives. The pool checks it like any
+    /// other handle: a stale one is refused.
+    pub fn from_parts(index: u32, generation: u32) -> PageRef {
+        PageRef { index, generation }
+    }
+
     /// The page's number, from 0 to `pages_total - 1`: where its KV lives in the device buffer.
     pub fn index(self) -> u32 {
         self.index

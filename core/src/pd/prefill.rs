@@ -117,6 +117,10 @@ pub struct PrefillSide {
     config: PrefillConfig,
     transfers: BTreeMap<TransferId, Transfer>,
     peers: BTreeMap<WorkerId, Incarnation>,
+    /// The highest transfer id prepared by each decode incarnation. Ids increase, so a `Prepare`
+    /// at or below it is a late duplicate of a transfer that may have ended and been forgotten;
+    /// taking it would end that transfer a second time.
+    prepared_up_to: BTreeMap<Endpoint, TransferId>,
     outputs: VecDeque<PrefillOutput>,
 }
 
@@ -127,6 +131,7 @@ impl PrefillSide {
             config,
             transfers: BTreeMap::new(),
             peers: BTreeMap::new(),
+            prepared_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
     }
@@ -162,6 +167,11 @@ impl PrefillSide {
             if let Message::Prepare { request, cached_tokens, page_tokens, pages, .. } =
                 envelope.body
             {
+                if self.prepared_up_to.get(&from).is_some_and(|&up_to| key.transfer <= up_to) {
+                    self.send(from, Message::Abort { key, reason: AbortReason::PrefillFailed });
+                    return;
+                }
+                self.prepared_up_to.insert(from, key.transfer);
                 self.on_prepare(from, key, request, cached_tokens, page_tokens, pages, now);
             } else if let Message::Abort { .. } = envelope.body {
                 self.send(from, Message::AbortAck { key });
