@@ -69,6 +69,14 @@ fn action() -> impl Strategy<Value = Action> {
 /// What a decode page holds: which transfer's write of which ordinal landed there last.
 type Tag = (TransferId, u32);
 
+/// A request the decode scheduler holds: its pages, each with the tag it must keep (none for
+/// pages that came from the prefix cache), and the decode incarnation that took it.
+struct Held {
+    key: TransferKey,
+    pages: Vec<(PageRef, Option<Tag>)>,
+    at: Endpoint,
+}
+
 struct Write {
     key: TransferKey,
     from: Endpoint,
@@ -94,7 +102,7 @@ struct Pair {
     /// The pages each transfer was told to write, from its `Prepare`.
     prepared: BTreeMap<TransferId, Vec<PageSlot>>,
     /// Requests the decode scheduler holds: their pages and the tags those must keep.
-    ready: Vec<(TransferKey, Vec<(PageRef, Option<Tag>)>, Endpoint)>,
+    ready: Vec<Held>,
     decode_terminals: BTreeMap<TransferKey, u32>,
     prefill_terminals: BTreeMap<(Incarnation, TransferKey), u32>,
     next_transfer: u64,
@@ -331,7 +339,7 @@ impl Pair {
     }
 
     fn release_ready(&mut self, i: usize) {
-        let (key, pages, at) = self.ready.remove(i);
+        let Held { key, pages, at } = self.ready.remove(i);
         if at != self.decode_at {
             return;
         }
@@ -377,7 +385,7 @@ impl Pair {
                             (*p, (i >= cached).then(|| (key.transfer, (i - cached) as u32)))
                         })
                         .collect();
-                    self.ready.push((key, tags, self.decode_at));
+                    self.ready.push(Held { key, pages: tags, at: self.decode_at });
                 }
                 DecodeOutput::Ended { key, .. } => {
                     *self.decode_terminals.entry(key).or_default() += 1
