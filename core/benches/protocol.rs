@@ -135,16 +135,16 @@ fn run_transfers() -> Duration {
         };
         decode.handle_envelope(wire(&reserve, &mut buf), &mut decode_pool, now);
     }
-    let mut pump = |decode: &mut DecodeSide,
-                    prefill: &mut PrefillSide,
-                    to_prefill: &mut Vec<Envelope>,
-                    to_decode: &mut Vec<Envelope>,
-                    writes: &mut Vec<(TransferKey, u32)>| {
+    let pump = |decode: &mut DecodeSide,
+                prefill: &mut PrefillSide,
+                to_prefill: &mut Vec<Envelope>,
+                to_decode: &mut Vec<Envelope>,
+                writes: &mut Vec<(TransferKey, u32)>| {
         while let Some(output) = decode.poll_output() {
-            if let DecodeOutput::Send(e) = output {
-                if e.to == PREFILL {
-                    to_prefill.push(e);
-                }
+            if let DecodeOutput::Send(e) = output
+                && e.to == PREFILL
+            {
+                to_prefill.push(e);
             }
         }
         while let Some(output) = prefill.poll_output() {
