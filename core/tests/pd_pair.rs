@@ -1,13 +1,13 @@
-//! The deterministic pair driver (after quinn-proto's `Pair`): a prefill side and a decode side in
-//! memory with a virtual clock, a scripted router, a network proptest reorders, drops and
+//! The deterministic pair driver (after quinn-proto's `Pair`): the router, a prefill side and a
+//! decode side in memory with a virtual clock, a network proptest reorders, drops and
 //! duplicates, and a data plane whose one-sided writes land whenever proptest says within the
 //! write flight bound, whatever the receiver's state. Workers restart, clients abort.
 //!
 //! Checked after every action: both sides' and both pools' invariants; every page the decode side
 //! hands to its scheduler holds exactly the KV its transfer wrote, and still does when the
 //! scheduler lets go of it (a late write of another transfer would change it); one terminal output
-//! per transfer per side. Then the faults stop, and every transfer must end within the bound, and
-//! every page come back.
+//! per transfer per side and one end per request at the router. Then the faults stop, and every
+//! transfer must end within the bound, and every page come back.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
@@ -17,12 +17,13 @@ use std::time::Duration;
 use lockstep_core::Time;
 use lockstep_core::kv::{PagePool, PageRef, PoolConfig};
 use lockstep_core::pd::{
-    DecodeConfig, DecodeOutput, DecodeSide, PrefillConfig, PrefillOutput, PrefillSide,
+    DecodeConfig, DecodeOutput, DecodeSide, PrefillConfig, PrefillOutput, PrefillSide, Router,
+    RouterConfig, RouterOutput,
 };
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, Sampling,
-    TransferId, TransferKey, WorkerId,
+    Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, Sampling, TransferId,
+    TransferKey, WorkerId,
 };
 use proptest::prelude::*;
 
@@ -88,7 +89,9 @@ struct Write {
 
 struct Pair {
     now: Time,
-    router: Endpoint,
+    router_at: Endpoint,
+    router: Router,
+    router_ends: BTreeMap<RequestId, u32>,
     prefill_at: Endpoint,
     decode_at: Endpoint,
     prefill: PrefillSide,
@@ -141,7 +144,18 @@ impl Pair {
         let decode_at = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
         Pair {
             now: Time::ZERO,
-            router: Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) },
+            router_at: Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) },
+            router: Router::new(
+                Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) },
+                RouterConfig {
+                    outcome_timeout: Duration::from_millis(DEADLINE_MS + LEASE_MS + 4 * FLIGHT_MS),
+                    requests_max: 8,
+                    retries_max: 1,
+                },
+                vec![prefill_at],
+                vec![decode_at],
+            ),
+            router_ends: BTreeMap::new(),
             prefill_at,
             decode_at,
             prefill: PrefillSide::new(prefill_at, prefill_config()),
@@ -163,10 +177,8 @@ impl Pair {
     fn act(&mut self, action: Action) {
         match action {
             Action::NewRequest { prompt_len } => {
-                let key = TransferKey { transfer: TransferId(self.next_transfer), epoch: Epoch(0) };
-                self.next_transfer += 1;
                 let request = RequestSpec {
-                    id: RequestId(key.transfer.0),
+                    id: RequestId(self.next_transfer),
                     // Prompts share prefixes, so the decode side's cache is exercised.
                     prompt: (0..u32::from(prompt_len)).map(|t| t % 7).collect(),
                     max_tokens: 4,
@@ -176,8 +188,9 @@ impl Pair {
                     cache_salt: 0,
                     sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
                 };
-                let body = Message::Reserve { key, request, prefill: self.prefill_at };
-                self.network.push_back(Envelope { from: self.router, to: self.decode_at, body });
+                self.next_transfer += 1;
+                let _ = self.router.submit(request, self.now);
+                self.collect();
             }
             Action::Deliver(i) => {
                 if let Some(i) = pick(&self.network, i) {
@@ -217,10 +230,9 @@ impl Pair {
                 }
             }
             Action::Abort(i) => {
-                let transfer = TransferId(1 + u64::from(i) % self.next_transfer);
-                let key = TransferKey { transfer, epoch: Epoch(0) };
-                let body = Message::Abort { key, reason: AbortReason::Client };
-                self.network.push_back(Envelope { from: self.router, to: self.decode_at, body });
+                let request = RequestId(u64::from(i) % self.next_transfer.max(1));
+                let _ = self.router.abort(request, self.now);
+                self.collect();
             }
             Action::ReleaseReady(i) => {
                 if !self.ready.is_empty() {
@@ -235,6 +247,8 @@ impl Pair {
                 self.prefill = PrefillSide::new(self.prefill_at, prefill_config());
                 self.prefill_pool = pool(64);
                 self.computations.clear();
+                self.router.handle_worker_restart(self.prefill_at, self.now);
+                self.collect();
             }
             Action::RestartDecode => {
                 self.decode_at.incarnation.0 += 1;
@@ -243,6 +257,8 @@ impl Pair {
                 self.decode_memory.clear();
                 self.ready.clear();
                 self.prepared.clear();
+                self.router.handle_worker_restart(self.decode_at, self.now);
+                self.collect();
             }
         }
         self.check();
@@ -253,6 +269,8 @@ impl Pair {
             self.decode.handle_envelope(envelope, &mut self.decode_pool, self.now);
         } else if envelope.to.worker == self.prefill_at.worker {
             self.prefill.handle_envelope(envelope, &mut self.prefill_pool, self.now);
+        } else if envelope.to.worker == self.router_at.worker {
+            self.router.handle_envelope(envelope, self.now);
         }
         self.collect();
     }
@@ -329,6 +347,7 @@ impl Pair {
     }
 
     fn timeouts(&mut self) {
+        self.router.handle_timeout(self.now);
         self.decode.handle_timeout(&mut self.decode_pool, self.now);
         self.decode_pool.handle_timeout(self.now);
         self.prefill.handle_timeout(&mut self.prefill_pool, self.now);
@@ -356,6 +375,14 @@ impl Pair {
     }
 
     fn collect(&mut self) {
+        while let Some(output) = self.router.poll_output() {
+            match output {
+                RouterOutput::Send(envelope) => self.network.push_back(envelope),
+                RouterOutput::Decoding { request, .. } | RouterOutput::Failed { request, .. } => {
+                    *self.router_ends.entry(request).or_default() += 1;
+                }
+            }
+        }
         while let Some(output) = self.decode.poll_output() {
             match output {
                 DecodeOutput::Send(envelope) => {
@@ -420,6 +447,10 @@ impl Pair {
     }
 
     fn check(&self) {
+        self.router.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        for (request, count) in &self.router_ends {
+            assert_eq!(*count, 1, "router: {request} ended {count} times");
+        }
         self.decode.check_invariants(&self.decode_pool).unwrap_or_else(|e| panic!("{e}"));
         self.prefill.check_invariants(&self.prefill_pool).unwrap_or_else(|e| panic!("{e}"));
         self.decode_pool.check_invariants().unwrap_or_else(|e| panic!("{e}"));

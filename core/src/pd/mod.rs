@@ -1,5 +1,5 @@
 //! The prefill-to-decode KV transfer protocol (DESIGN.md section 3, "pd"), one state machine per
-//! side. Work in progress: the decode side is here; the prefill side and the router come next.
+//! side: the router (`router.rs`), the prefill side (`prefill.rs`) and the decode side (`decode.rs`).
 //!
 //! ## Flow
 //!
@@ -37,6 +37,8 @@
 
 mod decode;
 mod prefill;
+mod router;
 
 pub use decode::{DecodeConfig, DecodeOutput, DecodeSide};
 pub use prefill::{PrefillConfig, PrefillOutput, PrefillSide};
+pub use router::{Router, RouterConfig, RouterError, RouterOutput};
