@@ -22,7 +22,7 @@ use lockstep_core::pd::{
 };
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, Sampling, TransferId,
+    Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, Sampling, TransferId,
     TransferKey, WorkerId,
 };
 use proptest::prelude::*;
@@ -384,40 +384,7 @@ impl Pair {
             }
         }
         while let Some(output) = self.decode.poll_output() {
-            match output {
-                DecodeOutput::Send(envelope) => {
-                    if let Message::Prepare { key, pages, .. } = &envelope.body {
-                        self.prepared.insert(key.transfer, pages.clone());
-                    }
-                    self.network.push_back(envelope);
-                }
-                DecodeOutput::Ready { key, pages, .. } => {
-                    *self.decode_terminals.entry(key).or_default() += 1;
-                    // Fail closed: every page the transfer was told to write holds its write.
-                    let written = &self.prepared[&key.transfer];
-                    let cached = pages.len() - written.len();
-                    for (ordinal, slot) in written.iter().enumerate() {
-                        let landed = self.decode_memory.get(&slot.index);
-                        assert_eq!(
-                            landed,
-                            Some(&(key.transfer, ordinal as u32)),
-                            "{key:?}: decoding from page {} that holds {landed:?}",
-                            slot.index
-                        );
-                    }
-                    let tags = pages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| {
-                            (*p, (i >= cached).then(|| (key.transfer, (i - cached) as u32)))
-                        })
-                        .collect();
-                    self.ready.push(Held { key, pages: tags, at: self.decode_at });
-                }
-                DecodeOutput::Ended { key, .. } => {
-                    *self.decode_terminals.entry(key).or_default() += 1
-                }
-            }
+            self.on_decode_output(output);
         }
         while let Some(output) = self.prefill.poll_output() {
             match output {
@@ -443,6 +410,41 @@ impl Pair {
                         .or_default() += 1
                 }
             }
+        }
+    }
+
+    /// Takes one decode-side output: messages go on the network, and a hand-over to the
+    /// scheduler is checked page by page against what its transfer wrote.
+    fn on_decode_output(&mut self, output: DecodeOutput) {
+        match output {
+            DecodeOutput::Send(envelope) => {
+                if let Message::Prepare { key, pages, .. } = &envelope.body {
+                    self.prepared.insert(key.transfer, pages.clone());
+                }
+                self.network.push_back(envelope);
+            }
+            DecodeOutput::Ready { key, pages, .. } => {
+                *self.decode_terminals.entry(key).or_default() += 1;
+                // Fail closed: every page the transfer was told to write holds its write.
+                let written = &self.prepared[&key.transfer];
+                let cached = pages.len() - written.len();
+                for (ordinal, slot) in written.iter().enumerate() {
+                    let landed = self.decode_memory.get(&slot.index);
+                    assert_eq!(
+                        landed,
+                        Some(&(key.transfer, ordinal as u32)),
+                        "{key:?}: decoding from page {} that holds {landed:?}",
+                        slot.index
+                    );
+                }
+                let tags = pages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (*p, (i >= cached).then(|| (key.transfer, (i - cached) as u32))))
+                    .collect();
+                self.ready.push(Held { key, pages: tags, at: self.decode_at });
+            }
+            DecodeOutput::Ended { key, .. } => *self.decode_terminals.entry(key).or_default() += 1,
         }
     }
 
@@ -529,4 +531,63 @@ fn a_transfer_completes_end_to_end() {
     assert_eq!(pair.decode_terminals.len(), 1);
     let completed = pair.decode_terminals.keys().next().copied().unwrap();
     assert!(pair.prepared.contains_key(&completed.transfer));
+}
+
+// --- The oracle's checks fire on a hand-broken run. ---
+
+fn reserved_pair() -> (Pair, TransferKey) {
+    let mut pair = Pair::new();
+    pair.act(Action::NewRequest { prompt_len: 10 });
+    pair.act(Action::Deliver(0)); // Reserve reaches the decode side; Prepare goes out
+    let key = TransferKey { transfer: *pair.prepared.keys().next().unwrap(), epoch: Epoch(0) };
+    (pair, key)
+}
+
+/// Fail open (sglang#30233): a hand-over before the writes landed is caught page by page.
+#[test]
+#[should_panic(expected = "decoding from page")]
+fn the_oracle_catches_decoding_from_unwritten_pages() {
+    let (mut pair, key) = reserved_pair();
+    let pages = pair.prepared[&key.transfer]
+        .iter()
+        .map(|s| PageRef::from_parts(s.index, s.generation))
+        .collect();
+    pair.on_decode_output(DecodeOutput::Ready {
+        key,
+        request: spec(1, 10),
+        pages,
+        computed_tokens: 10,
+        first_token: 1,
+    });
+}
+
+/// Free while a write lands (sglang#32564): a write landing in a page that was reused since it
+/// was reserved (its generation moved on) is caught on landing.
+#[test]
+#[should_panic(expected = "after it was freed or reused")]
+fn the_oracle_catches_a_write_landing_in_a_freed_page() {
+    let (mut pair, key) = reserved_pair();
+    let slot = pair.prepared[&key.transfer][0];
+    pair.writes.push_back(Write {
+        key,
+        from: pair.prefill_at,
+        to: pair.decode_at,
+        ordinal: 0,
+        page: PageSlot { index: slot.index, generation: slot.generation + 1 },
+        land_by: Time::MAX,
+    });
+    pair.finish_write(0, true);
+}
+
+fn spec(id: u64, prompt_len: u32) -> RequestSpec {
+    RequestSpec {
+        id: RequestId(id),
+        prompt: (0..prompt_len).collect(),
+        max_tokens: 4,
+        stop_token_ids: vec![],
+        ignore_eos: false,
+        priority: 0,
+        cache_salt: 0,
+        sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+    }
 }
