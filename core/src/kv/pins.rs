@@ -1,7 +1,8 @@
-//! Leased pins: how a transfer holds a page while a one-sided write into it, or a read out of it,
-//! may still be in flight. A pin keeps its page from being freed, evicted or handed out until it
-//! is released or its lease runs out. Leases are extended by heartbeats; the earliest expiry is
-//! the pool's next timeout.
+//! Leased pins: how a transfer holds its pages while a one-sided write into them, or a read out of
+//! them, may still be in flight. A pin covers a set of pages under one lease (a transfer's pages
+//! share it) and keeps them from being freed, evicted or handed out until it is released or its
+//! lease runs out. Leases are extended by heartbeats; the earliest expiry is the pool's next
+//! timeout.
 
 use std::collections::BTreeSet;
 
@@ -16,9 +17,9 @@ pub struct PinId {
     generation: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pin {
-    pub(crate) page: PageRef,
+    pub(crate) pages: Vec<PageRef>,
     pub(crate) expires_at: Time,
 }
 
@@ -61,34 +62,41 @@ impl PinTable {
         };
         let serial = self.serial_next;
         self.serial_next += 1;
+        let expires_at = pin.expires_at;
         self.slots[slot as usize] = PinSlot::Live { generation, pin, serial };
-        self.by_expiry.insert((pin.expires_at, serial, slot));
+        self.by_expiry.insert((expires_at, serial, slot));
         Some(PinId { slot, generation })
     }
 
-    fn get_with_serial(&self, id: PinId) -> Option<(Pin, u64)> {
+    /// The pin's expiry and serial, if it is live.
+    fn expiry_of(&self, id: PinId) -> Option<(Time, u64)> {
         match self.slots.get(id.slot as usize)? {
             PinSlot::Live { generation, pin, serial } if *generation == id.generation => {
-                Some((*pin, *serial))
+                Some((pin.expires_at, *serial))
             }
             _ => None,
         }
     }
 
     pub(crate) fn remove(&mut self, id: PinId) -> Option<Pin> {
-        let (pin, serial) = self.get_with_serial(id)?;
-        self.by_expiry.remove(&(pin.expires_at, serial, id.slot));
-        self.slots[id.slot as usize] = PinSlot::Free { generation: id.generation.wrapping_add(1) };
+        let (expires_at, serial) = self.expiry_of(id)?;
+        self.by_expiry.remove(&(expires_at, serial, id.slot));
+        let freed = PinSlot::Free { generation: id.generation.wrapping_add(1) };
+        let PinSlot::Live { pin, .. } = std::mem::replace(&mut self.slots[id.slot as usize], freed)
+        else {
+            unreachable!("pin {id:?} was found live");
+        };
         self.free.push(id.slot);
         Some(pin)
     }
 
     pub(crate) fn set_expiry(&mut self, id: PinId, expires_at: Time) -> Option<()> {
-        let (pin, serial) = self.get_with_serial(id)?;
-        self.by_expiry.remove(&(pin.expires_at, serial, id.slot));
+        let (old, serial) = self.expiry_of(id)?;
+        self.by_expiry.remove(&(old, serial, id.slot));
         self.by_expiry.insert((expires_at, serial, id.slot));
-        self.slots[id.slot as usize] =
-            PinSlot::Live { generation: id.generation, pin: Pin { expires_at, ..pin }, serial };
+        if let PinSlot::Live { pin, .. } = &mut self.slots[id.slot as usize] {
+            pin.expires_at = expires_at;
+        }
         Some(())
     }
 
@@ -109,10 +117,10 @@ impl PinTable {
     }
 
     /// Every live pin. For invariant checks only.
-    pub(crate) fn live(&self) -> impl Iterator<Item = (PinId, Pin)> + '_ {
+    pub(crate) fn live(&self) -> impl Iterator<Item = (PinId, &Pin)> + '_ {
         self.slots.iter().enumerate().filter_map(|(slot, s)| match s {
             PinSlot::Live { generation, pin, .. } => {
-                Some((PinId { slot: slot as u32, generation: *generation }, *pin))
+                Some((PinId { slot: slot as u32, generation: *generation }, pin))
             }
             PinSlot::Free { .. } => None,
         })

@@ -126,10 +126,10 @@ pub enum CacheInsert {
 }
 
 /// A pin whose lease ran out: the pool released it. Drained with `poll_expired`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PinExpired {
     pub pin: PinId,
-    pub page: PageRef,
+    pub pages: Vec<PageRef>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,11 +348,28 @@ impl PagePool {
     /// Pins a held page until `expires_at` or `unpin`. While pinned, the page is neither freed,
     /// evicted nor handed out, even if every reference is released.
     pub fn pin(&mut self, page: PageRef, expires_at: Time) -> Result<PinId, KvError> {
-        let PageState::Held { refs, pins, cache } = self.page(page)?.state else {
-            return Err(KvError::NotHeld(page));
-        };
-        let id = self.pins.insert(Pin { page, expires_at }).ok_or(KvError::TooManyPins)?;
-        self.pages[page.index as usize].state = PageState::Held { refs, pins: pins + 1, cache };
+        self.pin_many(&[page], expires_at)
+    }
+
+    /// Pins held pages together under one lease: a transfer's pages share it, so a heartbeat
+    /// extends them all at once. All or none: one page not held pins nothing.
+    pub fn pin_many(&mut self, pages: &[PageRef], expires_at: Time) -> Result<PinId, KvError> {
+        for &page in pages {
+            if !matches!(self.page(page)?.state, PageState::Held { .. }) {
+                return Err(KvError::NotHeld(page));
+            }
+        }
+        let id = self
+            .pins
+            .insert(Pin { pages: pages.to_vec(), expires_at })
+            .ok_or(KvError::TooManyPins)?;
+        for &page in pages {
+            let PageState::Held { refs, pins, cache } = self.pages[page.index as usize].state
+            else {
+                unreachable!("checked above");
+            };
+            self.pages[page.index as usize].state = PageState::Held { refs, pins: pins + 1, cache };
+        }
         Ok(id)
     }
 
@@ -361,16 +378,20 @@ impl PagePool {
         self.pins.set_expiry(pin, expires_at).ok_or(KvError::UnknownPin(pin))
     }
 
-    /// Releases a pin. With no reference or pin left, the page is freed or becomes evictable.
-    pub fn unpin(&mut self, pin: PinId) -> Result<PageRef, KvError> {
-        let Pin { page, .. } = self.pins.remove(pin).ok_or(KvError::UnknownPin(pin))?;
-        let PageState::Held { refs, pins, cache } = self.pages[page.index as usize].state else {
-            unreachable!("pinned page {page:?} is not held");
-        };
-        assert!(pins > 0, "page {page:?} has a live pin but a pin count of zero");
-        self.pages[page.index as usize].state = PageState::Held { refs, pins: pins - 1, cache };
-        self.settle(page.index);
-        Ok(page)
+    /// Releases a pin. A page left with no reference or pin is freed or becomes evictable.
+    /// Returns the pages it held.
+    pub fn unpin(&mut self, pin: PinId) -> Result<Vec<PageRef>, KvError> {
+        let Pin { pages, .. } = self.pins.remove(pin).ok_or(KvError::UnknownPin(pin))?;
+        for &page in &pages {
+            let PageState::Held { refs, pins, cache } = self.pages[page.index as usize].state
+            else {
+                unreachable!("pinned page {page:?} is not held");
+            };
+            assert!(pins > 0, "page {page:?} has a live pin but a pin count of zero");
+            self.pages[page.index as usize].state = PageState::Held { refs, pins: pins - 1, cache };
+            self.settle(page.index);
+        }
+        Ok(pages)
     }
 
     /// The earliest pin expiry, if any: when to call `handle_timeout`.
@@ -381,8 +402,8 @@ impl PagePool {
     /// Releases every pin whose lease ended by `now`; each is reported by `poll_expired`.
     pub fn handle_timeout(&mut self, now: Time) {
         while let Some(id) = self.pins.first_expired(now) {
-            let page = self.unpin(id).expect("an expired pin is live");
-            self.expired.push_back(PinExpired { pin: id, page });
+            let pages = self.unpin(id).expect("an expired pin is live");
+            self.expired.push_back(PinExpired { pin: id, pages });
         }
     }
 
@@ -536,14 +557,15 @@ impl PagePool {
         }
         let mut pins_seen = vec![0u32; total];
         for (id, pin) in self.pins.live() {
-            let page = self.pages[pin.page.index as usize];
-            ensure_invariant!(
-                KV,
-                page.generation == pin.page.generation,
-                "pin {id:?} holds stale page {:?}",
-                pin.page
-            );
-            pins_seen[pin.page.index as usize] += 1;
+            for page in &pin.pages {
+                let held = self.pages.get(page.index as usize);
+                ensure_invariant!(
+                    KV,
+                    held.is_some_and(|p| p.generation == page.generation),
+                    "pin {id:?} holds stale page {page:?}"
+                );
+                pins_seen[page.index as usize] += 1;
+            }
         }
         self.pins.check().map_err(|e| InvariantViolation::new(KV, e))?;
 

@@ -68,9 +68,9 @@ struct Transfer {
     request: RequestSpec,
     /// Pages found in the prefix cache: read, never written, by this request.
     cached: Vec<PageRef>,
-    /// Pages the prefill side writes, in position order, each pinned by `pins`.
+    /// Pages the prefill side writes, in position order, all pinned by `pin` under the lease.
     reserved: Vec<PageRef>,
-    pins: Vec<PinId>,
+    pin: PinId,
     lease_until: Time,
     phase: Phase,
 }
@@ -226,21 +226,17 @@ impl DecodeSide {
         let lease_until = now.saturating_add(self.config.lease + self.config.write_flight_max);
         let pin_until = self.pin_until(lease_until);
         let mut reserved = Vec::with_capacity(needed);
-        let mut pins = Vec::with_capacity(needed);
-        let reserved_ok = pool.allocate_many(needed as u32, &mut reserved).is_ok()
-            && reserved
-                .iter()
-                .all(|&page| pool.pin(page, pin_until).map(|pin| pins.push(pin)).is_ok());
-        if !reserved_ok {
-            for pin in pins {
-                pool.unpin(pin).expect("a pin made a moment ago is live");
-            }
+        let pin = match pool.allocate_many(needed as u32, &mut reserved) {
+            Ok(()) => pool.pin_many(&reserved, pin_until).ok(),
+            Err(_) => None,
+        };
+        let Some(pin) = pin else {
             for page in cached.into_iter().chain(reserved) {
                 pool.release(page).expect("a page taken a moment ago is held");
             }
             self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeFailed) });
             return;
-        }
+        };
         let prepare = Message::Prepare {
             key,
             request: request.clone(),
@@ -263,7 +259,7 @@ impl DecodeSide {
                 request,
                 cached,
                 reserved,
-                pins,
+                pin,
                 lease_until,
                 phase: Phase::AwaitingPrefill,
             },
@@ -284,9 +280,8 @@ impl DecodeSide {
             self.leases.insert((until, key.transfer));
             transfer.lease_until = until;
             let pin_until = until.saturating_add(self.config.write_flight_max);
-            for &pin in &transfer.pins {
-                pool.extend_pin(pin, pin_until).expect("a reserved page's pin outlives its lease");
-            }
+            pool.extend_pin(transfer.pin, pin_until)
+                .expect("a reserved page's pin outlives its lease");
         }
         let (prefill, lease_ms) =
             (transfer.prefill, u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX));
@@ -316,10 +311,8 @@ impl DecodeSide {
         }
         let mut transfer = self.transfers.remove(&key.transfer).expect("looked up above");
         self.leases.remove(&(transfer.lease_until, key.transfer));
-        for pin in transfer.pins.drain(..) {
-            // Writes are over: the pages are ordinary request pages from here on.
-            pool.unpin(pin).expect("a reserved page's pin outlives its lease");
-        }
+        // Writes are over: the pages are ordinary request pages from here on.
+        pool.unpin(transfer.pin).expect("a reserved page's pin outlives its lease");
         let page_tokens = pool.page_tokens();
         let computed_tokens = transfer.request.prompt.len() as u32;
         debug_assert!(transfer.cached.len() as u32 * page_tokens <= computed_tokens);
@@ -408,9 +401,7 @@ impl DecodeSide {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
-        for pin in transfer.pins {
-            pool.unpin(pin).expect("a reserved page's pin outlives its lease");
-        }
+        pool.unpin(transfer.pin).expect("a reserved page's pin outlives its lease");
         for page in transfer.cached.into_iter().chain(transfer.reserved) {
             pool.release(page).expect("a transfer's page reference is live");
         }
@@ -461,13 +452,6 @@ impl DecodeSide {
                 PD,
                 !t.reserved.is_empty(),
                 "transfer {id:?} reserved no page: an empty hand-off"
-            );
-            ensure_invariant!(
-                PD,
-                t.pins.len() == t.reserved.len(),
-                "transfer {id:?}: {} pins for {} pages",
-                t.pins.len(),
-                t.reserved.len()
             );
             for &page in t.reserved.iter().chain(&t.cached) {
                 ensure_invariant!(

@@ -157,8 +157,8 @@ fn free_while_a_write_lands() {
     rig.reserve(1, 10);
     rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
     let t = rig.side.transfers.values().next().unwrap().clone();
-    for (pin, page) in t.pins.iter().zip(&t.reserved) {
-        rig.pool.unpin(*pin).unwrap();
+    rig.pool.unpin(t.pin).unwrap();
+    for page in &t.reserved {
         rig.pool.release(*page).unwrap();
     }
     let what = rig.side.check_invariants(&rig.pool).unwrap_err();
@@ -311,9 +311,9 @@ fn the_hand_off_is_never_empty() {
     assert_eq!((cached_tokens, pages.len()), (4, 1));
     // By hand: a transfer with nothing reserved.
     let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
-    let (pins, pages) = (std::mem::take(&mut t.pins), std::mem::take(&mut t.reserved));
-    for (pin, page) in pins.into_iter().zip(pages) {
-        rig.pool.unpin(pin).unwrap();
+    let (pin, pages) = (t.pin, std::mem::take(&mut t.reserved));
+    rig.pool.unpin(pin).unwrap();
+    for page in pages {
         rig.pool.release(page).unwrap();
     }
     assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("empty hand-off"));

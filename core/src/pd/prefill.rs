@@ -94,7 +94,7 @@ struct Transfer {
     pages: Vec<PageSlot>,
     /// Source pages of the computed KV (positions from 0), pinned while writes read them.
     sources: Vec<PageRef>,
-    source_pins: Vec<PinId>,
+    source_pin: Option<PinId>,
     /// Writes issued and not yet completed or failed.
     outstanding: BTreeSet<u32>,
     completed_writes: u32,
@@ -213,22 +213,14 @@ impl PrefillSide {
         }
         // Pin what the writes will read, so the prefill scheduler may finish or preempt the
         // request meanwhile without freeing it under a write.
-        let mut pins = Vec::with_capacity(t.pages.len());
-        for &source in &sources[first_page..prompt_pages] {
-            match pool.pin(source, t.deadline.saturating_add(self.config.write_flight_max)) {
-                Ok(pin) => pins.push(pin),
-                Err(_) => {
-                    for pin in pins {
-                        pool.unpin(pin).expect("a pin made a moment ago is live");
-                    }
-                    self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
-                    return;
-                }
-            }
-        }
+        let backstop = t.deadline.saturating_add(self.config.write_flight_max);
+        let Ok(pin) = pool.pin_many(&sources[first_page..prompt_pages], backstop) else {
+            self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+            return;
+        };
         let t = self.transfers.get_mut(&key.transfer).expect("looked up above");
         t.sources = sources[first_page..prompt_pages].to_vec();
-        t.source_pins = pins;
+        t.source_pin = Some(pin);
         t.phase = Phase::Writing { first_token, issued: 0 };
         self.issue_writes(key, now);
     }
@@ -319,7 +311,7 @@ impl PrefillSide {
                 page_tokens,
                 pages,
                 sources: Vec::new(),
-                source_pins: Vec::new(),
+                source_pin: None,
                 outstanding: BTreeSet::new(),
                 completed_writes: 0,
                 last_write_at: None,
@@ -452,7 +444,7 @@ impl PrefillSide {
 
     fn forget(&mut self, key: TransferKey, pool: &mut PagePool) {
         let t = self.transfers.remove(&key.transfer).expect("forgetting a live transfer");
-        for pin in t.source_pins {
+        if let Some(pin) = t.source_pin {
             // The backstop expiry is a write flight past the deadline; it may have passed.
             let _ = pool.unpin(pin);
         }
@@ -557,7 +549,7 @@ impl PrefillSide {
             if !t.outstanding.is_empty() {
                 ensure_invariant!(
                     PD,
-                    t.source_pins.len() == t.sources.len(),
+                    t.source_pin.is_some(),
                     "transfer {id:?} reads unpinned pages"
                 );
                 for &source in &t.sources {

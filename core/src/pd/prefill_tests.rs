@@ -273,7 +273,7 @@ fn sources_stay_pinned_while_writes_read_them() {
     rig.deliver(prepare(1, 10, 0));
     rig.computed(1);
     rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
-    let pin = rig.side.transfers[&TransferId(1)].source_pins[0];
+    let pin = rig.side.transfers[&TransferId(1)].source_pin.unwrap();
     rig.pool.unpin(pin).unwrap();
     assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("unpinned"));
 }

@@ -179,7 +179,7 @@ fn pinned_pages_are_never_freed_or_evicted() {
         "pinned, so not evictable"
     );
     ok(&pool);
-    assert_eq!(pool.unpin(pin), Ok(page));
+    assert_eq!(pool.unpin(pin), Ok(vec![page]));
     assert_eq!(pool.unpin(pin), Err(KvError::UnknownPin(pin)));
     assert_eq!(pool.evictable_count(), 1);
     ok(&pool);
@@ -197,7 +197,7 @@ fn pin_leases_expire_and_heartbeats_extend_them() {
     assert_eq!(pool.poll_expired(), None);
     assert_eq!(pool.free_count(), 1);
     pool.handle_timeout(Time::from_millis(20));
-    assert_eq!(pool.poll_expired(), Some(PinExpired { pin, page }));
+    assert_eq!(pool.poll_expired(), Some(PinExpired { pin, pages: vec![page] }));
     assert_eq!(pool.free_count(), 2, "the expired lease released the page");
     assert_eq!(pool.next_timeout(), None);
     assert_eq!(pool.extend_pin(pin, Time::MAX), Err(KvError::UnknownPin(pin)));
@@ -328,4 +328,28 @@ fn check_fires_on_index_entry_lost() {
         p.index.remove(key.hash, |_| true);
     });
     assert!(what.contains("not indexed"), "{what}");
+}
+
+#[test]
+fn one_pin_holds_a_transfers_pages_under_one_lease() {
+    let mut pool = pool(4, 1);
+    let pages: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
+    let pin = pool.pin_many(&pages, Time::from_millis(10)).unwrap();
+    for &page in &pages {
+        pool.release(page).unwrap();
+        assert_eq!(pool.pin_count(page), Ok(1));
+    }
+    assert_eq!(pool.free_count(), 1);
+    ok(&pool);
+    pool.extend_pin(pin, Time::from_millis(20)).unwrap();
+    pool.handle_timeout(Time::from_millis(10));
+    assert_eq!(pool.free_count(), 1, "extended once, for every page");
+    pool.handle_timeout(Time::from_millis(20));
+    assert_eq!(pool.poll_expired(), Some(PinExpired { pin, pages: pages.clone() }));
+    assert_eq!(pool.free_count(), 4);
+    // All or none: a stale page in the set pins nothing.
+    let held = pool.allocate().unwrap();
+    assert_eq!(pool.pin_many(&[held, pages[0]], Time::MAX), Err(KvError::StaleHandle(pages[0])));
+    assert_eq!(pool.pin_count(held), Ok(0));
+    ok(&pool);
 }
