@@ -123,18 +123,11 @@ fn run_transfers() -> Duration {
     }
     let now = Time::ZERO;
     let mut buf = Vec::with_capacity(1024);
-    let mut to_prefill = Vec::new();
-    let mut to_decode = Vec::new();
-    let mut writes = Vec::new();
+    let mut to_prefill = Vec::with_capacity(TRANSFERS as usize * 2);
+    let mut to_decode = Vec::with_capacity(TRANSFERS as usize * 2);
+    let mut writes = Vec::with_capacity(TRANSFERS as usize * 4);
     let start = Instant::now();
-    for id in 0..u64::from(TRANSFERS) {
-        let reserve = Envelope {
-            from: ROUTER,
-            to: DECODE,
-            body: Message::Reserve { key: key(id), request: spec(id), prefill: PREFILL },
-        };
-        decode.handle_envelope(wire(&reserve, &mut buf), &mut decode_pool, now);
-    }
+    // As a driver does: outputs are drained after every input.
     let pump = |decode: &mut DecodeSide,
                 prefill: &mut PrefillSide,
                 to_prefill: &mut Vec<Envelope>,
@@ -155,10 +148,22 @@ fn run_transfers() -> Duration {
             }
         }
     };
-    // Until every transfer is done: deliver everything, compute everything, complete every write.
-    for _round in 0..8 {
+    for id in 0..u64::from(TRANSFERS) {
+        let reserve = Envelope {
+            from: ROUTER,
+            to: DECODE,
+            body: Message::Reserve { key: key(id), request: spec(id), prefill: PREFILL },
+        };
+        decode.handle_envelope(wire(&reserve, &mut buf), &mut decode_pool, now);
         pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
-        for e in to_prefill.drain(..) {
+    }
+    // Phase by phase, so all 10,000 are in flight at once: deliver everything, compute
+    // everything, complete every write, until every transfer is done.
+    let mut inbox = Vec::with_capacity(TRANSFERS as usize * 2);
+    let mut completions = Vec::with_capacity(TRANSFERS as usize * 4);
+    for _round in 0..8 {
+        inbox.append(&mut to_prefill);
+        for e in inbox.drain(..) {
             prefill.handle_envelope(wire(&e, &mut buf), &mut prefill_pool, now);
             if let Message::Prepare { key, .. } = e.body {
                 prefill.handle_computed(
@@ -169,14 +174,17 @@ fn run_transfers() -> Duration {
                     now,
                 );
             }
+            pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
         }
-        pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
-        for (key, ordinal) in writes.drain(..) {
+        completions.append(&mut writes);
+        for (key, ordinal) in completions.drain(..) {
             prefill.handle_write_completion(key, ordinal, true, &mut prefill_pool, now);
+            pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
         }
-        pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
-        for e in to_decode.drain(..) {
+        inbox.append(&mut to_decode);
+        for e in inbox.drain(..) {
             decode.handle_envelope(wire(&e, &mut buf), &mut decode_pool, now);
+            pump(&mut decode, &mut prefill, &mut to_prefill, &mut to_decode, &mut writes);
         }
         if decode.transfers_live() == 0 && prefill.transfers_live() == 0 {
             break;
