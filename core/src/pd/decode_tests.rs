@@ -344,3 +344,81 @@ fn a_late_duplicate_reserve_is_ignored() {
     assert!(out.is_empty());
     assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, held));
 }
+
+// --- The same classes with their guard removed by hand: the checks notice. ---
+
+/// Advances `ms` and says whether every transfer ended: the liveness check.
+fn ends_within(rig: &mut Rig, ms: u64) -> bool {
+    rig.advance(ms);
+    rig.side.transfers_live() == 0
+}
+
+#[test]
+fn leak_when_the_peer_is_silent_by_hand() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    assert!(ends_within(&mut Rig::new_with(1, 10), LEASE_MS + FLIGHT_MS));
+    // The lease guard removed: a transfer that never expires. The liveness check notices.
+    let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
+    rig.side.leases.remove(&(t.lease_until, TransferId(1)));
+    t.lease_until = Time::MAX;
+    rig.pool.extend_pin(t.pin, Time::MAX).unwrap();
+    rig.side.leases.insert((Time::MAX, TransferId(1)));
+    assert!(!ends_within(&mut rig, 100 * (LEASE_MS + FLIGHT_MS)), "the wedge went unnoticed");
+}
+
+#[test]
+fn double_completion_by_hand() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let before = rig.side.transfers[&TransferId(1)].clone();
+    rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    // The guard removed: the completed transfer still on file, as if Done had not ended it.
+    rig.side.leases.insert((before.lease_until, TransferId(1)));
+    rig.side.transfers.insert(TransferId(1), before);
+    let what = rig.side.check_invariants(&rig.pool).unwrap_err();
+    assert!(what.what().contains("not pinned"), "{what}");
+}
+
+#[test]
+fn abort_races_completion_by_hand() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    // The guard removed: the abort not recorded, so Done completes the transfer as well.
+    rig.side.transfers.get_mut(&TransferId(1)).unwrap().phase = Phase::AwaitingPrefill;
+    let done = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    assert_eq!(
+        terminals(&aborted) + terminals(&done),
+        2,
+        "the exactly-once count notices the second end"
+    );
+}
+
+#[test]
+fn late_messages_of_another_epoch_by_hand() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    // The guard removed: the transfer takes messages of epoch 7 as its own.
+    let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
+    rig.side.transfers.get_mut(&TransferId(1)).unwrap().key = stale;
+    let out = rig.deliver(P, Message::Done { key: stale, first_token: 1, pages_written: 3 });
+    let handed_over = out.iter().find_map(|o| match o {
+        DecodeOutput::Ready { key, .. } => Some(*key),
+        _ => None,
+    });
+    assert_ne!(
+        handed_over,
+        Some(key(1)),
+        "the key check notices KV handed over under another epoch"
+    );
+    assert_eq!(handed_over, Some(stale));
+}
+
+impl Rig {
+    fn new_with(id: u64, prompt_len: u32) -> Rig {
+        let mut rig = Rig::new();
+        rig.reserve(id, prompt_len);
+        rig
+    }
+}

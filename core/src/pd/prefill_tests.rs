@@ -310,3 +310,38 @@ fn a_restarted_decode_worker_ends_its_transfers() {
     assert_eq!(ends(&out), vec![false]);
     assert_eq!(rig.side.transfers_live(), 0);
 }
+
+// --- The same classes with their guard removed by hand: the liveness check notices. ---
+
+fn ends_within(rig: &mut Rig, ms: u64) -> bool {
+    for _ in 0..ms / 10 {
+        rig.advance(10);
+    }
+    rig.side.transfers_live() == 0
+}
+
+#[test]
+fn abort_path_wedge_by_hand() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+    // The flight bound removed: a drain that waits for completions that never come.
+    if let Phase::Draining { drained_by, .. } =
+        &mut rig.side.transfers.get_mut(&TransferId(1)).unwrap().phase
+    {
+        *drained_by = Time::MAX;
+    }
+    assert!(!ends_within(&mut rig, 10 * FLIGHT_MS), "the wedge went unnoticed");
+}
+
+#[test]
+fn stuck_in_handshake_by_hand() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    // The deadline removed: no grant ever comes, and nothing ends the transfer.
+    rig.side.transfers.get_mut(&TransferId(1)).unwrap().deadline = Time::MAX;
+    assert!(!ends_within(&mut rig, 2_000), "the hang went unnoticed");
+}
