@@ -8,9 +8,11 @@
 //! (`general.alignment`, default 32), then the tensor data, each tensor at its offset from there.
 //! All little-endian.
 
+mod dequant;
 mod parse;
 mod types;
 
+pub use dequant::{bf16_to_f32, dequantize, f16_to_f32};
 pub use parse::{Gguf, GgufError, MetadataValue, TensorInfo};
 pub use types::TensorType;
 

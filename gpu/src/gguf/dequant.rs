@@ -1,0 +1,133 @@
+//! Turning stored tensor rows into f32, for every type in `TensorType`. The formulas are ggml's
+//! (`ggml-quants.c`, `dequantize_row_*`), written out block by block; the tests hold them to the
+//! `gguf` Python package's numpy implementation on random blocks and on the default model.
+
+use super::TensorType;
+
+/// Dequantizes `bytes`, a whole number of blocks of `kind`, into `out`, which must hold exactly
+/// the elements those blocks encode. Panics otherwise: the loader checked the sizes, so a
+/// mismatch here is a bug.
+pub fn dequantize(kind: TensorType, bytes: &[u8], out: &mut [f32]) {
+    let block_bytes = kind.block_bytes() as usize;
+    let block_elements = kind.block_elements() as usize;
+    assert_eq!(
+        bytes.len() % block_bytes,
+        0,
+        "{kind:?}: {} bytes are not whole blocks",
+        bytes.len()
+    );
+    assert_eq!(
+        bytes.len() / block_bytes * block_elements,
+        out.len(),
+        "{kind:?}: output of the wrong length"
+    );
+    for (block, y) in bytes.chunks_exact(block_bytes).zip(out.chunks_exact_mut(block_elements)) {
+        match kind {
+            TensorType::F32 => y[0] = f32::from_le_bytes([block[0], block[1], block[2], block[3]]),
+            TensorType::F16 => y[0] = f16_to_f32(u16::from_le_bytes([block[0], block[1]])),
+            TensorType::BF16 => y[0] = bf16_to_f32(u16::from_le_bytes([block[0], block[1]])),
+            TensorType::Q4_0 => q4_0(block, y),
+            TensorType::Q4_1 => q4_1(block, y),
+            TensorType::Q8_0 => q8_0(block, y),
+            TensorType::Q4K => q4_k(block, y),
+            TensorType::Q6K => q6_k(block, y),
+        }
+    }
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+fn q4_0(block: &[u8], y: &mut [f32]) {
+    let d = half(block, 0);
+    let qs = &block[2..18];
+    for j in 0..16 {
+        y[j] = (i32::from(qs[j] & 0x0f) - 8) as f32 * d;
+        y[j + 16] = (i32::from(qs[j] >> 4) - 8) as f32 * d;
+    }
+}
+
+fn q4_1(block: &[u8], y: &mut [f32]) {
+    let (d, m) = (half(block, 0), half(block, 2));
+    let qs = &block[4..20];
+    for j in 0..16 {
+        y[j] = f32::from(qs[j] & 0x0f) * d + m;
+        y[j + 16] = f32::from(qs[j] >> 4) * d + m;
+    }
+}
+
+fn q8_0(block: &[u8], y: &mut [f32]) {
+    let d = half(block, 0);
+    for (y, &q) in y.iter_mut().zip(&block[2..34]) {
+        *y = f32::from(q as i8) * d;
+    }
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K block (`get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+fn q4_k(block: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half(block, 0), half(block, 2));
+    let scales = &block[4..16];
+    let qs = &block[16..144];
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+        for l in 0..32 {
+            y[l] = d1 * f32::from(q[l] & 0x0f) - min1;
+            y[l + 32] = d2 * f32::from(q[l] >> 4) - min2;
+        }
+    }
+}
+
+fn q6_k(block: &[u8], y: &mut [f32]) {
+    let (ql, qh, sc) = (&block[0..128], &block[128..192], &block[192..208]);
+    let d = half(block, 208);
+    for n in 0..2 {
+        let (ql, qh, sc, y) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..], &mut y[128 * n..]);
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = i32::from((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
+            let q2 = i32::from((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            let scale = |i: usize| d * f32::from(sc[is + i] as i8);
+            y[l] = scale(0) * q1 as f32;
+            y[l + 32] = scale(2) * q2 as f32;
+            y[l + 64] = scale(4) * q3 as f32;
+            y[l + 96] = scale(6) * q4 as f32;
+        }
+    }
+}
+
+/// IEEE half precision to single, exactly (subnormals, infinities and NaN included).
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    let magnitude = match (exponent, mantissa) {
+        (0, 0) => 0,
+        // Subnormal: value = mantissa * 2^-24, exact in f32.
+        (0, m) => {
+            let value = m as f32 * f32::powi(2.0, -24);
+            return if sign != 0 { -value } else { value };
+        }
+        (0x1f, m) => 0xff << 23 | m << 13,
+        (e, m) => (e + 127 - 15) << 23 | m << 13,
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// bfloat16 is the top half of an f32.
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
