@@ -8,3 +8,4 @@
 //! Here so far: the GGUF reader. The rest of issue 4 follows.
 
 pub mod gguf;
+pub mod llama;

@@ -1,0 +1,12 @@
+//! The Llama family (Llama 2 and 3, SmolLM2, Qwen2, Mistral) on the CPU.
+//!
+//! So far: the configuration and weights from a GGUF file, and a single-sequence forward pass
+//! with a contiguous KV cache, the reference the batched forward over paged KV will be held to.
+
+mod config;
+mod forward;
+mod weights;
+
+pub use config::{LlamaConfig, RopeStyle};
+pub use forward::{Sequence, argmax};
+pub use weights::{LlamaWeights, LoadError};

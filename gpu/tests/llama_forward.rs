@@ -1,0 +1,69 @@
+//! The single-sequence Llama forward pass on the bundled default model (CI requires it; see
+//! ci/fetch-default-model.sh). Until the tokenizer lands, prompts are spelled in vocabulary
+//! entries; the llama.cpp comparison follows with the goldens.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+use lockstep_gpu::gguf::{Gguf, MetadataValue};
+use lockstep_gpu::llama::{LlamaWeights, Sequence, argmax};
+
+struct Model {
+    weights: LlamaWeights,
+    vocab: Vec<String>,
+}
+
+fn model() -> Option<Model> {
+    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
+        assert!(
+            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
+            "LOCKSTEP_DEFAULT_MODEL is required"
+        );
+        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
+        return None;
+    };
+    let file = std::fs::read(&path).unwrap();
+    let gguf = Gguf::parse(&file).unwrap();
+    let vocab = gguf
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetadataValue::as_array)
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    Some(Model { weights: LlamaWeights::from_gguf(&gguf, &file).unwrap(), vocab })
+}
+
+impl Model {
+    fn ids(&self, pieces: &[&str]) -> Vec<u32> {
+        pieces.iter().map(|p| self.vocab.iter().position(|t| t == p).unwrap() as u32).collect()
+    }
+
+    fn logits_after(&self, prompt: &[u32]) -> (Sequence, Vec<f32>) {
+        let mut seq = Sequence::new(&self.weights.config);
+        let mut logits = Vec::new();
+        for &t in prompt {
+            logits = seq.forward(&self.weights, t);
+        }
+        (seq, logits)
+    }
+}
+
+#[test]
+fn the_default_model_knows_the_capital_of_france_and_repeats_itself_exactly() {
+    let Some(model) = model() else { return };
+    let prompt = model.ids(&["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
+    let (mut seq, logits) = model.logits_after(&prompt);
+    assert_eq!(logits.len(), 49152);
+    assert!(logits.iter().all(|l| l.is_finite()));
+    assert_eq!(model.vocab[argmax(&logits) as usize], "ĠParis");
+    // Same inputs, same outputs, bit for bit.
+    let (_, again) = model.logits_after(&prompt);
+    assert_eq!(logits, again);
+    // A few greedy steps stay finite and deterministic.
+    let mut next = argmax(&logits);
+    for _ in 0..4 {
+        let l = seq.forward(&model.weights, next);
+        next = argmax(&l);
+    }
+    assert_eq!(seq.len(), prompt.len() + 4);
+}
