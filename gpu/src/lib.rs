@@ -9,3 +9,4 @@
 
 pub mod gguf;
 pub mod llama;
+pub mod tokenizer;
