@@ -7,6 +7,9 @@
 //!
 //! Here so far: the GGUF reader. The rest of issue 4 follows.
 
+pub mod chat;
+pub mod default_model;
 pub mod gguf;
 pub mod llama;
+pub mod sampling;
 pub mod tokenizer;

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 use lockstep_gpu::gguf::{Gguf, MetadataValue};
-use lockstep_gpu::llama::{LlamaWeights, Sequence, argmax};
+use lockstep_gpu::llama::{LlamaWeights, Sequence};
+use lockstep_gpu::sampling::argmax;
 
 struct Model {
     weights: LlamaWeights,

@@ -215,22 +215,7 @@ fn arbitrary_bytes_never_panic() {
 #[test]
 fn the_default_model_parses() {
     let path = std::env::var_os("LOCKSTEP_DEFAULT_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("LOCKSTEP_CACHE")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::env::var_os("XDG_CACHE_HOME")
-                        .map(std::path::PathBuf::from)
-                        .or_else(|| {
-                            std::env::var_os("HOME")
-                                .map(|h| std::path::PathBuf::from(h).join(".cache"))
-                        })
-                        .unwrap_or_default()
-                        .join("lockstep")
-                });
-            cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+        .map_or_else(crate::default_model::path, std::path::PathBuf::from);
     let Ok(file) = std::fs::read(&path) else {
         assert!(
             std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),

@@ -61,17 +61,6 @@ impl Sequence {
     }
 }
 
-/// The index of the largest logit; ties go to the lowest index.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 fn matvec(m: &Matrix, x: &[f32]) -> Vec<f32> {
     debug_assert_eq!(m.cols, x.len());
     m.data.chunks_exact(m.cols).map(|row| dot(row, x)).collect()

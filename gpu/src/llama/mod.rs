@@ -8,5 +8,5 @@ mod forward;
 mod weights;
 
 pub use config::{LlamaConfig, RopeStyle};
-pub use forward::{Sequence, argmax};
+pub use forward::Sequence;
 pub use weights::{LlamaWeights, LoadError};

@@ -1,0 +1,37 @@
+//! `lockstep`: the serving engine's command line. Today: `lockstep generate`, a completion from
+//! a model on the CPU. The HTTP server (`lockstep serve`) and the disaggregated roles follow.
+
+use std::process::ExitCode;
+
+mod generate;
+
+const USAGE: &str = "\
+usage: lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
+                         [--top-k K] [--top-p P] [--seed S] --prompt TEXT
+
+  --model PATH    a GGUF file (default: the bundled SmolLM2-135M-Instruct, fetched by
+                  ci/fetch-default-model.sh)
+  --chat          wrap the prompt in the model's chat template as a user message
+  --max-tokens N  tokens to generate at most (default 128)
+  --temperature   0 (the default) is greedy; with --top-k, --top-p and --seed to sample";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("generate") => {
+            generate::Options::parse(&args[1..]).and_then(|options| generate::run(&options))
+        }
+        Some("--help" | "-h" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => Err(format!("unknown or missing command\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("lockstep: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
