@@ -128,3 +128,21 @@ fn half_precision_edges() {
         }
     }
 }
+
+#[test]
+fn single_to_half_rounds_to_nearest_even_and_round_trips() {
+    use lockstep_gpu::gguf::{f16_to_f32, f32_to_f16};
+    for bits in 0..=u16::MAX {
+        let v = f16_to_f32(bits);
+        if v.is_nan() {
+            assert!(f16_to_f32(f32_to_f16(v)).is_nan());
+        } else {
+            assert_eq!(f32_to_f16(v), bits, "{v} did not round-trip");
+        }
+    }
+    assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00, "a tie rounds to even (down)");
+    assert_eq!(f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02, "a tie rounds to even (up)");
+    assert_eq!(f32_to_f16(65520.0), 0x7c00, "overflow is infinity");
+    assert_eq!(f32_to_f16(2f32.powi(-26)), 0, "below half the smallest subnormal is zero");
+    assert_eq!(f32_to_f16(3.0 * 2f32.powi(-26)), 1, "above it rounds up to the smallest subnormal");
+}

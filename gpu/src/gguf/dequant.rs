@@ -131,3 +131,42 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
+
+/// Single precision to IEEE half, rounding to nearest even, as ggml's `GGML_FP32_TO_FP16` does
+/// (overflow to infinity, underflow through subnormals to zero, NaN kept).
+pub fn f32_to_f16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = ((bits >> 23) & 0xff) as i32;
+    let mantissa = bits & 0x7f_ffff;
+    if exponent == 0xff {
+        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
+    }
+    let unbiased = exponent - 127 + 15;
+    if unbiased >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if unbiased <= 0 {
+        if unbiased < -10 {
+            return sign;
+        }
+        // Subnormal half: shift the full significand, rounding to nearest even.
+        let significand = mantissa | 0x80_0000;
+        let shift = (14 - unbiased) as u32;
+        let half = significand >> shift;
+        let rest = significand & ((1 << shift) - 1);
+        let halfway = 1 << (shift - 1);
+        let round_up = rest > halfway || (rest == halfway && half & 1 == 1);
+        return sign | (half + u32::from(round_up)) as u16;
+    }
+    let half = ((unbiased as u32) << 10) | (mantissa >> 13);
+    let rest = mantissa & 0x1fff;
+    let round_up = rest > 0x1000 || (rest == 0x1000 && half & 1 == 1);
+    // A carry out of the mantissa correctly bumps the exponent (up to infinity).
+    sign | (half + u32::from(round_up)) as u16
+}
+
+/// `value` rounded to the nearest half-precision value.
+pub fn round_to_f16(value: f32) -> f32 {
+    f16_to_f32(f32_to_f16(value))
+}

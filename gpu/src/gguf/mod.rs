@@ -12,7 +12,7 @@ mod dequant;
 mod parse;
 mod types;
 
-pub use dequant::{bf16_to_f32, dequantize, f16_to_f32};
+pub use dequant::{bf16_to_f32, dequantize, f16_to_f32, f32_to_f16, round_to_f16};
 pub use parse::{Gguf, GgufError, MetadataValue, TensorInfo};
 pub use types::TensorType;
 

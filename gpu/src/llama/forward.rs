@@ -1,9 +1,13 @@
-//! A single-sequence forward pass with a contiguous KV cache: the plain, obviously-correct
-//! reference. Every reduction runs in a fixed order over one row, so a row's result never depends
-//! on anything else computed alongside it.
+//! A single-sequence forward pass with a contiguous KV cache: the plain reference the batched
+//! forward over paged KV will be held to. It follows llama.cpp's arithmetic where that is cheap
+//! to do (8-bit activations into quantized weights, a half-precision KV cache, rotary angles by
+//! repeated multiplication, norms summed in f64), so that the two agree closely. Every reduction
+//! runs in a fixed order over one row, so a row's result never depends on anything computed
+//! alongside it.
 
-use super::weights::Matrix;
+use super::matmul::dot;
 use super::{LlamaConfig, LlamaWeights, RopeStyle};
+use crate::gguf::round_to_f16;
 
 /// One sequence's KV cache and position.
 #[derive(Clone, Debug)]
@@ -35,56 +39,35 @@ impl Sequence {
     pub fn forward(&mut self, weights: &LlamaWeights, token: u32) -> Vec<f32> {
         let c = &weights.config;
         let position = self.len;
-        let mut x =
-            weights.embed.data[token as usize * c.hidden..(token as usize + 1) * c.hidden].to_vec();
+        let mut x = weights.embed.row(token as usize);
         let mut h = vec![0f32; c.hidden];
         for (l, layer) in weights.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
-            let mut q = matvec(&layer.q, &h);
-            let mut k = matvec(&layer.k, &h);
-            let v = matvec(&layer.v, &h);
+            let mut q = layer.q.matvec(&h);
+            let mut k = layer.k.matvec(&h);
+            let v = layer.v.matvec(&h);
             rope(&mut q, c, position);
             rope(&mut k, c, position);
-            self.keys[l].extend_from_slice(&k);
-            self.values[l].extend_from_slice(&v);
+            // The cache holds half precision, as llama.cpp's does by default.
+            self.keys[l].extend(k.iter().map(|&v| round_to_f16(v)));
+            self.values[l].extend(v.iter().map(|&v| round_to_f16(v)));
             let attended = attention(c, &q, &self.keys[l], &self.values[l], position + 1);
-            add(&mut x, &matvec(&layer.o, &attended));
+            add(&mut x, &layer.o.matvec(&attended));
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
-            let gate = matvec(&layer.gate, &h);
-            let up = matvec(&layer.up, &h);
+            let gate = layer.gate.matvec(&h);
+            let up = layer.up.matvec(&h);
             let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-            add(&mut x, &matvec(&layer.down, &act));
+            add(&mut x, &layer.down.matvec(&act));
         }
         self.len += 1;
         rms_norm(&x.clone(), &weights.output_norm, c.rms_eps, &mut x);
-        matvec(weights.output(), &x)
+        weights.output().matvec(&x)
     }
-}
-
-fn matvec(m: &Matrix, x: &[f32]) -> Vec<f32> {
-    debug_assert_eq!(m.cols, x.len());
-    m.data.chunks_exact(m.cols).map(|row| dot(row, x)).collect()
-}
-
-/// A dot product in a fixed order: eight partial sums, then combined the same way every time.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (a_chunks, a_rest) = a.as_chunks::<8>();
-    let (b_chunks, b_rest) = b.as_chunks::<8>();
-    for (x, y) in a_chunks.iter().zip(b_chunks) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in a_rest.iter().zip(b_rest) {
-        sum += x * y;
-    }
-    sum
 }
 
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean_square = dot(x, x) / x.len() as f32;
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean_square = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean_square + eps).sqrt();
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
@@ -93,10 +76,13 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
     let d = c.head_dim;
+    let theta_scale = c.rope_base.powf(-2.0 / d as f32);
     for head in v.chunks_exact_mut(d) {
+        // The angle of pair i is position * theta_scale^i, by repeated multiplication.
+        let mut theta = position as f32;
         for i in 0..d / 2 {
-            let theta = position as f32 * c.rope_base.powf(-2.0 * i as f32 / d as f32);
             let (sin, cos) = theta.sin_cos();
+            theta *= theta_scale;
             let (a, b) = match c.rope_style {
                 RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                 RopeStyle::Halves => (i, i + d / 2),
@@ -123,19 +109,21 @@ fn attention(
     let mut scores = vec![0f32; positions];
     for h in 0..c.heads {
         let kv_head = h / group;
-        let q = &q[h * d..(h + 1) * d];
+        // Against a half-precision cache, the query is rounded to half precision too.
+        let q: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|&v| round_to_f16(v)).collect();
         for (p, score) in scores.iter_mut().enumerate() {
-            *score = dot(q, &keys[p * kv_width + kv_head * d..][..d]) * scale;
+            *score = dot(&q, &keys[p * kv_width + kv_head * d..][..d]) * scale;
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f32;
+        let mut total = 0f64;
         for s in &mut scores {
             *s = (*s - max).exp();
-            total += *s;
+            total += f64::from(*s);
         }
+        let total = total as f32;
         let out = &mut out[h * d..(h + 1) * d];
         for (p, &s) in scores.iter().enumerate() {
-            let w = s / total;
+            let w = round_to_f16(s / total);
             for (o, &v) in out.iter_mut().zip(&values[p * kv_width + kv_head * d..][..d]) {
                 *o += w * v;
             }

@@ -5,8 +5,10 @@
 
 mod config;
 mod forward;
+mod matmul;
 mod weights;
 
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
+pub use matmul::Weight;
 pub use weights::{LlamaWeights, LoadError};

@@ -1,43 +1,34 @@
-//! A Llama-family model's weights, dequantized to f32 at load.
-//!
-//! Dequantizing at load is the simple, exact starting point (135M parameters take 540 MB as
-//! f32); the benchmark against llama.cpp decides whether rows stay quantized.
+//! A Llama-family model's weights: 32-element block types stay quantized (multiplied as llama.cpp
+//! does, see `matmul`), the others are dequantized to f32 at load.
 
 use std::fmt;
 use std::path::Path;
 
 use super::LlamaConfig;
+use super::matmul::Weight;
 use crate::gguf::{Gguf, dequantize};
-
-/// A matrix of `rows` rows of `cols`, row-major: `y[r] = sum_c w[r][c] * x[c]`.
-#[derive(Clone, Debug)]
-pub struct Matrix {
-    pub rows: usize,
-    pub cols: usize,
-    pub data: Vec<f32>,
-}
 
 #[derive(Clone, Debug)]
 pub struct Layer {
     pub attn_norm: Vec<f32>,
-    pub q: Matrix,
-    pub k: Matrix,
-    pub v: Matrix,
-    pub o: Matrix,
+    pub q: Weight,
+    pub k: Weight,
+    pub v: Weight,
+    pub o: Weight,
     pub ffn_norm: Vec<f32>,
-    pub gate: Matrix,
-    pub up: Matrix,
-    pub down: Matrix,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
 }
 
 #[derive(Clone, Debug)]
 pub struct LlamaWeights {
     pub config: LlamaConfig,
-    pub embed: Matrix,
+    pub embed: Weight,
     pub layers: Vec<Layer>,
     pub output_norm: Vec<f32>,
     /// The output projection; the embedding when tied (SmolLM2).
-    pub output: Option<Matrix>,
+    pub output: Option<Weight>,
 }
 
 /// Why a model did not load: which file, and which tensor or key.
@@ -68,7 +59,7 @@ impl LlamaWeights {
         let c = &config;
         let kv = c.kv_heads * c.head_dim;
         let matrix = |name: &str, rows: usize, cols: usize| load(gguf, file, name, rows, cols);
-        let vector = |name: &str, len: usize| load(gguf, file, name, 1, len).map(|m| m.data);
+        let vector = |name: &str, len: usize| load_vector(gguf, file, name, len);
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let n = |t: &str| format!("blk.{i}.{t}.weight");
@@ -97,22 +88,31 @@ impl LlamaWeights {
         })
     }
 
-    pub fn output(&self) -> &Matrix {
+    pub fn output(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.embed)
     }
 }
 
-/// Dequantizes tensor `name`, which must have `rows` rows of `cols` (ggml dims `[cols, rows]`).
-fn load(gguf: &Gguf, file: &[u8], name: &str, rows: usize, cols: usize) -> Result<Matrix, String> {
+/// Tensor `name`, which must have `rows` rows of `cols` (ggml dims `[cols, rows]`).
+fn load(gguf: &Gguf, file: &[u8], name: &str, rows: usize, cols: usize) -> Result<Weight, String> {
     let info = gguf.tensor(name).ok_or_else(|| format!("tensor {name:?} is missing"))?;
-    let expected: &[u64] = if rows == 1 { &[cols as u64] } else { &[cols as u64, rows as u64] };
+    let expected = [cols as u64, rows as u64];
     if info.dims != expected {
         return Err(format!(
             "tensor {name:?} has shape {:?}, the config says {expected:?}",
             info.dims
         ));
     }
-    let mut data = vec![0f32; rows * cols];
+    Ok(Weight::new(info.kind, rows, cols, gguf.tensor_data(file, info)))
+}
+
+/// Tensor `name`, a vector of `len`, as f32.
+fn load_vector(gguf: &Gguf, file: &[u8], name: &str, len: usize) -> Result<Vec<f32>, String> {
+    let info = gguf.tensor(name).ok_or_else(|| format!("tensor {name:?} is missing"))?;
+    if info.dims != [len as u64] {
+        return Err(format!("tensor {name:?} has shape {:?}, the config says [{len}]", info.dims));
+    }
+    let mut data = vec![0f32; len];
     dequantize(info.kind, gguf.tensor_data(file, info), &mut data);
-    Ok(Matrix { rows, cols, data })
+    Ok(data)
 }

@@ -1,0 +1,184 @@
+//! Matrix-vector products the way llama.cpp computes them, so the two agree closely: weights of
+//! the 32-element block types stay quantized, the activation is quantized to 8 bits per block
+//! (`Q8_0`, or `Q8_1` with its block sum for `Q4_1`), and each block's product is an integer sum
+//! scaled once (`ggml_vec_dot_q4_1_q8_1` and kin). Other types are dequantized at load and
+//! multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
+
+use crate::gguf::{TensorType, dequantize, f16_to_f32, round_to_f16};
+
+/// A weight matrix: `rows` rows of `cols`, `y[r] = sum_c w[r][c] * x[c]`.
+#[derive(Clone, Debug)]
+pub enum Weight {
+    Dense {
+        rows: usize,
+        cols: usize,
+        data: Vec<f32>,
+    },
+    /// Rows of `Q4_0`, `Q4_1` or `Q8_0` blocks, as stored in the file.
+    Quantized {
+        kind: TensorType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    },
+}
+
+impl Weight {
+    /// Keeps `bytes` quantized when its type has an 8-bit activation path, else dequantizes.
+    pub fn new(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> Weight {
+        match kind {
+            TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0 => {
+                Weight::Quantized { kind, rows, cols, data: bytes.to_vec() }
+            }
+            _ => {
+                let mut data = vec![0f32; rows * cols];
+                dequantize(kind, bytes, &mut data);
+                Weight::Dense { rows, cols, data }
+            }
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Dense { rows, .. } | Weight::Quantized { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Dense { cols, .. } | Weight::Quantized { cols, .. } => *cols,
+        }
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        match self {
+            Weight::Dense { cols, data, .. } => data[r * cols..(r + 1) * cols].to_vec(),
+            Weight::Quantized { kind, cols, data, .. } => {
+                let row_bytes = data.len() / self.rows();
+                let mut out = vec![0f32; *cols];
+                dequantize(*kind, &data[r * row_bytes..(r + 1) * row_bytes], &mut out);
+                out
+            }
+        }
+    }
+
+    pub fn matvec(&self, x: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(x.len(), self.cols());
+        match self {
+            Weight::Dense { cols, data, .. } => {
+                data.chunks_exact(*cols).map(|row| dot(row, x)).collect()
+            }
+            Weight::Quantized { kind, rows, data, .. } => {
+                let row_bytes = data.len() / rows;
+                let act = Q8::quantize(x);
+                let rows = data.chunks_exact(row_bytes);
+                match kind {
+                    TensorType::Q4_1 => rows.map(|row| dot_q4_1(row, &act)).collect(),
+                    TensorType::Q4_0 => rows.map(|row| dot_q4_0(row, &act)).collect(),
+                    TensorType::Q8_0 => rows.map(|row| dot_q8_0(row, &act)).collect(),
+                    other => unreachable!("{other:?} is kept dense"),
+                }
+            }
+        }
+    }
+}
+
+/// An activation quantized to 8 bits in blocks of 32: per block the scale `d` (rounded to half
+/// precision, as stored), the half-precision `s = d * sum(q)` that `Q4_1`'s minimum needs, and
+/// the values.
+struct Q8 {
+    d: Vec<f32>,
+    s: Vec<f32>,
+    q: Vec<i8>,
+}
+
+impl Q8 {
+    /// `quantize_row_q8_1`: scale from the block's largest magnitude, values rounded to nearest
+    /// (ties to even, as the AVX2 path does).
+    fn quantize(x: &[f32]) -> Q8 {
+        let blocks = x.len() / 32;
+        let mut act = Q8 {
+            d: Vec::with_capacity(blocks),
+            s: Vec::with_capacity(blocks),
+            q: Vec::with_capacity(x.len()),
+        };
+        for block in x.chunks_exact(32) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for &v in block {
+                let q = (v * id).round_ties_even() as i8;
+                sum += i32::from(q);
+                act.q.push(q);
+            }
+            act.d.push(round_to_f16(d));
+            act.s.push(round_to_f16(sum as f32 * d));
+        }
+        act
+    }
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+fn dot_q4_1(row: &[u8], act: &Q8) -> f32 {
+    let mut sum = 0f32;
+    for (b, block) in row.chunks_exact(20).enumerate() {
+        let (d, m) = (half(block, 0), half(block, 2));
+        let q = &act.q[32 * b..32 * b + 32];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += i32::from(block[4 + j] & 0x0f) * i32::from(q[j])
+                + i32::from(block[4 + j] >> 4) * i32::from(q[j + 16]);
+        }
+        sum += d * act.d[b] * sumi as f32 + m * act.s[b];
+    }
+    sum
+}
+
+fn dot_q4_0(row: &[u8], act: &Q8) -> f32 {
+    let mut sum = 0f32;
+    for (b, block) in row.chunks_exact(18).enumerate() {
+        let d = half(block, 0);
+        let q = &act.q[32 * b..32 * b + 32];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += (i32::from(block[2 + j] & 0x0f) - 8) * i32::from(q[j])
+                + (i32::from(block[2 + j] >> 4) - 8) * i32::from(q[j + 16]);
+        }
+        sum += d * act.d[b] * sumi as f32;
+    }
+    sum
+}
+
+fn dot_q8_0(row: &[u8], act: &Q8) -> f32 {
+    let mut sum = 0f32;
+    for (b, block) in row.chunks_exact(34).enumerate() {
+        let d = half(block, 0);
+        let q = &act.q[32 * b..32 * b + 32];
+        let sumi: i32 =
+            block[2..34].iter().zip(q).map(|(&w, &a)| i32::from(w as i8) * i32::from(a)).sum();
+        sum += d * act.d[b] * sumi as f32;
+    }
+    sum
+}
+
+/// A dot product in a fixed order: eight partial sums, then combined the same way every time.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (a_chunks, a_rest) = a.as_chunks::<8>();
+    let (b_chunks, b_rest) = b.as_chunks::<8>();
+    for (x, y) in a_chunks.iter().zip(b_chunks) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
+    }
+    sum
+}
