@@ -9,14 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use super::peers::{Heard, Peers};
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::prefix_hash::{block_hashes, root_hash};
 use crate::kv::{PagePool, PageRef, PinId};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, TransferId,
-    TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Message, PageSlot, RequestSpec, TransferId, TransferKey,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub struct DecodeSide {
     /// duplicate `Done`. Bounded by `transfers_max`.
     ended: VecDeque<(TransferKey, bool)>,
     /// The newest incarnation seen of each peer.
-    peers: BTreeMap<WorkerId, Incarnation>,
+    peers: Peers,
     /// The highest transfer id reserved by each router incarnation. Routers allocate ids in
     /// increasing order, so a `Reserve` at or below it is a late duplicate of a transfer that may
     /// have ended and been forgotten: taking it would reserve pages nobody will ever write.
@@ -101,7 +101,7 @@ impl DecodeSide {
             config,
             transfers: BTreeMap::new(),
             leases: BTreeSet::new(),
-            peers: BTreeMap::new(),
+            peers: Peers::default(),
             reserved_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
@@ -355,27 +355,26 @@ impl DecodeSide {
     /// A prefill worker that restarted gives up its transfers, which keep their pages until their
     /// lease ends: its writes may still be in flight.
     fn note_peer(&mut self, from: Endpoint, _pool: &mut PagePool, _now: Time) -> bool {
-        let known = self.peers.get(&from.worker).copied();
-        if known.is_some_and(|known| from.incarnation < known) {
-            return false;
-        }
-        if known.is_none_or(|known| from.incarnation > known) {
-            self.peers.insert(from.worker, from.incarnation);
-            let gone: Vec<TransferKey> = self
-                .transfers
-                .values()
-                .filter(|t| {
-                    t.prefill.worker == from.worker
-                        && t.prefill.incarnation < from.incarnation
-                        && t.phase == Phase::AwaitingPrefill
-                })
-                .map(|t| t.key)
-                .collect();
-            for key in gone {
-                self.end(key, AbortReason::PeerRestarted);
+        match self.peers.hear(from) {
+            Heard::Stale => false,
+            Heard::Known => true,
+            Heard::Newer => {
+                let gone: Vec<TransferKey> = self
+                    .transfers
+                    .values()
+                    .filter(|t| {
+                        t.prefill.worker == from.worker
+                            && t.prefill.incarnation < from.incarnation
+                            && t.phase == Phase::AwaitingPrefill
+                    })
+                    .map(|t| t.key)
+                    .collect();
+                for key in gone {
+                    self.end(key, AbortReason::PeerRestarted);
+                }
+                true
             }
         }
-        true
     }
 
     /// The terminal transition without KV: reported once, now; the pages stay until drained.

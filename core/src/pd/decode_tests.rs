@@ -4,7 +4,7 @@
 use super::*;
 use crate::kv::PoolConfig;
 use crate::sched::RequestId;
-use crate::wire::{Epoch, Sampling, TransferId};
+use crate::wire::{Epoch, Incarnation, Sampling, TransferId, WorkerId};
 
 const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
 const R: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) };

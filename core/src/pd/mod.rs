@@ -36,6 +36,7 @@
 //! dropped, and state held for a peer's earlier life is given up (after its lease).
 
 mod decode;
+mod peers;
 mod prefill;
 mod router;
 

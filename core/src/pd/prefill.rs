@@ -9,13 +9,13 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use super::peers::{Heard, Peers};
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::{PagePool, PageRef, PinId};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, TransferId,
-    TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Message, PageSlot, RequestSpec, TransferId, TransferKey,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,7 +116,7 @@ pub struct PrefillSide {
     me: Endpoint,
     config: PrefillConfig,
     transfers: BTreeMap<TransferId, Transfer>,
-    peers: BTreeMap<WorkerId, Incarnation>,
+    peers: Peers,
     /// The highest transfer id prepared by each decode incarnation. Ids increase, so a `Prepare`
     /// at or below it is a late duplicate of a transfer that may have ended and been forgotten;
     /// taking it would end that transfer a second time.
@@ -130,7 +130,7 @@ impl PrefillSide {
             me,
             config,
             transfers: BTreeMap::new(),
-            peers: BTreeMap::new(),
+            peers: Peers::default(),
             prepared_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
@@ -453,25 +453,24 @@ impl PrefillSide {
     /// Records a newer incarnation of a peer; returns false for an envelope from an older one. A
     /// decode worker that restarted has lost its reservations: its transfers end.
     fn note_peer(&mut self, from: Endpoint, pool: &mut PagePool, now: Time) -> bool {
-        let known = self.peers.get(&from.worker).copied();
-        if known.is_some_and(|known| from.incarnation < known) {
-            return false;
-        }
-        if known.is_none_or(|known| from.incarnation > known) {
-            self.peers.insert(from.worker, from.incarnation);
-            let gone: Vec<TransferKey> = self
-                .transfers
-                .values()
-                .filter(|t| {
-                    t.decode.worker == from.worker && t.decode.incarnation < from.incarnation
-                })
-                .map(|t| t.key)
-                .collect();
-            for key in gone {
-                self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+        match self.peers.hear(from) {
+            Heard::Stale => false,
+            Heard::Known => true,
+            Heard::Newer => {
+                let gone: Vec<TransferKey> = self
+                    .transfers
+                    .values()
+                    .filter(|t| {
+                        t.decode.worker == from.worker && t.decode.incarnation < from.incarnation
+                    })
+                    .map(|t| t.key)
+                    .collect();
+                for key in gone {
+                    self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+                }
+                true
             }
         }
-        true
     }
 
     fn transfer_mut(&mut self, key: TransferKey) -> &mut Transfer {

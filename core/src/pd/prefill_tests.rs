@@ -4,7 +4,7 @@
 use super::*;
 use crate::kv::PoolConfig;
 use crate::sched::RequestId;
-use crate::wire::{Epoch, Sampling};
+use crate::wire::{Epoch, Incarnation, Sampling, WorkerId};
 
 const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
 const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
