@@ -3,8 +3,9 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
+mod common;
+
 use lockstep_gpu::chat::{Message, render};
-use lockstep_gpu::gguf::Gguf;
 
 fn message(role: &str, content: &str) -> Message {
     Message { role: role.into(), content: content.into() }
@@ -12,16 +13,8 @@ fn message(role: &str, content: &str) -> Message {
 
 #[test]
 fn smollm2_template_renders_as_jinja2_does() {
-    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
-        assert!(
-            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
-            "LOCKSTEP_DEFAULT_MODEL is required"
-        );
-        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
-        return;
-    };
-    let file = std::fs::read(&path).unwrap();
-    let gguf = Gguf::parse(&file).unwrap();
+    let Some((_, file)) = common::default_model() else { return };
+    let gguf = common::parse(&file);
     let template = gguf.get_str("tokenizer.chat_template").unwrap();
     let one = render(template, &[message("user", "What is the capital of France?")], true, "", "")
         .unwrap();

@@ -4,7 +4,9 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-use lockstep_gpu::gguf::{Gguf, TensorType, dequantize};
+mod common;
+
+use lockstep_gpu::gguf::{TensorType, dequantize};
 use serde_json::Value;
 
 fn goldens() -> Value {
@@ -57,16 +59,8 @@ fn random_blocks_of_every_type_match_numpy() {
 
 #[test]
 fn the_default_model_matches_numpy() {
-    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
-        assert!(
-            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
-            "LOCKSTEP_DEFAULT_MODEL is required"
-        );
-        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
-        return;
-    };
-    let file = std::fs::read(&path).unwrap();
-    let gguf = Gguf::parse(&file).unwrap();
+    let Some((_, file)) = common::default_model() else { return };
+    let gguf = common::parse(&file);
     let goldens = goldens();
     let model = goldens["model"].as_object().unwrap();
     assert_eq!(model.len(), gguf.tensors.len());

@@ -12,7 +12,8 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-use lockstep_gpu::gguf::Gguf;
+mod common;
+
 use lockstep_gpu::llama::{LlamaWeights, Sequence};
 use lockstep_gpu::sampling::argmax;
 use lockstep_gpu::tokenizer::Tokenizer;
@@ -30,17 +31,9 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn lockstep_agrees_with_llama_cpp_on_the_default_model() {
-    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
-        assert!(
-            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
-            "LOCKSTEP_DEFAULT_MODEL is required"
-        );
-        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
-        return;
-    };
+    let Some((_, file)) = common::default_model() else { return };
     let goldens: Value = serde_json::from_str(include_str!("goldens/llamacpp.json")).unwrap();
-    let file = std::fs::read(&path).unwrap();
-    let gguf = Gguf::parse(&file).unwrap();
+    let gguf = common::parse(&file);
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
     let mut greedy_agreements = 0;

@@ -2,20 +2,14 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-use lockstep_gpu::gguf::{Gguf, MetadataValue};
+mod common;
+
+use lockstep_gpu::gguf::MetadataValue;
 use lockstep_gpu::tokenizer::Tokenizer;
 
 fn load() -> Option<(Tokenizer, Vec<String>)> {
-    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
-        assert!(
-            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
-            "LOCKSTEP_DEFAULT_MODEL is required"
-        );
-        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
-        return None;
-    };
-    let file = std::fs::read(&path).unwrap();
-    let gguf = Gguf::parse(&file).unwrap();
+    let (_, file) = common::default_model()?;
+    let gguf = common::parse(&file);
     let vocab = gguf.get("tokenizer.ggml.tokens").and_then(MetadataValue::as_array).unwrap();
     let vocab = vocab.iter().map(|v| v.as_str().unwrap().to_owned()).collect();
     Some((Tokenizer::from_gguf(&gguf).unwrap(), vocab))
