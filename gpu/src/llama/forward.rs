@@ -51,7 +51,11 @@ impl Sequence {
             // The cache holds half precision, as llama.cpp's does by default.
             self.keys[l].extend(k.iter().map(|&v| round_to_f16(v)));
             self.values[l].extend(v.iter().map(|&v| round_to_f16(v)));
-            let attended = attention(c, &q, &self.keys[l], &self.values[l], position + 1);
+            let kv_width = c.kv_heads * c.head_dim;
+            let (keys, values) = (&self.keys[l], &self.values[l]);
+            let attended = attention(c, &q, position + 1, |p| {
+                (&keys[p * kv_width..][..kv_width], &values[p * kv_width..][..kv_width])
+            });
             add(&mut x, &layer.o.matvec(&attended));
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
             let gate = layer.gate.matvec(&h);
@@ -65,7 +69,7 @@ impl Sequence {
     }
 }
 
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let mean_square = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean_square + eps).sqrt();
@@ -74,7 +78,7 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
+pub(crate) fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
     let d = c.head_dim;
     let theta_scale = c.rope_base.powf(-2.0 / d as f32);
     for head in v.chunks_exact_mut(d) {
@@ -94,15 +98,15 @@ fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
     }
 }
 
-fn attention(
+/// Attention of one token's query over `positions` cached positions, whose key and value rows
+/// (`kv_heads * head_dim` each) `rows(p)` gives.
+pub(crate) fn attention<'a>(
     c: &LlamaConfig,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
     positions: usize,
+    rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
 ) -> Vec<f32> {
     let d = c.head_dim;
-    let kv_width = c.kv_heads * d;
     let group = c.heads / c.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; c.heads * d];
@@ -112,7 +116,7 @@ fn attention(
         // Against a half-precision cache, the query is rounded to half precision too.
         let q: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|&v| round_to_f16(v)).collect();
         for (p, score) in scores.iter_mut().enumerate() {
-            *score = dot(&q, &keys[p * kv_width + kv_head * d..][..d]) * scale;
+            *score = dot(&q, &rows(p).0[kv_head * d..][..d]) * scale;
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0f64;
@@ -124,7 +128,7 @@ fn attention(
         let out = &mut out[h * d..(h + 1) * d];
         for (p, &s) in scores.iter().enumerate() {
             let w = round_to_f16(s / total);
-            for (o, &v) in out.iter_mut().zip(&values[p * kv_width + kv_head * d..][..d]) {
+            for (o, &v) in out.iter_mut().zip(&rows(p).1[kv_head * d..][..d]) {
                 *o += w * v;
             }
         }
@@ -132,12 +136,12 @@ fn attention(
     out
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
+pub(crate) fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
 }
 
-fn silu(x: f32) -> f32 {
+pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

@@ -63,25 +63,83 @@ impl Weight {
         }
     }
 
-    pub fn matvec(&self, x: &[f32]) -> Vec<f32> {
-        debug_assert_eq!(x.len(), self.cols());
-        match self {
-            Weight::Dense { cols, data, .. } => {
-                data.chunks_exact(*cols).map(|row| dot(row, x)).collect()
+    /// `self` applied to each of `xs`: the batched product. Threads split the weight's rows; each
+    /// output element is the same dot product, in the same order, as `matvec` computes, so a row
+    /// of the batch comes out bit-identical whatever else is in it.
+    pub fn matmul(&self, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        let rows = self.rows();
+        let acts: Vec<Activation<'_>> = xs.iter().map(|x| self.activation(x)).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
+        let per_thread = rows.div_ceil(threads);
+        let mut columns: Vec<Vec<f32>> = Vec::with_capacity(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let acts = &acts;
+                    scope.spawn(move || {
+                        let range = t * per_thread..((t + 1) * per_thread).min(rows);
+                        let mut out = Vec::with_capacity(range.len() * acts.len());
+                        for r in range {
+                            for act in acts {
+                                out.push(self.row_dot(r, act));
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            for handle in handles {
+                columns.push(handle.join().expect("a matmul thread panicked"));
             }
-            Weight::Quantized { kind, rows, data, .. } => {
+        });
+        let mut out = vec![vec![0f32; rows]; xs.len()];
+        let mut r = 0;
+        for chunk in columns {
+            for (i, value) in chunk.into_iter().enumerate() {
+                out[i % xs.len()][r + i / xs.len()] = value;
+            }
+            r += per_thread;
+        }
+        out
+    }
+
+    fn activation<'a>(&self, x: &'a [f32]) -> Activation<'a> {
+        match self {
+            Weight::Dense { .. } => Activation::Dense(x),
+            Weight::Quantized { .. } => Activation::Q8(Q8::quantize(x)),
+        }
+    }
+
+    fn row_dot(&self, r: usize, act: &Activation<'_>) -> f32 {
+        match (self, act) {
+            (Weight::Dense { cols, data, .. }, Activation::Dense(x)) => {
+                dot(&data[r * cols..(r + 1) * cols], x)
+            }
+            (Weight::Quantized { kind, rows, data, .. }, Activation::Q8(act)) => {
                 let row_bytes = data.len() / rows;
-                let act = Q8::quantize(x);
-                let rows = data.chunks_exact(row_bytes);
+                let row = &data[r * row_bytes..(r + 1) * row_bytes];
                 match kind {
-                    TensorType::Q4_1 => rows.map(|row| dot_q4_1(row, &act)).collect(),
-                    TensorType::Q4_0 => rows.map(|row| dot_q4_0(row, &act)).collect(),
-                    TensorType::Q8_0 => rows.map(|row| dot_q8_0(row, &act)).collect(),
+                    TensorType::Q4_1 => dot_q4_1(row, act),
+                    TensorType::Q4_0 => dot_q4_0(row, act),
+                    TensorType::Q8_0 => dot_q8_0(row, act),
                     other => unreachable!("{other:?} is kept dense"),
                 }
             }
+            _ => unreachable!("an activation prepared for another weight"),
         }
     }
+
+    pub fn matvec(&self, x: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(x.len(), self.cols());
+        let act = self.activation(x);
+        (0..self.rows()).map(|r| self.row_dot(r, &act)).collect()
+    }
+}
+
+/// An activation as a weight's product needs it.
+enum Activation<'a> {
+    Dense(&'a [f32]),
+    Q8(Q8),
 }
 
 /// An activation quantized to 8 bits in blocks of 32: per block the scale `d` (rounded to half

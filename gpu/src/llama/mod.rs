@@ -6,9 +6,11 @@
 mod config;
 mod forward;
 mod matmul;
+mod paged;
 mod weights;
 
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use matmul::Weight;
+pub use paged::{CpuExecutor, PagedKv};
 pub use weights::{LlamaWeights, LoadError};

@@ -1,0 +1,129 @@
+//! Batch invariance on the real model: a request alone and the same request inside a batch of 32
+//! mixed prefill and decode rows, scheduled by lockstep's own scheduler and executed over paged
+//! KV, give bit-identical logits at every step, and both equal the single-sequence reference.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lockstep_core::Time;
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
+use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
+use lockstep_gpu::tokenizer::Tokenizer;
+
+const WATCHED: RequestId = RequestId(0);
+
+fn config() -> SchedConfig {
+    SchedConfig {
+        pool: PoolConfig { pages_total: 160, page_tokens: 16, pins_max: 0 },
+        mode: StepMode::Sync,
+        waiting_max: 64,
+        running_max: 32,
+        step_tokens_max: 64,
+        prefill_chunk_tokens_max: 2,
+        request_tokens_max: 256,
+        capture_sizes: vec![1, 2, 4, 8, 16, 32],
+        eos_token_ids: vec![],
+        queue_wait_max: Duration::from_secs(60),
+        prefix_cache: false,
+    }
+}
+
+fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
+    NewRequest {
+        id: RequestId(id),
+        prompt,
+        max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        priority: 0,
+        cache_salt: 0,
+    }
+}
+
+/// Runs the requests to completion; returns the watched request's logits at each of its sampled
+/// tokens, and how many steps had 32 rows mixing prefill and decode with it among them.
+fn run(weights: &LlamaWeights, requests: Vec<NewRequest>) -> (Vec<Vec<f32>>, usize) {
+    let config = config();
+    let mut sched = Scheduler::new(config.clone()).unwrap();
+    let mut executor = CpuExecutor::new(weights, config.pool, config.running_max);
+    for r in requests {
+        sched.submit(r, Time::ZERO).unwrap();
+    }
+    let mut watched = Vec::new();
+    let mut full_mixed_steps = 0;
+    let mut finished = BTreeMap::new();
+    for _ in 0..200 {
+        let Some(plan) = sched.plan_step(Time::ZERO) else { break };
+        let (outputs, logits) = executor.execute(&plan).unwrap();
+        let sampling: Vec<_> = plan.rows.iter().filter(|r| r.sample).collect();
+        for (row, l) in sampling.iter().zip(&logits) {
+            if row.request == WATCHED {
+                watched.push(l.clone());
+            }
+        }
+        let prefill = plan.rows.iter().any(|r| r.positions.len() > 1);
+        let decode = plan.rows.iter().any(|r| r.positions.len() == 1);
+        if plan.rows.len() == 32
+            && prefill
+            && decode
+            && plan.rows.iter().any(|r| r.request == WATCHED)
+        {
+            full_mixed_steps += 1;
+        }
+        sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+        sched.check_invariants().unwrap();
+        while let Some(event) = sched.poll_event() {
+            if let SchedEvent::Finished { request, .. } = event {
+                finished.insert(request, ());
+            }
+        }
+    }
+    assert_eq!(sched.requests_held(), 0, "everything finishes");
+    (watched, full_mixed_steps)
+}
+
+#[test]
+fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
+    let Some((_, file)) = common::default_model() else { return };
+    let gguf = common::parse(&file);
+    let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
+    let prompt = tokenizer.encode("The capital of France is").unwrap();
+    let watched = request(0, prompt.clone(), 6);
+
+    let (alone, _) = run(&weights, vec![watched.clone()]);
+    assert_eq!(alone.len(), 6);
+
+    // 31 companions with prompts of 3 to 17 tokens: chunked 2 at a time, the long ones keep
+    // prefilling while the short ones decode, and every step has a row for each of the 32.
+    let mut crowd = vec![watched];
+    for id in 1..32u64 {
+        let len = 3 + (id as usize * 7) % 15;
+        let companion: Vec<u32> =
+            (0..len).map(|i| 100 + ((id as u32 * 131 + i as u32 * 17) % 4000)).collect();
+        crowd.push(request(id, companion, 3 + (id as u32 % 4)));
+    }
+    let (in_batch, mixed) = run(&weights, crowd);
+    assert!(mixed > 0, "no step had 32 rows mixing prefill and decode with the watched request");
+    assert_eq!(alone.len(), in_batch.len());
+    for (step, (a, b)) in alone.iter().zip(&in_batch).enumerate() {
+        assert!(a == b, "step {step}: logits differ alone and in the batch");
+    }
+
+    // And both equal the single-sequence reference.
+    let mut sequence = Sequence::new(&weights.config);
+    let mut logits = Vec::new();
+    for &t in &prompt {
+        logits = sequence.forward(&weights, t);
+    }
+    for (step, expected) in alone.iter().enumerate() {
+        assert!(&logits == expected, "step {step}: the paged executor differs from the reference");
+        let next = lockstep_gpu::sampling::argmax(&logits);
+        logits = sequence.forward(&weights, next);
+    }
+}
