@@ -7,11 +7,10 @@
 //! was never written: then they change. Running a request alone and in a crowd and comparing is
 //! the whole correctness check.
 
-use std::collections::VecDeque;
 use std::fmt;
 
 use crate::kv::PoolConfig;
-use crate::sched::{InputToken, PageTables, StepId, StepOutputs, StepPlan};
+use crate::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
 /// Marks a KV slot that no step has written since the model started.
 const UNWRITTEN: u64 = 0;
@@ -22,9 +21,8 @@ pub struct ProvenanceModel {
     vocab_size: u32,
     kv: Vec<u64>,
     tables: PageTables,
-    /// Sampled tokens of recent steps by row (`None` for rows that do not sample), to resolve
-    /// the placeholders of overlap-mode plans.
-    recent: VecDeque<(StepId, Vec<Option<u32>>)>,
+    /// What recent steps sampled, to resolve the placeholders of overlap-mode plans.
+    recent: RecentSamples,
 }
 
 impl fmt::Debug for ProvenanceModel {
@@ -49,16 +47,13 @@ impl fmt::Display for ProvenanceError {
 impl std::error::Error for ProvenanceError {}
 
 impl ProvenanceModel {
-    /// How many steps back a placeholder may point.
-    const RECENT_STEPS_MAX: usize = 4;
-
     pub fn new(pool: PoolConfig, slots: u32, vocab_size: u32) -> ProvenanceModel {
         ProvenanceModel {
             page_tokens: pool.page_tokens,
             vocab_size: vocab_size.max(1),
             kv: vec![UNWRITTEN; pool.pages_total as usize * pool.page_tokens as usize],
             tables: PageTables::new(slots),
-            recent: VecDeque::with_capacity(Self::RECENT_STEPS_MAX),
+            recent: RecentSamples::default(),
         }
     }
 
@@ -76,7 +71,7 @@ impl ProvenanceModel {
                 )));
             }
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
-                let token = self.resolve(*input)?;
+                let token = self.recent.resolve(*input).map_err(ProvenanceError)?;
                 let previous = match position {
                     0 => 0x5eed,
                     p => self.read(row.slot, p - 1)?,
@@ -92,10 +87,7 @@ impl ProvenanceModel {
                 by_row.push(None);
             }
         }
-        if self.recent.len() == Self::RECENT_STEPS_MAX {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((plan.step, by_row));
+        self.recent.record(plan.step, by_row);
         Ok(StepOutputs { step: plan.step, sampled })
     }
 
@@ -111,22 +103,6 @@ impl ProvenanceModel {
             acc = mix(acc ^ value);
         }
         Ok((acc % u64::from(self.vocab_size)) as u32)
-    }
-
-    fn resolve(&self, input: InputToken) -> Result<u32, ProvenanceError> {
-        match input {
-            InputToken::Known(token) => Ok(token),
-            InputToken::FromStep { step, row } => self
-                .recent
-                .iter()
-                .find(|(s, _)| *s == step)
-                .and_then(|(_, rows)| rows.get(row as usize).copied().flatten())
-                .ok_or_else(|| {
-                    ProvenanceError(format!(
-                        "placeholder names {step:?} row {row}, which sampled nothing known"
-                    ))
-                }),
-        }
     }
 
     fn read(&self, slot: u32, position: u32) -> Result<u64, ProvenanceError> {

@@ -27,7 +27,9 @@ mod request;
 mod scheduler;
 
 pub use config::{SchedConfig, SchedConfigError, StepMode};
-pub use plan::{Bucket, InputToken, PageTables, RowPlan, StepId, StepOutputs, StepPlan};
+pub use plan::{
+    Bucket, InputToken, PageTables, RecentSamples, RowPlan, StepId, StepOutputs, StepPlan,
+};
 pub use request::{AdmissionError, FinishReason, NewRequest, RequestId};
 pub use scheduler::{AbortError, ApplyError, SchedEvent, Scheduler};
 

@@ -132,3 +132,37 @@ impl PageTables {
         self.tables.get(slot as usize).map_or(&[], Vec::as_slice)
     }
 }
+
+/// The executor's side of overlap-mode placeholders: what the last few steps sampled, by row,
+/// so an input `FromStep { step, row }` can be resolved when its step runs.
+#[derive(Clone, Debug, Default)]
+pub struct RecentSamples {
+    steps: std::collections::VecDeque<(StepId, Vec<Option<u32>>)>,
+}
+
+impl RecentSamples {
+    /// How many steps back a placeholder may point (overlap mode needs one).
+    const STEPS_MAX: usize = 4;
+
+    pub fn resolve(&self, input: InputToken) -> Result<u32, String> {
+        match input {
+            InputToken::Known(token) => Ok(token),
+            InputToken::FromStep { step, row } => self
+                .steps
+                .iter()
+                .find(|(s, _)| *s == step)
+                .and_then(|(_, rows)| rows.get(row as usize).copied().flatten())
+                .ok_or_else(|| {
+                    format!("placeholder names {step:?} row {row}, which sampled nothing known")
+                }),
+        }
+    }
+
+    /// Records what `step` sampled: `Some(token)` for each sampling row, `None` for the others.
+    pub fn record(&mut self, step: StepId, by_row: Vec<Option<u32>>) {
+        if self.steps.len() == Self::STEPS_MAX {
+            self.steps.pop_front();
+        }
+        self.steps.push_back((step, by_row));
+    }
+}

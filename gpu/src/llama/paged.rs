@@ -3,10 +3,8 @@
 //! each token's arithmetic is the same, in the same order, as the single-sequence reference, so a
 //! request's output is bit-identical alone or in any batch (batch invariance by construction).
 
-use std::collections::VecDeque;
-
 use lockstep_core::kv::{PageRef, PoolConfig};
-use lockstep_core::sched::{InputToken, PageTables, StepId, StepOutputs, StepPlan};
+use lockstep_core::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
 use super::LlamaWeights;
 use super::forward::{add, attention, rms_norm, rope, silu};
@@ -58,19 +56,17 @@ pub struct CpuExecutor<'w> {
     weights: &'w LlamaWeights,
     kv: PagedKv,
     tables: PageTables,
-    /// Sampled tokens of recent steps by row, to resolve overlap-mode placeholders.
-    recent: VecDeque<(StepId, Vec<Option<u32>>)>,
+    /// What recent steps sampled, to resolve overlap-mode placeholders.
+    recent: RecentSamples,
 }
 
 impl<'w> CpuExecutor<'w> {
-    const RECENT_STEPS_MAX: usize = 4;
-
     pub fn new(weights: &'w LlamaWeights, pool: PoolConfig, slots: u32) -> CpuExecutor<'w> {
         CpuExecutor {
             weights,
             kv: PagedKv::new(weights, pool),
             tables: PageTables::new(slots),
-            recent: VecDeque::new(),
+            recent: RecentSamples::default(),
         }
     }
 
@@ -86,7 +82,7 @@ impl<'w> CpuExecutor<'w> {
                 slots.push(Slot {
                     row: r,
                     position: position as usize,
-                    token: self.resolve(*input)?,
+                    token: self.recent.resolve(*input)?,
                 });
             }
         }
@@ -110,10 +106,7 @@ impl<'w> CpuExecutor<'w> {
         for (&t, &token) in last_of_sampling_rows.iter().zip(&sampled) {
             by_row[slots[t].row] = Some(token);
         }
-        if self.recent.len() == Self::RECENT_STEPS_MAX {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((plan.step, by_row));
+        self.recent.record(plan.step, by_row);
         Ok((StepOutputs { step: plan.step, sampled }, logits))
     }
 
@@ -178,19 +171,5 @@ impl<'w> CpuExecutor<'w> {
             }
         }
         Ok(x)
-    }
-
-    fn resolve(&self, input: InputToken) -> Result<u32, String> {
-        match input {
-            InputToken::Known(token) => Ok(token),
-            InputToken::FromStep { step, row } => self
-                .recent
-                .iter()
-                .find(|(s, _)| *s == step)
-                .and_then(|(_, rows)| rows.get(row as usize).copied().flatten())
-                .ok_or_else(|| {
-                    format!("placeholder names {step:?} row {row}, which sampled nothing known")
-                }),
-        }
     }
 }
