@@ -186,12 +186,7 @@ fn dot_q4_1(row: &[u8], act: &Q8) -> f32 {
     let mut sum = 0f32;
     for (b, block) in row.chunks_exact(20).enumerate() {
         let (d, m) = (half(block, 0), half(block, 2));
-        let q = &act.q[32 * b..32 * b + 32];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += i32::from(block[4 + j] & 0x0f) * i32::from(q[j])
-                + i32::from(block[4 + j] >> 4) * i32::from(q[j + 16]);
-        }
+        let sumi = nibble_dot(block[4..20].try_into().expect("16 bytes"), act_block(act, b), 0);
         sum += d * act.d[b] * sumi as f32 + m * act.s[b];
     }
     sum
@@ -201,12 +196,7 @@ fn dot_q4_0(row: &[u8], act: &Q8) -> f32 {
     let mut sum = 0f32;
     for (b, block) in row.chunks_exact(18).enumerate() {
         let d = half(block, 0);
-        let q = &act.q[32 * b..32 * b + 32];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += (i32::from(block[2 + j] & 0x0f) - 8) * i32::from(q[j])
-                + (i32::from(block[2 + j] >> 4) - 8) * i32::from(q[j + 16]);
-        }
+        let sumi = nibble_dot(block[2..18].try_into().expect("16 bytes"), act_block(act, b), 8);
         sum += d * act.d[b] * sumi as f32;
     }
     sum
@@ -216,12 +206,31 @@ fn dot_q8_0(row: &[u8], act: &Q8) -> f32 {
     let mut sum = 0f32;
     for (b, block) in row.chunks_exact(34).enumerate() {
         let d = half(block, 0);
-        let q = &act.q[32 * b..32 * b + 32];
-        let sumi: i32 =
-            block[2..34].iter().zip(q).map(|(&w, &a)| i32::from(w as i8) * i32::from(a)).sum();
+        let weights: &[u8; 32] = block[2..34].try_into().expect("32 bytes");
+        let q = act_block(act, b);
+        let mut sumi = 0i32;
+        for j in 0..32 {
+            sumi += i32::from(weights[j] as i8) * i32::from(q[j]);
+        }
         sum += d * act.d[b] * sumi as f32;
     }
     sum
+}
+
+fn act_block(act: &Q8, b: usize) -> &[i8; 32] {
+    act.q[32 * b..32 * b + 32].try_into().expect("32 activations a block")
+}
+
+/// The integer dot product of a block of 32 4-bit weights (low nibbles first, then high), each
+/// less `offset`, with 32 8-bit activations. Fixed-size arrays and no early exit let the compiler
+/// vectorize it; integer sums are exact, so the result does not depend on how.
+fn nibble_dot(packed: &[u8; 16], q: &[i8; 32], offset: i32) -> i32 {
+    let mut sumi = 0i32;
+    for j in 0..16 {
+        sumi += (i32::from(packed[j] & 0x0f) - offset) * i32::from(q[j]);
+        sumi += (i32::from(packed[j] >> 4) - offset) * i32::from(q[j + 16]);
+    }
+    sumi
 }
 
 /// A dot product in a fixed order: eight partial sums, then combined the same way every time.
