@@ -5,9 +5,11 @@ reference lockstep's CPU backend is held to (gpu/tests/llamacpp_goldens.rs).
 For each prompt (raw, or wrapped in the model's chat template as rendered by jinja2): llama.cpp's
 tokens, the first step's top-5 tokens with their logits, and 32 greedy tokens.
 
-Run: python3 -m pip install llama-cpp-python==0.3.16 gguf==0.19.0 jinja2 && \
+Run: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+     python3 -m pip install llama-cpp-python==0.3.16 gguf==0.19.0 jinja2 && \
      python3 gpu/tests/goldens/make_llamacpp_goldens.py "$(ci/fetch-default-model.sh)"
-(llama-cpp-python builds llama.cpp from source: several minutes on two cores.)
+(llama-cpp-python builds llama.cpp from source: several minutes on two cores. Build it without
+-march=native: on Xeons with AMX a native build crashed on its first decode here.)
 """
 import hashlib
 import json
