@@ -59,7 +59,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     ignore_eos: false,
                     priority: 0,
                     cache_salt: 0,
-                    sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+                    sampling: Sampling::GREEDY,
                 };
                 if router.submit(request.clone(), now).is_ok() {
                     ends.remove(&request.id);

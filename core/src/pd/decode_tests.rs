@@ -31,7 +31,7 @@ fn spec(id: u64, prompt_len: u32) -> RequestSpec {
         ignore_eos: false,
         priority: 0,
         cache_salt: 0,
-        sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+        sampling: Sampling::GREEDY,
     }
 }
 

@@ -34,7 +34,7 @@ fn prepare(id: u64, prompt_len: u32, cached_tokens: u32) -> Message {
             ignore_eos: false,
             priority: 0,
             cache_salt: 0,
-            sampling: Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+            sampling: Sampling::GREEDY,
         },
         cached_tokens,
         page_tokens: 4,

@@ -52,6 +52,11 @@ pub struct Sampling {
     pub seed: u64,
 }
 
+impl Sampling {
+    /// The most likely token every time.
+    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 };
+}
+
 /// A request as it travels between workers.
 #[derive(Clone, PartialEq, Debug)]
 pub struct RequestSpec {
