@@ -1,11 +1,11 @@
 //! A single-sequence forward pass with a contiguous KV cache: the plain reference the batched
-//! forward over paged KV will be held to. It follows llama.cpp's arithmetic where that is cheap
-//! to do (8-bit activations into quantized weights, a half-precision KV cache, rotary angles by
-//! repeated multiplication, norms summed in f64), so that the two agree closely. Every reduction
-//! runs in a fixed order over one row, so a row's result never depends on anything computed
-//! alongside it.
+//! forward over paged KV is held to. It computes in llama.cpp's order of operations (8-bit
+//! activations into quantized weights, a half-precision KV cache, rotary angles by repeated
+//! multiplication and fused rotations, `numerics` for the rest), so that the two agree to the
+//! bit. Every reduction runs in a fixed order over one row, so a row's result never depends on
+//! anything computed alongside it.
 
-use super::matmul::dot;
+use super::numerics::{self, rms_norm};
 use super::{LlamaConfig, LlamaWeights, RopeStyle};
 use crate::gguf::round_to_f16;
 
@@ -60,21 +60,13 @@ impl Sequence {
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
             let gate = layer.gate.matvec(&h);
             let up = layer.up.matvec(&h);
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+            let mut act = vec![0f32; c.ffn];
+            numerics::swiglu(&gate, &up, &mut act);
             add(&mut x, &layer.down.matvec(&act));
         }
         self.len += 1;
         rms_norm(&x.clone(), &weights.output_norm, c.rms_eps, &mut x);
         weights.output().matvec(&x)
-    }
-}
-
-pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-    let mean_square = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean_square + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-        *o = v * scale * w;
     }
 }
 
@@ -92,14 +84,16 @@ pub(crate) fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
                 RopeStyle::Halves => (i, i + d / 2),
             };
             let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
+            head[a] = x0.mul_add(cos, -(x1 * sin));
+            head[b] = x0.mul_add(sin, x1 * cos);
         }
     }
 }
 
 /// Attention of one token's query over `positions` cached positions, whose key and value rows
-/// (`kv_heads * head_dim` each) `rows(p)` gives.
+/// (`kv_heads * head_dim` each) `rows(p)` gives. The query is rounded to half precision to meet
+/// the half-precision cache, and so are the softmax weights before they weigh the values, as in
+/// llama.cpp; every product runs in `numerics`' fixed lane order.
 pub(crate) fn attention<'a>(
     c: &LlamaConfig,
     q: &[f32],
@@ -111,26 +105,27 @@ pub(crate) fn attention<'a>(
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; c.heads * d];
     let mut scores = vec![0f32; positions];
+    let mut lanes = vec![[[0f32; 8]; 4]; d];
     for h in 0..c.heads {
         let kv_head = h / group;
-        // Against a half-precision cache, the query is rounded to half precision too.
         let q: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|&v| round_to_f16(v)).collect();
         for (p, score) in scores.iter_mut().enumerate() {
-            *score = dot(&q, &rows(p).0[kv_head * d..][..d]) * scale;
+            let key = &rows(p).0[kv_head * d..][..d];
+            *score = numerics::dot_f16_lanes(d, |i| (key[i], q[i])) * scale;
         }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f64;
-        for s in &mut scores {
-            *s = (*s - max).exp();
-            total += f64::from(*s);
-        }
-        let total = total as f32;
-        let out = &mut out[h * d..(h + 1) * d];
+        numerics::softmax(&mut scores);
+        // Value dimension `i` is a dot product over positions: position p feeds lane p % 32.
+        lanes.iter_mut().for_each(|l| *l = [[0f32; 8]; 4]);
         for (p, &s) in scores.iter().enumerate() {
-            let w = round_to_f16(s / total);
-            for (o, &v) in out.iter_mut().zip(&rows(p).1[kv_head * d..][..d]) {
-                *o += w * v;
+            let w = round_to_f16(s);
+            let value = &rows(p).1[kv_head * d..][..d];
+            for (lane, &v) in lanes.iter_mut().zip(value) {
+                let acc = &mut lane[(p % 32) / 8][p % 8];
+                *acc = v.mul_add(w, *acc);
             }
+        }
+        for (o, lane) in out[h * d..(h + 1) * d].iter_mut().zip(&lanes) {
+            *o = numerics::reduce_lanes(lane);
         }
     }
     out
@@ -140,8 +135,4 @@ pub(crate) fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }

@@ -1,9 +1,11 @@
 //! Matrix-vector products the way llama.cpp computes them, so the two agree closely: weights of
 //! the 32-element block types stay quantized, the activation is quantized to 8 bits per block
 //! (`Q8_0`, or `Q8_1` with its block sum for `Q4_1`), and each block's product is an integer sum
-//! scaled once (`ggml_vec_dot_q4_1_q8_1` and kin). Other types are dequantized at load and
-//! multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
+//! scaled once (`ggml_vec_dot_q4_1_q8_1` and kin), into eight fused lane accumulators of four
+//! consecutive products each, as the AVX2 kernels keep them. Other types are dequantized at load
+//! and multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
 
+use super::numerics::hsum8;
 use crate::gguf::{TensorType, dequantize, f16_to_f32, round_to_f16};
 
 /// A weight matrix: `rows` rows of `cols`, `y[r] = sum_c w[r][c] * x[c]`.
@@ -153,7 +155,9 @@ struct Q8 {
 
 impl Q8 {
     /// `quantize_row_q8_1`: scale from the block's largest magnitude, values rounded to nearest
-    /// (ties to even, as the AVX2 path does).
+    /// (ties to even, as the AVX2 path does). The values are scaled by `127 / amax`, not by
+    /// `1 / d`: the two differ in the last bit often enough to flip roundings, which moved our
+    /// logits by up to 0.4 from llama.cpp's before this matched.
     fn quantize(x: &[f32]) -> Q8 {
         let blocks = x.len() / 32;
         let mut act = Q8 {
@@ -164,7 +168,7 @@ impl Q8 {
         for block in x.chunks_exact(32) {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for &v in block {
                 let q = (v * id).round_ties_even() as i8;
@@ -183,54 +187,64 @@ fn half(bytes: &[u8], at: usize) -> f32 {
 }
 
 fn dot_q4_1(row: &[u8], act: &Q8) -> f32 {
-    let mut sum = 0f32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     for (b, block) in row.chunks_exact(20).enumerate() {
         let (d, m) = (half(block, 0), half(block, 2));
-        let sumi = nibble_dot(block[4..20].try_into().expect("16 bytes"), act_block(act, b), 0);
-        sum += d * act.d[b] * sumi as f32 + m * act.s[b];
+        summs = m.mul_add(act.s[b], summs);
+        let lanes = nibble_lanes(block[4..20].try_into().expect("16 bytes"), act_block(act, b), 0);
+        accumulate(&mut acc, d * act.d[b], &lanes);
     }
-    sum
+    hsum8(&acc) + summs
 }
 
 fn dot_q4_0(row: &[u8], act: &Q8) -> f32 {
-    let mut sum = 0f32;
+    let mut acc = [0f32; 8];
     for (b, block) in row.chunks_exact(18).enumerate() {
         let d = half(block, 0);
-        let sumi = nibble_dot(block[2..18].try_into().expect("16 bytes"), act_block(act, b), 8);
-        sum += d * act.d[b] * sumi as f32;
+        let lanes = nibble_lanes(block[2..18].try_into().expect("16 bytes"), act_block(act, b), 8);
+        accumulate(&mut acc, d * act.d[b], &lanes);
     }
-    sum
+    hsum8(&acc)
 }
 
 fn dot_q8_0(row: &[u8], act: &Q8) -> f32 {
-    let mut sum = 0f32;
+    let mut acc = [0f32; 8];
     for (b, block) in row.chunks_exact(34).enumerate() {
         let d = half(block, 0);
         let weights: &[u8; 32] = block[2..34].try_into().expect("32 bytes");
         let q = act_block(act, b);
-        let mut sumi = 0i32;
+        let mut lanes = [0i32; 8];
         for j in 0..32 {
-            sumi += i32::from(weights[j] as i8) * i32::from(q[j]);
+            lanes[j / 4] += i32::from(weights[j] as i8) * i32::from(q[j]);
         }
-        sum += d * act.d[b] * sumi as f32;
+        accumulate(&mut acc, d * act.d[b], &lanes);
     }
-    sum
+    hsum8(&acc)
 }
 
 fn act_block(act: &Q8, b: usize) -> &[i8; 32] {
     act.q[32 * b..32 * b + 32].try_into().expect("32 activations a block")
 }
 
-/// The integer dot product of a block of 32 4-bit weights (low nibbles first, then high), each
-/// less `offset`, with 32 8-bit activations. Fixed-size arrays and no early exit let the compiler
-/// vectorize it; integer sums are exact, so the result does not depend on how.
-fn nibble_dot(packed: &[u8; 16], q: &[i8; 32], offset: i32) -> i32 {
-    let mut sumi = 0i32;
-    for j in 0..16 {
-        sumi += (i32::from(packed[j] & 0x0f) - offset) * i32::from(q[j]);
-        sumi += (i32::from(packed[j] >> 4) - offset) * i32::from(q[j + 16]);
+/// Lane `j` of eight: `acc[j] += scale * lanes[j]`, fused as one rounding.
+fn accumulate(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
+    for j in 0..8 {
+        acc[j] = scale.mul_add(lanes[j] as f32, acc[j]);
     }
-    sumi
+}
+
+/// The integer products of a block of 32 4-bit weights (low nibbles are elements 0 to 15, high
+/// nibbles 16 to 31), each less `offset`, with 32 8-bit activations, summed in eight lanes of
+/// four consecutive elements. Integer sums are exact, so the result does not depend on how the
+/// compiler vectorizes it.
+fn nibble_lanes(packed: &[u8; 16], q: &[i8; 32], offset: i32) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for j in 0..16 {
+        lanes[j / 4] += (i32::from(packed[j] & 0x0f) - offset) * i32::from(q[j]);
+        lanes[4 + j / 4] += (i32::from(packed[j] >> 4) - offset) * i32::from(q[j + 16]);
+    }
+    lanes
 }
 
 /// A dot product in a fixed order: eight partial sums, then combined the same way every time.

@@ -6,6 +6,7 @@
 mod config;
 mod forward;
 mod matmul;
+mod numerics;
 mod paged;
 mod weights;
 

@@ -7,7 +7,8 @@ use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
 use super::LlamaWeights;
-use super::forward::{add, attention, rms_norm, rope, silu};
+use super::forward::{add, attention, rope};
+use super::numerics::{self, rms_norm};
 use crate::gguf::round_to_f16;
 use crate::sampling::argmax;
 
@@ -163,7 +164,11 @@ impl<'w> CpuExecutor<'w> {
             let act: Vec<Vec<f32>> = gate
                 .iter()
                 .zip(&up)
-                .map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| silu(g) * u).collect())
+                .map(|(g, u)| {
+                    let mut act = vec![0f32; g.len()];
+                    numerics::swiglu(g, u, &mut act);
+                    act
+                })
                 .collect();
             let down = layer.down.matmul(&act);
             for (xi, di) in x.iter_mut().zip(&down) {
