@@ -5,6 +5,7 @@
 //! bit. Every reduction runs in a fixed order over one row, so a row's result never depends on
 //! anything computed alongside it.
 
+use super::kernels;
 use super::numerics::{self, rms_norm};
 use super::{LlamaConfig, LlamaWeights, RopeStyle};
 use crate::gguf::round_to_f16;
@@ -60,8 +61,7 @@ impl Sequence {
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
             let gate = layer.gate.matvec(&h);
             let up = layer.up.matvec(&h);
-            let mut act = vec![0f32; c.ffn];
-            numerics::swiglu(&gate, &up, &mut act);
+            let act = swiglu(&gate, &up);
             add(&mut x, &layer.down.matvec(&act));
         }
         self.len += 1;
@@ -95,6 +95,19 @@ pub(crate) fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
 /// the half-precision cache, and so are the softmax weights before they weigh the values, as in
 /// llama.cpp; every product runs in `numerics`' fixed lane order.
 pub(crate) fn attention<'a>(
+    c: &LlamaConfig,
+    q: &[f32],
+    positions: usize,
+    rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
+) -> Vec<f32> {
+    kernels::run(
+        #[inline(always)]
+        || attention_body(c, q, positions, rows),
+    )
+}
+
+#[inline(always)]
+fn attention_body<'a>(
     c: &LlamaConfig,
     q: &[f32],
     positions: usize,
@@ -135,4 +148,14 @@ pub(crate) fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
+}
+
+/// SiLU of `gate` times `up` (`numerics::swiglu`), with the CPU's fused multiply-add.
+pub(crate) fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; gate.len()];
+    kernels::run(
+        #[inline(always)]
+        || numerics::swiglu(gate, up, &mut out),
+    );
+    out
 }

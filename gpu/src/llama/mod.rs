@@ -3,8 +3,10 @@
 //! So far: the configuration and weights from a GGUF file, and a single-sequence forward pass
 //! with a contiguous KV cache, the reference the batched forward over paged KV will be held to.
 
+mod blocks;
 mod config;
 mod forward;
+mod kernels;
 mod matmul;
 mod numerics;
 mod paged;

@@ -7,8 +7,8 @@ use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
 use super::LlamaWeights;
-use super::forward::{add, attention, rope};
-use super::numerics::{self, rms_norm};
+use super::forward::{add, attention, rope, swiglu};
+use super::numerics::rms_norm;
 use crate::gguf::round_to_f16;
 use crate::sampling::argmax;
 
@@ -161,15 +161,7 @@ impl<'w> CpuExecutor<'w> {
             }
             let gate = layer.gate.matmul(&h);
             let up = layer.up.matmul(&h);
-            let act: Vec<Vec<f32>> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| {
-                    let mut act = vec![0f32; g.len()];
-                    numerics::swiglu(g, u, &mut act);
-                    act
-                })
-                .collect();
+            let act: Vec<Vec<f32>> = gate.iter().zip(&up).map(|(g, u)| swiglu(g, u)).collect();
             let down = layer.down.matmul(&act);
             for (xi, di) in x.iter_mut().zip(&down) {
                 add(xi, di);

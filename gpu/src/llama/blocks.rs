@@ -1,0 +1,306 @@
+//! Weights of the 32-element block types (`Q4_0`, `Q4_1`, `Q8_0`) kept quantized, and their
+//! products with 8-bit activations the way llama.cpp computes them: the activation is quantized
+//! per block (`Q8_0`, or `Q8_1` with its block sum for `Q4_1`), each block's product is an
+//! integer sum in eight lanes of four consecutive products, scaled once into eight fused lane
+//! accumulators, and the lanes are reduced with `hsum8` (`ggml_vec_dot_q4_1_q8_1` and kin).
+//!
+//! At load the half-precision block scales are widened to f32 (exactly) and stored apart from
+//! the quants, so that a product reads each row as two plain arrays.
+
+use super::kernels;
+use super::numerics::hsum8;
+use crate::gguf::{TensorType, dequantize, f16_to_f32, f32_to_f16, round_to_f16};
+
+/// Rows of quantized blocks.
+#[derive(Clone, Debug)]
+pub struct BlockRows {
+    kind: TensorType,
+    rows: usize,
+    cols: usize,
+    /// Per block, `rows * cols / 32` of them.
+    scales: Vec<f32>,
+    /// Per block for `Q4_1`; empty otherwise.
+    mins: Vec<f32>,
+    /// Per block, 16 bytes of nibbles (`Q4_0`, `Q4_1`) or 32 signed bytes (`Q8_0`).
+    quants: Vec<u8>,
+}
+
+impl BlockRows {
+    /// Whether `kind` is kept quantized.
+    pub fn holds(kind: TensorType) -> bool {
+        matches!(kind, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0)
+    }
+
+    /// From ggml's block layout. `bytes` must be `rows * cols / 32` blocks of `kind`, which the
+    /// loader checked.
+    pub fn from_ggml(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> BlockRows {
+        let blocks = rows * cols / 32;
+        let (header, quant_bytes) = layout(kind);
+        let mut out = BlockRows {
+            kind,
+            rows,
+            cols,
+            scales: Vec::with_capacity(blocks),
+            mins: Vec::new(),
+            quants: Vec::with_capacity(blocks * quant_bytes),
+        };
+        for block in bytes.chunks_exact(header + quant_bytes) {
+            out.scales.push(half(block, 0));
+            if kind == TensorType::Q4_1 {
+                out.mins.push(half(block, 2));
+            }
+            out.quants.extend_from_slice(&block[header..]);
+        }
+        out
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r` as f32 (an embedding lookup): the blocks rebuilt in ggml's layout (the scales
+    /// came from half precision, so they narrow back exactly) and dequantized as the file's.
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let per_row = self.cols / 32;
+        let (header, quant_bytes) = layout(self.kind);
+        let mut bytes = Vec::with_capacity(per_row * (header + quant_bytes));
+        for b in r * per_row..(r + 1) * per_row {
+            bytes.extend_from_slice(&f32_to_f16(self.scales[b]).to_le_bytes());
+            if self.kind == TensorType::Q4_1 {
+                bytes.extend_from_slice(&f32_to_f16(self.mins[b]).to_le_bytes());
+            }
+            bytes.extend_from_slice(&self.quants[b * quant_bytes..(b + 1) * quant_bytes]);
+        }
+        let mut out = vec![0f32; self.cols];
+        dequantize(self.kind, &bytes, &mut out);
+        out
+    }
+
+    /// Row `r` times the activation `act`.
+    #[inline(always)]
+    pub fn dot(&self, r: usize, act: &Q8) -> f32 {
+        let per_row = self.cols / 32;
+        let blocks = r * per_row..(r + 1) * per_row;
+        let scales = &self.scales[blocks.clone()];
+        let quant_bytes = layout(self.kind).1;
+        let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
+        let lanes = match self.kind {
+            TensorType::Q8_0 => q8_lanes(scales, quants, act),
+            TensorType::Q4_0 => q4_lanes(scales, quants, act, true),
+            _ => q4_lanes(scales, quants, act, false),
+        };
+        if self.kind == TensorType::Q4_1 {
+            // The minimum's share, summed apart as llama.cpp's `summs`.
+            let mut summs = 0f32;
+            for (&m, &s) in self.mins[blocks].iter().zip(&act.s) {
+                summs = m.mul_add(s, summs);
+            }
+            hsum8(&lanes) + summs
+        } else {
+            hsum8(&lanes)
+        }
+    }
+}
+
+/// Header bytes (scale, and minimum for `Q4_1`) and quant bytes of a block of `kind`.
+fn layout(kind: TensorType) -> (usize, usize) {
+    match kind {
+        TensorType::Q4_0 => (2, 16),
+        TensorType::Q4_1 => (4, 16),
+        TensorType::Q8_0 => (2, 32),
+        other => unreachable!("{other:?} is not kept in blocks"),
+    }
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+/// An activation quantized to 8 bits in blocks of 32: per block the scale `d` (rounded to half
+/// precision, as stored), the half-precision `s = d * sum(q)` that `Q4_1`'s minimum needs, and
+/// the values.
+#[derive(Clone, Debug)]
+pub struct Q8 {
+    d: Vec<f32>,
+    s: Vec<f32>,
+    q: Vec<i8>,
+}
+
+impl Q8 {
+    /// `quantize_row_q8_1`: scale from the block's largest magnitude, values rounded to nearest
+    /// (ties to even, as the AVX2 path does). The values are scaled by `127 / amax`, not by
+    /// `1 / d`: the two differ in the last bit often enough to flip roundings, which moved our
+    /// logits by up to 0.4 from llama.cpp's before this matched.
+    pub fn quantize(x: &[f32]) -> Q8 {
+        let blocks = x.len() / 32;
+        let mut act = Q8 {
+            d: Vec::with_capacity(blocks),
+            s: Vec::with_capacity(blocks),
+            q: Vec::with_capacity(x.len()),
+        };
+        for block in x.chunks_exact(32) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for &v in block {
+                let q = (v * id).round_ties_even() as i8;
+                sum += i32::from(q);
+                act.q.push(q);
+            }
+            act.d.push(round_to_f16(d));
+            act.s.push(round_to_f16(sum as f32 * d));
+        }
+        act
+    }
+}
+
+#[inline(always)]
+fn q4_lanes(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(
+            unsafe_code,
+            reason = "a function compiled for CPU features detected at run time"
+        )]
+        // SAFETY: the CPU has AVX2 and FMA, all that `q4_lanes` is compiled for.
+        return unsafe { kernels::avx2::q4_lanes(scales, quants, &act.d, &act.q, centered) };
+    }
+    let offset = if centered { 8 } else { 0 };
+    let mut acc = [0f32; 8];
+    let blocks = quants.chunks_exact(16).zip(act.q.chunks_exact(32));
+    for ((packed, q), (&d, &ad)) in blocks.zip(scales.iter().zip(&act.d)) {
+        let mut lanes = [0i32; 8];
+        for j in 0..16 {
+            lanes[j / 4] += (i32::from(packed[j] & 0x0f) - offset) * i32::from(q[j]);
+            lanes[4 + j / 4] += (i32::from(packed[j] >> 4) - offset) * i32::from(q[j + 16]);
+        }
+        accumulate(&mut acc, d * ad, &lanes);
+    }
+    acc
+}
+
+#[inline(always)]
+fn q8_lanes(scales: &[f32], quants: &[u8], act: &Q8) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(
+            unsafe_code,
+            reason = "a function compiled for CPU features detected at run time"
+        )]
+        // SAFETY: the CPU has AVX2 and FMA, all that `q8_lanes` is compiled for.
+        return unsafe { kernels::avx2::q8_lanes(scales, quants, &act.d, &act.q) };
+    }
+    let mut acc = [0f32; 8];
+    let blocks = quants.chunks_exact(32).zip(act.q.chunks_exact(32));
+    for ((w, q), (&d, &ad)) in blocks.zip(scales.iter().zip(&act.d)) {
+        let mut lanes = [0i32; 8];
+        for j in 0..32 {
+            lanes[j / 4] += i32::from(w[j] as i8) * i32::from(q[j]);
+        }
+        accumulate(&mut acc, d * ad, &lanes);
+    }
+    acc
+}
+
+/// Lane `j` of eight: `acc[j] += scale * lanes[j]`, fused as one rounding.
+#[inline(always)]
+fn accumulate(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
+    for j in 0..8 {
+        acc[j] = scale.mul_add(lanes[j] as f32, acc[j]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random blocks of every kept type, with extreme values included, through the portable and
+    /// the detected path: the same bits, and close to the dequantized product.
+    #[test]
+    fn portable_and_detected_products_agree_to_the_bit() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
+            let (header, quant_bytes) = layout(kind);
+            let (rows, cols) = (5, 256);
+            let mut bytes = Vec::new();
+            for _ in 0..rows * cols / 32 {
+                let scale = f32_to_f16((next() % 1000) as f32 / 1e4 + 1e-3).to_le_bytes();
+                bytes.extend_from_slice(&scale);
+                if header == 4 {
+                    bytes.extend_from_slice(&f32_to_f16(-0.05).to_le_bytes());
+                }
+                for _ in 0..quant_bytes {
+                    bytes.push(next() as u8);
+                }
+            }
+            let weights = BlockRows::from_ggml(kind, rows, cols, &bytes);
+            let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let act = Q8::quantize(&x);
+            for r in 0..rows {
+                let portable = {
+                    let per_row = cols / 32;
+                    let blocks = r * per_row..(r + 1) * per_row;
+                    let q = &weights.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
+                    match kind {
+                        TensorType::Q8_0 => q8_portable(&weights.scales[blocks], q, &act),
+                        _ => {
+                            q4_portable(&weights.scales[blocks], q, &act, kind == TensorType::Q4_0)
+                        }
+                    }
+                };
+                let detected = {
+                    let per_row = cols / 32;
+                    let blocks = r * per_row..(r + 1) * per_row;
+                    let q = &weights.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
+                    match kind {
+                        TensorType::Q8_0 => q8_lanes(&weights.scales[blocks], q, &act),
+                        _ => q4_lanes(&weights.scales[blocks], q, &act, kind == TensorType::Q4_0),
+                    }
+                };
+                assert_eq!(portable.map(f32::to_bits), detected.map(f32::to_bits), "{kind:?}");
+                // Against the f32 product: the activation's rounding moves each element by at
+                // most half a step (amax / 254 of its block) plus the half-precision scale's
+                // relative 2^-11, and that is all the error there may be.
+                let w = weights.row(r);
+                let exact: f32 = w.iter().zip(&x).map(|(w, x)| w * x).sum();
+                let bound: f32 = w
+                    .chunks_exact(32)
+                    .zip(x.chunks_exact(32))
+                    .map(|(w, x)| {
+                        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        w.iter().map(|w| w.abs() * (amax / 254.0 + amax / 2048.0)).sum::<f32>()
+                    })
+                    .sum();
+                let ours = weights.dot(r, &act);
+                assert!((ours - exact).abs() <= bound * 1.01 + 1e-4, "{kind:?} {ours} {exact}");
+            }
+            // The rebuilt row equals the file's dequantization.
+            let mut direct = vec![0f32; rows * cols];
+            dequantize(kind, &bytes, &mut direct);
+            assert_eq!(weights.row(3), direct[3 * cols..4 * cols]);
+        }
+    }
+
+    fn q4_portable(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8] {
+        without_detection(|| q4_lanes(scales, quants, act, centered))
+    }
+
+    fn q8_portable(scales: &[f32], quants: &[u8], act: &Q8) -> [f32; 8] {
+        without_detection(|| q8_lanes(scales, quants, act))
+    }
+
+    fn without_detection<R>(f: impl FnOnce() -> R) -> R {
+        kernels::force_portable(f)
+    }
+}

@@ -1,0 +1,143 @@
+//! Where the CPU backend uses instructions the baseline target lacks, chosen once at run time.
+//!
+//! Every kernel here has one definition of its arithmetic, in safe Rust (`numerics`, `matmul`),
+//! and is compiled twice: as is, and inside a function with AVX2 and FMA enabled, which is
+//! called only on a CPU that has them. `f32::mul_add` is a single correctly rounded operation
+//! either way (an instruction with FMA, a C library call without), and integer sums are exact,
+//! so both copies give bit-identical results: the choice changes speed, never output.
+//!
+//! This module and `matmul`'s block products are the only places in the workspace allowed
+//! `unsafe`: calling a function compiled for features the caller's target does not promise.
+
+#![allow(unsafe_code, reason = "calls into code compiled for CPU features detected at run time")]
+
+/// Whether this CPU runs the AVX2 and FMA copies (detected once; the standard library caches it).
+#[inline]
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(test)]
+    if PORTABLE_ONLY.get() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static PORTABLE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` on this thread as if the CPU had no AVX2 or FMA: tests compare the two copies.
+#[cfg(test)]
+pub(crate) fn force_portable<R>(f: impl FnOnce() -> R) -> R {
+    PORTABLE_ONLY.set(true);
+    let out = f();
+    PORTABLE_ONLY.set(false);
+    out
+}
+
+/// Runs `f`, from inside a function compiled with AVX2 and FMA where the CPU has them, so that
+/// whatever of `f` is inlined into it (the `#[inline(always)]` arithmetic of `numerics` and
+/// `matmul`) uses those instructions.
+#[inline(always)]
+pub(crate) fn run<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU was just found to have AVX2 and FMA, all that `with_avx2_fma` assumes.
+        return unsafe { with_avx2_fma(f) };
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn with_avx2_fma<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// The integer heart of the quantized products in AVX2, as llama.cpp's kernels compute it:
+/// `maddubs` multiplies unsigned by signed bytes and adds neighbours, `madd` with ones adds
+/// those pairs, giving eight lanes that each hold the sum of four consecutive products; each
+/// block's lanes are scaled and added with one fused multiply-add. The integer sums are exact
+/// (no pair reaches the 16-bit saturation: 15 * 127 * 2 and 128 * 127 * 2 are below 32767), so
+/// these equal `blocks`' portable definitions bit for bit.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Lane accumulators of a row of 4-bit blocks (16 bytes each: element `i < 16` is the low
+    /// nibble of byte `i`, element `16 + i` its high nibble) against 8-bit activations, each
+    /// block scaled by `scales[b] * act_scales[b]`. With `centered` the nibbles are less 8 (Q4_0).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q4_lanes(
+        scales: &[f32],
+        quants: &[u8],
+        act_scales: &[f32],
+        act: &[i8],
+        centered: bool,
+    ) -> [f32; 8] {
+        let low = _mm256_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let blocks = quants.chunks_exact(16).zip(act.chunks_exact(32));
+        for ((packed, q), (&d, &ad)) in blocks.zip(scales.iter().zip(act_scales)) {
+            // SAFETY: `packed` is 16 bytes and `q` 32, what the unaligned loads read.
+            let (packed, q) = unsafe {
+                (_mm_loadu_si128(packed.as_ptr().cast()), _mm256_loadu_si256(q.as_ptr().cast()))
+            };
+            let nibbles =
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+            let pairs = if centered {
+                let x = _mm256_sub_epi8(nibbles, eight);
+                _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x))
+            } else {
+                _mm256_maddubs_epi16(nibbles, q)
+            };
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), lanes, acc);
+        }
+        to_array(acc)
+    }
+
+    /// Lane accumulators of a row of 8-bit blocks (32 signed bytes each) against 8-bit
+    /// activations, each block scaled by `scales[b] * act_scales[b]`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q8_lanes(
+        scales: &[f32],
+        quants: &[u8],
+        act_scales: &[f32],
+        act: &[i8],
+    ) -> [f32; 8] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let blocks = quants.chunks_exact(32).zip(act.chunks_exact(32));
+        for ((w, q), (&d, &ad)) in blocks.zip(scales.iter().zip(act_scales)) {
+            // SAFETY: `w` and `q` are 32 bytes each, what the unaligned loads read.
+            let (x, q) = unsafe {
+                (_mm256_loadu_si256(w.as_ptr().cast()), _mm256_loadu_si256(q.as_ptr().cast()))
+            };
+            // |x| times q with x's sign: unsigned by signed, as maddubs takes them. Activations
+            // never hold -128 (they are rounded into [-127, 127]), so negating them is exact.
+            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), lanes, acc);
+        }
+        to_array(acc)
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn to_array(v: __m256) -> [f32; 8] {
+        let mut out = [0f32; 8];
+        // SAFETY: `out` is eight f32s, what the unaligned store writes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    }
+}
