@@ -38,6 +38,10 @@ impl Sequence {
 
     /// Runs `token` at the next position and returns the logits over the vocabulary.
     pub fn forward(&mut self, weights: &LlamaWeights, token: u32) -> Vec<f32> {
+        kernels::in_pool(|| self.forward_in_pool(weights, token))
+    }
+
+    fn forward_in_pool(&mut self, weights: &LlamaWeights, token: u32) -> Vec<f32> {
         let c = &weights.config;
         let position = self.len;
         let mut x = weights.embed.row(token as usize);

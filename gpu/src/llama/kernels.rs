@@ -42,6 +42,13 @@ pub(crate) fn force_portable<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Runs `f` on a thread of the compute pool, so that the parallel products inside it are forked
+/// from a pool thread (which works on them too) instead of each waking the pool from outside and
+/// sleeping until it is done: at batch 1 that hand-off cost more than the products.
+pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 /// Runs `f`, from inside a function compiled with AVX2 and FMA where the CPU has them, so that
 /// whatever of `f` is inlined into it (the `#[inline(always)]` arithmetic of `numerics` and
 /// `matmul`) uses those instructions.

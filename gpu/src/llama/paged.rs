@@ -8,6 +8,7 @@ use lockstep_core::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
 use super::LlamaWeights;
 use super::forward::{add, attention, rope, swiglu};
+use super::kernels;
 use super::numerics::rms_norm;
 use crate::gguf::round_to_f16;
 use crate::sampling::argmax;
@@ -73,6 +74,10 @@ impl<'w> CpuExecutor<'w> {
 
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
     pub fn execute(&mut self, plan: &StepPlan) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+        kernels::in_pool(|| self.execute_in_pool(plan))
+    }
+
+    fn execute_in_pool(&mut self, plan: &StepPlan) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
         self.tables.apply(plan)?;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
         for (r, row) in plan.rows.iter().enumerate() {
