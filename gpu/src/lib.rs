@@ -5,11 +5,13 @@
 //! paged KV, and a CUDA backend behind the `cuda` feature. It implements `lockstep_core`'s
 //! executor contract and depends on nothing above it.
 //!
-//! Here so far: the GGUF reader. The rest of issue 4 follows.
+//! Here so far: GGUF and Hugging Face loading (`model::Model`), the tokenizer and chat templates,
+//! sampling, and the CPU backend. The CUDA backend is still to come.
 
 pub mod chat;
 pub mod default_model;
 pub mod gguf;
 pub mod llama;
+pub mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -1,6 +1,8 @@
 //! Batch invariance on the real model: a request alone and the same request inside a batch of 32
 //! mixed prefill and decode rows, scheduled by lockstep's own scheduler and executed over paged
-//! KV, give bit-identical logits at every step, and both equal the single-sequence reference.
+//! KV, give bit-identical logits and tokens at every step, and both equal the single-sequence
+//! reference. Every request samples (temperature, top-k, top-p) with a generator of its own, so
+//! its tokens cannot depend on its companions either.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
@@ -13,9 +15,12 @@ use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
 use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
+use lockstep_gpu::sampling::{Sampler, SamplingParams};
 use lockstep_gpu::tokenizer::Tokenizer;
 
 const WATCHED: RequestId = RequestId(0);
+const SAMPLING: SamplingParams = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95 };
+const SEED: u64 = 7;
 
 fn config() -> SchedConfig {
     SchedConfig {
@@ -46,15 +51,18 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
 }
 
 /// Runs the requests to completion; returns the watched request's logits at each of its sampled
-/// tokens, and how many steps had 32 rows mixing prefill and decode with it among them.
-fn run(weights: &LlamaWeights, requests: Vec<NewRequest>) -> (Vec<Vec<f32>>, usize) {
+/// tokens, its tokens, and how many steps had 32 rows mixing prefill and decode with it among
+/// them.
+fn run(weights: &LlamaWeights, requests: Vec<NewRequest>) -> (Vec<Vec<f32>>, Vec<u32>, usize) {
     let config = config();
     let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut executor = CpuExecutor::new(weights, config.pool, config.running_max);
     for r in requests {
+        executor.set_sampler(r.id, Sampler::new(SAMPLING, SEED, r.id.0));
         sched.submit(r, Time::ZERO).unwrap();
     }
     let mut watched = Vec::new();
+    let mut tokens = Vec::new();
     let mut full_mixed_steps = 0;
     let mut finished = BTreeMap::new();
     for _ in 0..200 {
@@ -78,13 +86,18 @@ fn run(weights: &LlamaWeights, requests: Vec<NewRequest>) -> (Vec<Vec<f32>>, usi
         sched.apply_outputs(&outputs, Time::ZERO).unwrap();
         sched.check_invariants().unwrap();
         while let Some(event) = sched.poll_event() {
-            if let SchedEvent::Finished { request, .. } = event {
-                finished.insert(request, ());
+            match event {
+                SchedEvent::Token { request: WATCHED, token } => tokens.push(token),
+                SchedEvent::Finished { request, .. } => {
+                    executor.forget(request);
+                    finished.insert(request, ());
+                }
+                _ => {}
             }
         }
     }
     assert_eq!(sched.requests_held(), 0, "everything finishes");
-    (watched, full_mixed_steps)
+    (watched, tokens, full_mixed_steps)
 }
 
 #[test]
@@ -96,8 +109,8 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     let prompt = tokenizer.encode("The capital of France is").unwrap();
     let watched = request(0, prompt.clone(), 6);
 
-    let (alone, _) = run(&weights, vec![watched.clone()]);
-    assert_eq!(alone.len(), 6);
+    let (alone, alone_tokens, _) = run(&weights, vec![watched.clone()]);
+    assert_eq!((alone.len(), alone_tokens.len()), (6, 6));
 
     // 31 companions with prompts of 3 to 17 tokens: chunked 2 at a time, the long ones keep
     // prefilling while the short ones decode, and every step has a row for each of the 32.
@@ -108,14 +121,16 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
             (0..len).map(|i| 100 + ((id as u32 * 131 + i as u32 * 17) % 4000)).collect();
         crowd.push(request(id, companion, 3 + (id as u32 % 4)));
     }
-    let (in_batch, mixed) = run(&weights, crowd);
+    let (in_batch, batch_tokens, mixed) = run(&weights, crowd);
     assert!(mixed > 0, "no step had 32 rows mixing prefill and decode with the watched request");
     assert_eq!(alone.len(), in_batch.len());
     for (step, (a, b)) in alone.iter().zip(&in_batch).enumerate() {
         assert!(a == b, "step {step}: logits differ alone and in the batch");
     }
+    assert_eq!(alone_tokens, batch_tokens, "sampled tokens differ alone and in the batch");
 
-    // And both equal the single-sequence reference.
+    // And both equal the single-sequence reference, sampling with the same generator.
+    let mut sampler = Sampler::new(SAMPLING, SEED, WATCHED.0);
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for &t in &prompt {
@@ -123,7 +138,8 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     }
     for (step, expected) in alone.iter().enumerate() {
         assert!(&logits == expected, "step {step}: the paged executor differs from the reference");
-        let next = lockstep_gpu::sampling::argmax(&logits);
+        let next = sampler.sample(&logits);
+        assert_eq!(next, alone_tokens[step], "step {step}: the reference samples another token");
         logits = sequence.forward(&weights, next);
     }
 }

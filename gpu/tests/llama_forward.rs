@@ -62,3 +62,28 @@ fn the_default_model_knows_the_capital_of_france_and_repeats_itself_exactly() {
     }
     assert_eq!(seq.len(), prompt.len() + 4);
 }
+
+/// A GGUF whose metadata disagrees with its tensors, or that ends early, is refused with the
+/// file, and the tensor where one is to blame, named.
+#[test]
+fn a_gguf_that_disagrees_with_itself_is_refused_by_name() {
+    let Some((_, file)) = common::default_model() else { return };
+    let dir = std::env::temp_dir().join(format!("lockstep-bad-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // llama.feed_forward_length is a u32 (type code 4) after its key: 1536 becomes 1024.
+    let key = b"llama.feed_forward_length";
+    let at = file.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(file[at..at + 8], [4, 0, 0, 0, 0, 6, 0, 0], "type u32, value 1536");
+    let mut patched = file.clone();
+    patched[at + 4..at + 8].copy_from_slice(&1024u32.to_le_bytes());
+    let path = dir.join("ffn.gguf");
+    std::fs::write(&path, &patched).unwrap();
+    let err = LlamaWeights::load_gguf(&path).unwrap_err().to_string();
+    assert!(err.contains("ffn.gguf") && err.contains("blk.0.ffn_gate.weight"), "{err}");
+
+    let path = dir.join("short.gguf");
+    std::fs::write(&path, &file[..file.len() / 3]).unwrap();
+    let err = LlamaWeights::load_gguf(&path).unwrap_err().to_string();
+    assert!(err.contains("short.gguf"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

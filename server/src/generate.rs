@@ -1,14 +1,19 @@
-//! `lockstep generate`: load a model, optionally apply its chat template, and stream a completion
-//! to standard output.
+//! `lockstep generate`: load a model (GGUF file or Hugging Face directory), optionally apply its
+//! chat template, and stream a completion to standard output, through the scheduler and the CPU
+//! executor over paged KV that the server runs.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use lockstep_gpu::chat::{self, Message};
-use lockstep_gpu::gguf::Gguf;
-use lockstep_gpu::llama::{LlamaWeights, Sequence};
+use std::time::Duration;
+
+use lockstep_core::Time;
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
+use lockstep_gpu::chat::Message;
+use lockstep_gpu::llama::CpuExecutor;
+use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampler, SamplingParams};
-use lockstep_gpu::tokenizer::Tokenizer;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
@@ -63,59 +68,97 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
 
 pub fn run(options: &Options) -> Result<(), String> {
     let path = options.model.clone().unwrap_or_else(lockstep_gpu::default_model::path);
-    let file = std::fs::read(&path).map_err(|e| {
-        let hint = if options.model.is_none() {
-            " (fetch the default model with ci/fetch-default-model.sh)"
-        } else {
-            ""
-        };
-        format!("{}: {e}{hint}", path.display())
-    })?;
-    let gguf = Gguf::parse(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
-    let weights =
-        LlamaWeights::from_gguf(&gguf, &file).map_err(|e| format!("{}: {e}", path.display()))?;
-    let text = if options.chat {
-        let template = gguf
-            .get_str("tokenizer.chat_template")
-            .ok_or_else(|| format!("{}: no chat template", path.display()))?;
+    if options.model.is_none() && !path.exists() {
+        return Err(format!(
+            "{}: no default model here (fetch it with ci/fetch-default-model.sh)",
+            path.display()
+        ));
+    }
+    let model = Model::load(&path).map_err(|e| e.to_string())?;
+    let prompt = if options.chat {
         let messages = [Message { role: "user".into(), content: options.prompt.clone() }];
-        chat::render(template, &messages, true, "", "")?
+        model.encode_chat(&model.render_chat(&messages, true)?)?
     } else {
-        options.prompt.clone()
+        model.tokenizer.encode(&options.prompt)?
     };
-    let prompt = tokenizer.encode(&text)?;
     if prompt.is_empty() {
         return Err("the prompt is empty".into());
     }
-    let mut sequence = Sequence::new(&weights.config);
-    let mut logits = Vec::new();
-    for &token in &prompt {
-        logits = sequence.forward(&weights, token);
-    }
-    let mut sampler = Sampler::new(options.sampling, options.seed, 0);
-    let mut generated = Vec::new();
-    let mut printed = 0;
+    let config = engine_config(&model, prompt.len(), options.max_tokens)?;
+    let mut sched = Scheduler::new(config.clone()).map_err(|e| e.to_string())?;
+    let mut executor = CpuExecutor::new(&model.weights, config.pool, config.running_max);
+    let id = RequestId(0);
+    executor.set_sampler(id, Sampler::new(options.sampling, options.seed, id.0));
+    let request = NewRequest {
+        id,
+        prompt,
+        max_tokens: options.max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: false,
+        priority: 0,
+        cache_salt: 0,
+    };
+    sched.submit(request, Time::ZERO).map_err(|e| e.to_string())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    for _ in 0..options.max_tokens {
-        let token = sampler.sample(&logits);
-        if Some(token) == tokenizer.eos {
-            break;
+    let mut generated = Vec::new();
+    let mut printed = 0;
+    while sched.requests_held() > 0 {
+        // One request on a pool sized for it always has a step to run; no step would be a wedge.
+        let plan = sched.plan_step(Time::ZERO).ok_or("the scheduler planned no step")?;
+        let (outputs, _) = executor.execute(&plan)?;
+        sched.apply_outputs(&outputs, Time::ZERO).map_err(|e| e.to_string())?;
+        while let Some(event) = sched.poll_event() {
+            match event {
+                SchedEvent::Token { token, .. } if model.stop_tokens.contains(&token) => {}
+                SchedEvent::Token { token, .. } => {
+                    generated.push(token);
+                    // Print what the tokens so far decode to beyond what is out: a character
+                    // split across tokens appears once whole.
+                    let text = model.tokenizer.decode(&generated, false)?;
+                    if text.len() > printed
+                        && text.is_char_boundary(printed)
+                        && !text.ends_with('\u{fffd}')
+                    {
+                        write!(out, "{}", &text[printed..])
+                            .and_then(|()| out.flush())
+                            .map_err(|e| e.to_string())?;
+                        printed = text.len();
+                    }
+                }
+                SchedEvent::Finished { request, .. } => executor.forget(request),
+                SchedEvent::Preempted { .. } => {}
+            }
         }
-        generated.push(token);
-        // Print what the tokens so far decode to beyond what is out: a character split across
-        // tokens appears once whole.
-        let text = tokenizer.decode(&generated, false)?;
-        if text.len() > printed && text.is_char_boundary(printed) && !text.ends_with('\u{fffd}') {
-            write!(out, "{}", &text[printed..])
-                .and_then(|()| out.flush())
-                .map_err(|e| e.to_string())?;
-            printed = text.len();
-        }
-        logits = sequence.forward(&weights, token);
     }
     writeln!(out).map_err(|e| e.to_string())
+}
+
+/// A scheduler for one request of `prompt` tokens and up to `max_tokens` more: the same engine
+/// the server runs, sized to the request. Refuses what the model's context cannot hold.
+fn engine_config(model: &Model, prompt: usize, max_tokens: u32) -> Result<SchedConfig, String> {
+    let context = model.weights.config.context_length;
+    let total = prompt + max_tokens as usize;
+    if total > context {
+        return Err(format!(
+            "{prompt} prompt tokens and --max-tokens {max_tokens} exceed the model's context of {context}"
+        ));
+    }
+    let page_tokens = 16u32;
+    let total = u32::try_from(total).map_err(|_| "the request is too long".to_owned())?;
+    Ok(SchedConfig {
+        pool: PoolConfig { pages_total: total.div_ceil(page_tokens) + 1, page_tokens, pins_max: 0 },
+        mode: StepMode::Sync,
+        waiting_max: 1,
+        running_max: 1,
+        step_tokens_max: 512,
+        prefill_chunk_tokens_max: 512,
+        request_tokens_max: total,
+        capture_sizes: vec![1],
+        eos_token_ids: model.stop_tokens.clone(),
+        queue_wait_max: Duration::from_secs(3600),
+        prefix_cache: false,
+    })
 }
 
 #[cfg(test)]

@@ -48,9 +48,7 @@ impl Sequence {
         let mut h = vec![0f32; c.hidden];
         for (l, layer) in weights.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
-            let mut q = layer.q.matvec(&h);
-            let mut k = layer.k.matvec(&h);
-            let v = layer.v.matvec(&h);
+            let [mut q, mut k, v] = layer.qkv(std::slice::from_ref(&h)).map(|mut m| m.remove(0));
             rope(&mut q, c, position);
             rope(&mut k, c, position);
             // The cache holds half precision, as llama.cpp's does by default.
@@ -58,7 +56,7 @@ impl Sequence {
             self.values[l].extend(v.iter().map(|&v| round_to_f16(v)));
             let kv_width = c.kv_heads * c.head_dim;
             let (keys, values) = (&self.keys[l], &self.values[l]);
-            let attended = attention(c, &q, position + 1, |p| {
+            let attended = attention(c, &q, position, |p| {
                 (&keys[p * kv_width..][..kv_width], &values[p * kv_width..][..kv_width])
             });
             add(&mut x, &layer.o.matvec(&attended));
@@ -77,11 +75,13 @@ impl Sequence {
 pub(crate) fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
     let d = c.head_dim;
     let theta_scale = c.rope_base.powf(-2.0 / d as f32);
+    let factors = c.rope_freq_factors.as_deref();
     for head in v.chunks_exact_mut(d) {
         // The angle of pair i is position * theta_scale^i, by repeated multiplication.
         let mut theta = position as f32;
         for i in 0..d / 2 {
-            let (sin, cos) = theta.sin_cos();
+            let angle = factors.map_or(theta, |f| theta / f[i]);
+            let (sin, cos) = angle.sin_cos();
             theta *= theta_scale;
             let (a, b) = match c.rope_style {
                 RopeStyle::Interleaved => (2 * i, 2 * i + 1),
@@ -94,19 +94,20 @@ pub(crate) fn rope(v: &mut [f32], c: &LlamaConfig, position: usize) {
     }
 }
 
-/// Attention of one token's query over `positions` cached positions, whose key and value rows
-/// (`kv_heads * head_dim` each) `rows(p)` gives. The query is rounded to half precision to meet
+/// Attention of the query of the token at `position` over the cached positions it sees (all
+/// before it, or the config's sliding window), whose key and value rows (`kv_heads * head_dim`
+/// each) `rows(p)` gives. The query is rounded to half precision to meet
 /// the half-precision cache, and so are the softmax weights before they weigh the values, as in
 /// llama.cpp; every product runs in `numerics`' fixed lane order.
 pub(crate) fn attention<'a>(
     c: &LlamaConfig,
     q: &[f32],
-    positions: usize,
+    position: usize,
     rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
 ) -> Vec<f32> {
     kernels::run(
         #[inline(always)]
-        || attention_body(c, q, positions, rows),
+        || attention_body(c, q, position, rows),
     )
 }
 
@@ -114,9 +115,13 @@ pub(crate) fn attention<'a>(
 fn attention_body<'a>(
     c: &LlamaConfig,
     q: &[f32],
-    positions: usize,
+    position: usize,
     rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
 ) -> Vec<f32> {
+    // Positions before `first` are masked: a zero weight, exactly as llama.cpp's -inf mask gives
+    // (lanes stay indexed by absolute position, as its padded KV length has them).
+    let first = c.window_start(position);
+    let positions = position + 1;
     let d = c.head_dim;
     let group = c.heads / c.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
@@ -127,13 +132,17 @@ fn attention_body<'a>(
         let kv_head = h / group;
         let q: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|&v| round_to_f16(v)).collect();
         for (p, score) in scores.iter_mut().enumerate() {
+            if p < first {
+                *score = f32::NEG_INFINITY;
+                continue;
+            }
             let key = &rows(p).0[kv_head * d..][..d];
             *score = numerics::dot_f16_lanes(d, |i| (key[i], q[i])) * scale;
         }
         numerics::softmax(&mut scores);
         // Value dimension `i` is a dot product over positions: position p feeds lane p % 32.
         lanes.iter_mut().for_each(|l| *l = [[0f32; 8]; 4]);
-        for (p, &s) in scores.iter().enumerate() {
+        for (p, &s) in scores.iter().enumerate().skip(first) {
             let w = round_to_f16(s);
             let value = &rows(p).1[kv_head * d..][..d];
             for (lane, &v) in lanes.iter_mut().zip(value) {

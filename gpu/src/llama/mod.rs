@@ -6,6 +6,7 @@
 mod blocks;
 mod config;
 mod forward;
+mod hf_weights;
 mod kernels;
 mod matmul;
 mod numerics;
@@ -14,6 +15,7 @@ mod weights;
 
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
+pub use hf_weights::load_hf_dir;
 pub use matmul::Weight;
 pub use paged::{CpuExecutor, PagedKv};
-pub use weights::{LlamaWeights, LoadError};
+pub use weights::{Layer, LlamaWeights, LoadError};

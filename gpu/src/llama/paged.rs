@@ -3,15 +3,17 @@
 //! each token's arithmetic is the same, in the same order, as the single-sequence reference, so a
 //! request's output is bit-identical alone or in any batch (batch invariance by construction).
 
+use std::collections::BTreeMap;
+
 use lockstep_core::kv::{PageRef, PoolConfig};
-use lockstep_core::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
+use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::LlamaWeights;
 use super::forward::{add, attention, rope, swiglu};
 use super::kernels;
 use super::numerics::rms_norm;
 use crate::gguf::round_to_f16;
-use crate::sampling::argmax;
+use crate::sampling::{Sampler, argmax};
 
 /// KV of every page of the pool, per layer: `pages * page_tokens` positions of
 /// `kv_heads * head_dim` keys, and as many values, held at half precision (as f32 values).
@@ -51,8 +53,8 @@ struct Slot {
     token: u32,
 }
 
-/// Executes plans on the CPU over paged KV; tokens are chosen greedily (per-request sampling
-/// arrives with the server, which knows each request's parameters).
+/// Executes plans on the CPU over paged KV. Each request's tokens are chosen by its own sampler
+/// (`set_sampler`), greedily where it has none.
 #[derive(Debug)]
 pub struct CpuExecutor<'w> {
     weights: &'w LlamaWeights,
@@ -60,6 +62,7 @@ pub struct CpuExecutor<'w> {
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
+    samplers: BTreeMap<RequestId, Sampler>,
 }
 
 impl<'w> CpuExecutor<'w> {
@@ -69,7 +72,18 @@ impl<'w> CpuExecutor<'w> {
             kv: PagedKv::new(weights, pool),
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
+            samplers: BTreeMap::new(),
         }
+    }
+
+    /// Samples `request`'s tokens with `sampler` (a generator of its own: see `Sampler::new`).
+    pub fn set_sampler(&mut self, request: RequestId, sampler: Sampler) {
+        self.samplers.insert(request, sampler);
+    }
+
+    /// Drops what is kept for `request`; call when it finishes.
+    pub fn forget(&mut self, request: RequestId) {
+        self.samplers.remove(&request);
     }
 
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
@@ -107,7 +121,14 @@ impl<'w> CpuExecutor<'w> {
             rms_norm(&hidden[t], &self.weights.output_norm, c.rms_eps, &mut normed);
             logits.push(self.weights.output().matvec(&normed));
         }
-        let sampled: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+        let sampled: Vec<u32> = last_of_sampling_rows
+            .iter()
+            .zip(&logits)
+            .map(|(&t, l)| match self.samplers.get_mut(&plan.rows[slots[t].row].request) {
+                Some(sampler) => sampler.sample(l),
+                None => argmax(l),
+            })
+            .collect();
         let mut by_row = vec![None; plan.rows.len()];
         for (&t, &token) in last_of_sampling_rows.iter().zip(&sampled) {
             by_row[slots[t].row] = Some(token);
@@ -128,9 +149,7 @@ impl<'w> CpuExecutor<'w> {
             for (xi, hi) in x.iter().zip(&mut h) {
                 rms_norm(xi, &layer.attn_norm, c.rms_eps, hi);
             }
-            let mut q = layer.q.matmul(&h);
-            let mut k = layer.k.matmul(&h);
-            let v = layer.v.matmul(&h);
+            let [mut q, mut k, v] = layer.qkv(&h);
             for (i, s) in slots.iter().enumerate() {
                 rope(&mut q[i], c, s.position);
                 rope(&mut k[i], c, s.position);
@@ -147,10 +166,14 @@ impl<'w> CpuExecutor<'w> {
             for (i, s) in slots.iter().enumerate() {
                 let table = tables[s.row];
                 let kv = &self.kv;
-                let offsets: Vec<usize> =
-                    (0..=s.position).map(|p| kv.offset(table, p)).collect::<Result<_, _>>()?;
+                // Masked positions are never read; their offsets stand unused at 0.
+                let first = c.window_start(s.position);
+                let mut offsets = vec![0; s.position + 1];
+                for (p, offset) in offsets.iter_mut().enumerate().skip(first) {
+                    *offset = kv.offset(table, p)?;
+                }
                 let (keys, values) = (&kv.keys[l], &kv.values[l]);
-                attended.push(attention(c, &q[i], s.position + 1, |p| {
+                attended.push(attention(c, &q[i], s.position, |p| {
                     (
                         &keys[offsets[p]..offsets[p] + kv.width],
                         &values[offsets[p]..offsets[p] + kv.width],

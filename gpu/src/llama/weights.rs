@@ -1,12 +1,14 @@
-//! A Llama-family model's weights: 32-element block types stay quantized (multiplied as llama.cpp
-//! does, see `matmul`), the others are dequantized to f32 at load.
+//! A Llama-family model's weights, from a GGUF file or a Hugging Face safetensors directory.
+//! 32-element block types stay quantized (multiplied as llama.cpp does, see `blocks`); the others
+//! are widened to f32 at load. Every tensor's shape is checked against the config, and an error
+//! names the file and the tensor.
 
 use std::fmt;
 use std::path::Path;
 
 use super::LlamaConfig;
 use super::matmul::Weight;
-use crate::gguf::{Gguf, dequantize};
+use crate::gguf::{Gguf, TensorType, dequantize};
 
 #[derive(Clone, Debug)]
 pub struct Layer {
@@ -14,6 +16,8 @@ pub struct Layer {
     pub q: Weight,
     pub k: Weight,
     pub v: Weight,
+    /// Added to the Q, K and V projections (Qwen2); `None` elsewhere.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
     pub o: Weight,
     pub ffn_norm: Vec<f32>,
     pub gate: Weight,
@@ -46,42 +50,103 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
+impl LoadError {
+    pub fn new(file: &Path, what: impl Into<String>) -> LoadError {
+        LoadError { file: file.display().to_string(), what: what.into() }
+    }
+}
+
+/// Where tensors come from: by name, checked against the shape the config implies.
+pub(crate) trait TensorSource {
+    fn contains(&self, name: &str) -> bool;
+    /// `name` as `rows` rows of `cols`.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError>;
+    /// `name` as a vector of `len`, in f32.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
+}
+
+/// The names a format gives each tensor.
+pub(crate) struct TensorNames {
+    pub embed: &'static str,
+    pub output_norm: &'static str,
+    pub output: &'static str,
+    /// Layer `i`'s tensor of a role: `attn_norm`, `q`, `k`, `v`, `o`, `q_bias`, `k_bias`,
+    /// `v_bias`, `ffn_norm`, `gate`, `up`, `down`.
+    pub layer: fn(usize, &str) -> String,
+}
+
+impl Layer {
+    /// The Q, K and V projections of the normed inputs `h`, biases added.
+    pub fn qkv(&self, h: &[Vec<f32>]) -> [Vec<Vec<f32>>; 3] {
+        let mut out = [self.q.matmul(h), self.k.matmul(h), self.v.matmul(h)];
+        if let Some(biases) = &self.qkv_bias {
+            for (rows, bias) in out.iter_mut().zip(biases) {
+                for row in rows {
+                    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+                }
+            }
+        }
+        out
+    }
+}
+
 impl LlamaWeights {
     pub fn load_gguf(path: &Path) -> Result<LlamaWeights, LoadError> {
-        let err = |what: String| LoadError { file: path.display().to_string(), what };
-        let file = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-        let gguf = Gguf::parse(&file).map_err(|e| err(e.to_string()))?;
-        Self::from_gguf(&gguf, &file).map_err(err)
+        let file = std::fs::read(path).map_err(|e| LoadError::new(path, e.to_string()))?;
+        let gguf = Gguf::parse(&file).map_err(|e| LoadError::new(path, e.to_string()))?;
+        Self::from_gguf(&gguf, &file).map_err(|what| LoadError::new(path, what))
     }
 
     pub fn from_gguf(gguf: &Gguf, file: &[u8]) -> Result<LlamaWeights, String> {
-        let config = LlamaConfig::from_gguf(gguf)?;
+        let mut config = LlamaConfig::from_gguf(gguf)?;
+        let source = GgufTensors { gguf, file };
+        if source.contains("rope_freqs.weight") {
+            let factors = source.vector("rope_freqs.weight", config.head_dim / 2);
+            config.rope_freq_factors = Some(factors.map_err(|e| e.what)?);
+        }
+        Self::from_source(config, &source, &GGUF_NAMES).map_err(|e| e.what)
+    }
+
+    /// Every tensor the config calls for, from `source` under `names`.
+    pub(crate) fn from_source(
+        config: LlamaConfig,
+        source: &dyn TensorSource,
+        names: &TensorNames,
+    ) -> Result<LlamaWeights, LoadError> {
         let c = &config;
-        let kv = c.kv_heads * c.head_dim;
-        let matrix = |name: &str, rows: usize, cols: usize| load(gguf, file, name, rows, cols);
-        let vector = |name: &str, len: usize| load_vector(gguf, file, name, len);
+        let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
-            let n = |t: &str| format!("blk.{i}.{t}.weight");
+            let n = |role: &str| (names.layer)(i, role);
+            let qkv_bias = if c.qkv_bias {
+                Some([
+                    source.vector(&n("q_bias"), q_width)?,
+                    source.vector(&n("k_bias"), kv_width)?,
+                    source.vector(&n("v_bias"), kv_width)?,
+                ])
+            } else {
+                None
+            };
             layers.push(Layer {
-                attn_norm: vector(&n("attn_norm"), c.hidden)?,
-                q: matrix(&n("attn_q"), c.hidden, c.hidden)?,
-                k: matrix(&n("attn_k"), kv, c.hidden)?,
-                v: matrix(&n("attn_v"), kv, c.hidden)?,
-                o: matrix(&n("attn_output"), c.hidden, c.hidden)?,
-                ffn_norm: vector(&n("ffn_norm"), c.hidden)?,
-                gate: matrix(&n("ffn_gate"), c.ffn, c.hidden)?,
-                up: matrix(&n("ffn_up"), c.ffn, c.hidden)?,
-                down: matrix(&n("ffn_down"), c.hidden, c.ffn)?,
+                attn_norm: source.vector(&n("attn_norm"), c.hidden)?,
+                q: source.matrix(&n("q"), q_width, c.hidden)?,
+                k: source.matrix(&n("k"), kv_width, c.hidden)?,
+                v: source.matrix(&n("v"), kv_width, c.hidden)?,
+                qkv_bias,
+                o: source.matrix(&n("o"), c.hidden, q_width)?,
+                ffn_norm: source.vector(&n("ffn_norm"), c.hidden)?,
+                gate: source.matrix(&n("gate"), c.ffn, c.hidden)?,
+                up: source.matrix(&n("up"), c.ffn, c.hidden)?,
+                down: source.matrix(&n("down"), c.hidden, c.ffn)?,
             });
         }
-        let output = match gguf.tensor("output.weight") {
-            Some(_) => Some(matrix("output.weight", c.vocab_size, c.hidden)?),
-            None => None,
+        let output = match source.contains(names.output) {
+            true => Some(source.matrix(names.output, c.vocab_size, c.hidden)?),
+            false => None,
         };
         Ok(LlamaWeights {
-            embed: matrix("token_embd.weight", c.vocab_size, c.hidden)?,
-            output_norm: vector("output_norm.weight", c.hidden)?,
+            embed: source.matrix(names.embed, c.vocab_size, c.hidden)?,
+            output_norm: source.vector(names.output_norm, c.hidden)?,
             output,
             layers,
             config,
@@ -93,26 +158,73 @@ impl LlamaWeights {
     }
 }
 
-/// Tensor `name`, which must have `rows` rows of `cols` (ggml dims `[cols, rows]`).
-fn load(gguf: &Gguf, file: &[u8], name: &str, rows: usize, cols: usize) -> Result<Weight, String> {
-    let info = gguf.tensor(name).ok_or_else(|| format!("tensor {name:?} is missing"))?;
-    let expected = [cols as u64, rows as u64];
-    if info.dims != expected {
-        return Err(format!(
-            "tensor {name:?} has shape {:?}, the config says {expected:?}",
-            info.dims
-        ));
-    }
-    Ok(Weight::new(info.kind, rows, cols, gguf.tensor_data(file, info)))
+const GGUF_NAMES: TensorNames = TensorNames {
+    embed: "token_embd.weight",
+    output_norm: "output_norm.weight",
+    output: "output.weight",
+    layer: |i, role| {
+        let name = match role {
+            "q" => "attn_q.weight",
+            "k" => "attn_k.weight",
+            "v" => "attn_v.weight",
+            "o" => "attn_output.weight",
+            "q_bias" => "attn_q.bias",
+            "k_bias" => "attn_k.bias",
+            "v_bias" => "attn_v.bias",
+            "attn_norm" => "attn_norm.weight",
+            "ffn_norm" => "ffn_norm.weight",
+            "gate" => "ffn_gate.weight",
+            "up" => "ffn_up.weight",
+            "down" => "ffn_down.weight",
+            other => other,
+        };
+        format!("blk.{i}.{name}")
+    },
+};
+
+/// Tensors of a parsed GGUF file (errors carry no file name: `load_gguf` adds it).
+struct GgufTensors<'a> {
+    gguf: &'a Gguf,
+    file: &'a [u8],
 }
 
-/// Tensor `name`, a vector of `len`, as f32.
-fn load_vector(gguf: &Gguf, file: &[u8], name: &str, len: usize) -> Result<Vec<f32>, String> {
-    let info = gguf.tensor(name).ok_or_else(|| format!("tensor {name:?} is missing"))?;
-    if info.dims != [len as u64] {
-        return Err(format!("tensor {name:?} has shape {:?}, the config says [{len}]", info.dims));
+impl GgufTensors<'_> {
+    fn info(&self, name: &str, dims: &[u64]) -> Result<&crate::gguf::TensorInfo, LoadError> {
+        let err = |what: String| LoadError { file: String::new(), what };
+        let info =
+            self.gguf.tensor(name).ok_or_else(|| err(format!("tensor {name:?} is missing")))?;
+        if info.dims != dims {
+            return Err(err(format!(
+                "tensor {name:?} has shape {:?}, the config says {dims:?}",
+                info.dims
+            )));
+        }
+        Ok(info)
     }
+}
+
+impl TensorSource for GgufTensors<'_> {
+    fn contains(&self, name: &str) -> bool {
+        self.gguf.tensor(name).is_some()
+    }
+
+    /// ggml lists dimensions innermost first: `[cols, rows]`.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
+        let info = self.info(name, &[cols as u64, rows as u64])?;
+        Ok(Weight::new(info.kind, rows, cols, self.gguf.tensor_data(self.file, info)))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        let info = self.info(name, &[len as u64])?;
+        let mut data = vec![0f32; len];
+        dequantize(info.kind, self.gguf.tensor_data(self.file, info), &mut data);
+        Ok(data)
+    }
+}
+
+/// Bytes of `kind` holding `len` f32 values, for formats that store plain floats.
+pub(crate) fn widen(kind: TensorType, bytes: &[u8], len: usize) -> Vec<f32> {
     let mut data = vec![0f32; len];
-    dequantize(info.kind, gguf.tensor_data(file, info), &mut data);
-    Ok(data)
+    dequantize(kind, bytes, &mut data);
+    data
 }

@@ -60,6 +60,33 @@ impl Tokenizer {
         })
     }
 
+    /// From a Hugging Face `tokenizer.json`, with the special tokens `tokenizer_config.json`
+    /// names (`bos_token`, `eos_token`, `add_bos_token`) when there is one. Where the config
+    /// does not say whether to add BOS, the tokenizer's own post-processor decides, as
+    /// transformers would (Llama 3 adds `<|begin_of_text|>` that way).
+    pub fn from_hf(json: &[u8], config: Option<&Value>) -> Result<Tokenizer, String> {
+        let inner = HfTokenizer::from_bytes(json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let special = |key: &str| -> Option<u32> {
+            let value = config?.get(key)?;
+            let text = value.as_str().or_else(|| value.get("content")?.as_str())?;
+            inner.token_to_id(text)
+        };
+        let (bos, eos) = (special("bos_token"), special("eos_token"));
+        let add_bos = match config.and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) {
+            Some(add) => add,
+            None => {
+                let with = inner.encode("a", true).map_err(|e| format!("tokenizer.json: {e}"))?;
+                bos.is_some() && with.get_ids().first().copied() == bos
+            }
+        };
+        Ok(Tokenizer { inner, bos, eos, add_bos })
+    }
+
+    /// The text of token `id` (`<|im_end|>`), for chat templates that name special tokens.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) are recognized,
     /// as llama.cpp does when asked to parse specials.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
