@@ -118,43 +118,61 @@ fn attention_body<'a>(
     position: usize,
     rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
 ) -> Vec<f32> {
+    let d = c.head_dim;
+    let group = c.heads / c.kv_heads;
+    let mut out = vec![0f32; c.heads * d];
+    for (h, out) in out.chunks_exact_mut(d).enumerate() {
+        let kv = (h / group) * d;
+        attend_head(
+            c,
+            &q[h * d..(h + 1) * d],
+            position,
+            |p| &rows(p).0[kv..kv + d],
+            |p| &rows(p).1[kv..kv + d],
+            out,
+        );
+    }
+    out
+}
+
+/// One query head of the token at `position` over the keys and values of one KV head.
+#[inline(always)]
+pub(crate) fn attend_head<'a>(
+    c: &LlamaConfig,
+    q: &[f32],
+    position: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
     // Positions before `first` are masked: a zero weight, exactly as llama.cpp's -inf mask gives
     // (lanes stay indexed by absolute position, as its padded KV length has them).
     let first = c.window_start(position);
-    let positions = position + 1;
     let d = c.head_dim;
-    let group = c.heads / c.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0f32; c.heads * d];
-    let mut scores = vec![0f32; positions];
+    let q: Vec<f32> = q.iter().map(|&v| round_to_f16(v)).collect();
+    let mut scores = vec![0f32; position + 1];
+    for (p, score) in scores.iter_mut().enumerate() {
+        if p < first {
+            *score = f32::NEG_INFINITY;
+            continue;
+        }
+        let key = key(p);
+        *score = numerics::dot_f16_lanes(d, |i| (key[i], q[i])) * scale;
+    }
+    numerics::softmax(&mut scores);
+    // Value dimension `i` is a dot product over positions: position p feeds lane p % 32.
     let mut lanes = vec![[[0f32; 8]; 4]; d];
-    for h in 0..c.heads {
-        let kv_head = h / group;
-        let q: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|&v| round_to_f16(v)).collect();
-        for (p, score) in scores.iter_mut().enumerate() {
-            if p < first {
-                *score = f32::NEG_INFINITY;
-                continue;
-            }
-            let key = &rows(p).0[kv_head * d..][..d];
-            *score = numerics::dot_f16_lanes(d, |i| (key[i], q[i])) * scale;
-        }
-        numerics::softmax(&mut scores);
-        // Value dimension `i` is a dot product over positions: position p feeds lane p % 32.
-        lanes.iter_mut().for_each(|l| *l = [[0f32; 8]; 4]);
-        for (p, &s) in scores.iter().enumerate().skip(first) {
-            let w = round_to_f16(s);
-            let value = &rows(p).1[kv_head * d..][..d];
-            for (lane, &v) in lanes.iter_mut().zip(value) {
-                let acc = &mut lane[(p % 32) / 8][p % 8];
-                *acc = v.mul_add(w, *acc);
-            }
-        }
-        for (o, lane) in out[h * d..(h + 1) * d].iter_mut().zip(&lanes) {
-            *o = numerics::reduce_lanes(lane);
+    for (p, &s) in scores.iter().enumerate().skip(first) {
+        let w = round_to_f16(s);
+        for (lane, &v) in lanes.iter_mut().zip(value(p)) {
+            let acc = &mut lane[(p % 32) / 8][p % 8];
+            *acc = v.mul_add(w, *acc);
         }
     }
-    out
+    for (o, lane) in out.iter_mut().zip(&lanes) {
+        *o = numerics::reduce_lanes(lane);
+    }
 }
 
 pub(crate) fn add(x: &mut [f32], y: &[f32]) {

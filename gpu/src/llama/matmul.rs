@@ -92,6 +92,43 @@ impl Weight {
         }
     }
 
+    /// The inputs `xs` as this weight's products take them (quantized, for block weights).
+    pub(crate) fn activations<'a>(&self, xs: &'a [Vec<f32>]) -> Vec<Activation<'a>> {
+        xs.iter().map(|x| self.activation(x)).collect()
+    }
+
+    /// Whether `acts`, prepared for another weight, are what this weight's products take: the
+    /// same activations serve Q, K and V (and gate and up) when their types agree.
+    pub(crate) fn accepts(&self, acts: &[Activation<'_>]) -> bool {
+        acts.iter().all(|act| {
+            matches!(
+                (self, act),
+                (Weight::Dense { .. }, Activation::Dense(_))
+                    | (Weight::Quantized(_), Activation::Q8(_))
+            )
+        })
+    }
+
+    /// Rows `rows` of the product with each of `acts`, each handed to `store(input, row, value)`:
+    /// a team member's share of a product. The same dot products as `matmul`'s.
+    pub(crate) fn rows_with(
+        &self,
+        rows: std::ops::Range<usize>,
+        acts: &[Activation<'_>],
+        mut store: impl FnMut(usize, usize, f32),
+    ) {
+        kernels::run(
+            #[inline(always)]
+            || {
+                for r in rows {
+                    for (i, act) in acts.iter().enumerate() {
+                        store(i, r, self.row_dot(r, act));
+                    }
+                }
+            },
+        );
+    }
+
     fn activation<'a>(&self, x: &'a [f32]) -> Activation<'a> {
         match self {
             Weight::Dense { .. } => Activation::Dense(x),
@@ -121,7 +158,7 @@ impl Weight {
 const ROWS_PER_TASK: usize = 16;
 
 /// An activation as a weight's product needs it.
-enum Activation<'a> {
+pub(crate) enum Activation<'a> {
     Dense(&'a [f32]),
     Q8(Q8),
 }

@@ -11,11 +11,12 @@ mod kernels;
 mod matmul;
 mod numerics;
 mod paged;
+mod team;
 mod weights;
 
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use hf_weights::load_hf_dir;
 pub use matmul::Weight;
-pub use paged::{CpuExecutor, PagedKv};
+pub use paged::{CpuExecutor, KvShard};
 pub use weights::{Layer, LlamaWeights, LoadError};

@@ -2,55 +2,65 @@
 //! layer by layer, with its KV read and written through its request's page table. Rows never mix:
 //! each token's arithmetic is the same, in the same order, as the single-sequence reference, so a
 //! request's output is bit-identical alone or in any batch (batch invariance by construction).
+//!
+//! A step runs on a `team`: each member takes a fixed share of every product's rows, and owns the
+//! KV of a fixed set of KV heads (head `h` lives in shard `h % members`), whose attention it
+//! computes. Who computes a value never changes the value.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
-use super::LlamaWeights;
-use super::forward::{add, attention, rope, swiglu};
-use super::kernels;
-use super::numerics::rms_norm;
+use super::forward::{attend_head, rope};
+use super::numerics::{self, rms_norm};
+use super::team::{self, Shared};
+use super::{LlamaConfig, LlamaWeights, kernels};
 use crate::gguf::round_to_f16;
 use crate::sampling::{Sampler, argmax};
 
-/// KV of every page of the pool, per layer: `pages * page_tokens` positions of
-/// `kv_heads * head_dim` keys, and as many values, held at half precision (as f32 values).
+/// The KV of some KV heads for every page of the pool, per layer: `pages * page_tokens`
+/// positions of `heads.len() * head_dim` keys, and as many values, held at half precision (as
+/// f32 values).
 #[derive(Clone, Debug)]
-pub struct PagedKv {
-    page_tokens: usize,
+pub struct KvShard {
+    /// The model's KV heads this shard holds, ascending.
+    heads: Vec<usize>,
     width: usize,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
 }
 
-impl PagedKv {
-    pub fn new(weights: &LlamaWeights, pool: PoolConfig) -> PagedKv {
-        let c = &weights.config;
-        let width = c.kv_heads * c.head_dim;
+impl KvShard {
+    fn new(c: &LlamaConfig, pool: PoolConfig, heads: Vec<usize>) -> KvShard {
+        let width = heads.len() * c.head_dim;
         let len = pool.pages_total as usize * pool.page_tokens as usize * width;
-        PagedKv {
-            page_tokens: pool.page_tokens as usize,
+        KvShard {
+            heads,
             width,
             keys: vec![vec![0.0; len]; c.layers],
             values: vec![vec![0.0; len]; c.layers],
         }
     }
-
-    fn offset(&self, table: &[PageRef], position: usize) -> Result<usize, String> {
-        let page = table
-            .get(position / self.page_tokens)
-            .ok_or_else(|| format!("position {position} has no page (table of {})", table.len()))?;
-        Ok((page.index() as usize * self.page_tokens + position % self.page_tokens) * self.width)
-    }
 }
 
-/// One token of a step: its row, position and input.
+/// Where position `position` of a request with page table `table` sits in the cache, counted
+/// in positions.
+fn cache_index(table: &[PageRef], page_tokens: usize, position: usize) -> Result<usize, String> {
+    let page = table
+        .get(position / page_tokens)
+        .ok_or_else(|| format!("position {position} has no page (table of {})", table.len()))?;
+    Ok(page.index() as usize * page_tokens + position % page_tokens)
+}
+
+/// One token of a step: its row, position, input, and the cache index of every position it
+/// attends to.
 struct Slot {
     row: usize,
     position: usize,
     token: u32,
+    cache: Vec<usize>,
 }
 
 /// Executes plans on the CPU over paged KV. Each request's tokens are chosen by its own sampler
@@ -58,7 +68,9 @@ struct Slot {
 #[derive(Debug)]
 pub struct CpuExecutor<'w> {
     weights: &'w LlamaWeights,
-    kv: PagedKv,
+    page_tokens: usize,
+    /// One per team member, each locked by its member for a step.
+    kv: Vec<Mutex<KvShard>>,
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
@@ -66,10 +78,31 @@ pub struct CpuExecutor<'w> {
 }
 
 impl<'w> CpuExecutor<'w> {
+    /// An executor on as many threads as the machine offers.
     pub fn new(weights: &'w LlamaWeights, pool: PoolConfig, slots: u32) -> CpuExecutor<'w> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_threads(weights, pool, slots, threads)
+    }
+
+    /// An executor whose steps run on `threads` threads (at least one).
+    pub fn with_threads(
+        weights: &'w LlamaWeights,
+        pool: PoolConfig,
+        slots: u32,
+        threads: usize,
+    ) -> CpuExecutor<'w> {
+        let c = &weights.config;
+        let threads = threads.max(1);
+        let kv = (0..threads)
+            .map(|m| {
+                let heads = (0..c.kv_heads).filter(|h| h % threads == m).collect();
+                Mutex::new(KvShard::new(c, pool, heads))
+            })
+            .collect();
         CpuExecutor {
             weights,
-            kv: PagedKv::new(weights, pool),
+            page_tokens: pool.page_tokens as usize,
+            kv,
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
@@ -88,40 +121,41 @@ impl<'w> CpuExecutor<'w> {
 
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
     pub fn execute(&mut self, plan: &StepPlan) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
-        kernels::in_pool(|| self.execute_in_pool(plan))
-    }
-
-    fn execute_in_pool(&mut self, plan: &StepPlan) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
         self.tables.apply(plan)?;
+        let c = &self.weights.config;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
         for (r, row) in plan.rows.iter().enumerate() {
             if row.positions.is_empty() {
                 return Err(format!("{}: a row with no position to compute", row.request));
             }
+            let table = self.tables.table(row.slot);
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
-                slots.push(Slot {
-                    row: r,
-                    position: position as usize,
-                    token: self.recent.resolve(*input)?,
-                });
+                let position = position as usize;
+                let token = self.recent.resolve(*input)?;
+                if token as usize >= c.vocab_size {
+                    return Err(format!(
+                        "{}: token {token} is outside the vocabulary",
+                        row.request
+                    ));
+                }
+                // Every cache position the token writes or reads, checked before the team starts
+                // so that members cannot fail halfway. Masked positions stay unused at 0.
+                let mut cache = vec![0; position + 1];
+                for (p, at) in cache.iter_mut().enumerate().skip(c.window_start(position)) {
+                    *at = cache_index(table, self.page_tokens, p)?;
+                }
+                slots.push(Slot { row: r, position, token, cache });
             }
         }
-        let last_of_sampling_rows: Vec<usize> = plan
+        let sampling: Vec<usize> = plan
             .rows
             .iter()
             .enumerate()
             .filter(|(_, row)| row.sample)
             .map(|(r, _)| slots.iter().rposition(|s| s.row == r).expect("a row has a token"))
             .collect();
-        let hidden = self.forward(plan, &slots)?;
-        let c = &self.weights.config;
-        let mut logits = Vec::with_capacity(last_of_sampling_rows.len());
-        let mut normed = vec![0f32; c.hidden];
-        for &t in &last_of_sampling_rows {
-            rms_norm(&hidden[t], &self.weights.output_norm, c.rms_eps, &mut normed);
-            logits.push(self.weights.output().matvec(&normed));
-        }
-        let sampled: Vec<u32> = last_of_sampling_rows
+        let logits = self.forward(&slots, &sampling);
+        let sampled: Vec<u32> = sampling
             .iter()
             .zip(&logits)
             .map(|(&t, l)| match self.samplers.get_mut(&plan.rows[slots[t].row].request) {
@@ -130,71 +164,185 @@ impl<'w> CpuExecutor<'w> {
             })
             .collect();
         let mut by_row = vec![None; plan.rows.len()];
-        for (&t, &token) in last_of_sampling_rows.iter().zip(&sampled) {
+        for (&t, &token) in sampling.iter().zip(&sampled) {
             by_row[slots[t].row] = Some(token);
         }
         self.recent.record(plan.step, by_row);
         Ok((StepOutputs { step: plan.step, sampled }, logits))
     }
 
-    /// Every token of the step through every layer; returns the final hidden states.
-    fn forward(&mut self, plan: &StepPlan, slots: &[Slot]) -> Result<Vec<Vec<f32>>, String> {
+    /// Every token of the step through every layer, on the team; returns the logits of the
+    /// tokens `sampling` lists.
+    fn forward(&self, slots: &[Slot], sampling: &[usize]) -> Vec<Vec<f32>> {
         let w = self.weights;
         let c = &w.config;
-        let tables: Vec<&[PageRef]> =
-            plan.rows.iter().map(|row| self.tables.table(row.slot)).collect();
-        let mut x: Vec<Vec<f32>> = slots.iter().map(|s| w.embed.row(s.token as usize)).collect();
-        let mut h = vec![vec![0f32; c.hidden]; slots.len()];
-        for (l, layer) in w.layers.iter().enumerate() {
-            for (xi, hi) in x.iter().zip(&mut h) {
-                rms_norm(xi, &layer.attn_norm, c.rms_eps, hi);
-            }
-            let [mut q, mut k, v] = layer.qkv(&h);
-            for (i, s) in slots.iter().enumerate() {
-                rope(&mut q[i], c, s.position);
-                rope(&mut k[i], c, s.position);
-                let at = self.kv.offset(tables[s.row], s.position)?;
-                let width = self.kv.width;
-                for (dst, &src) in self.kv.keys[l][at..at + width].iter_mut().zip(&k[i]) {
-                    *dst = round_to_f16(src);
+        let n = slots.len();
+        let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let q = Shared::new(n, q_width);
+        let k = Shared::new(n, kv_width);
+        let v = Shared::new(n, kv_width);
+        let attended = Shared::new(n, q_width);
+        let o = Shared::new(n, c.hidden);
+        let act = Shared::new(n, c.ffn);
+        let down = Shared::new(n, c.hidden);
+        let logits = Shared::new(sampling.len(), c.vocab_size);
+        team::run(self.kv.len(), |me| {
+            let mut shard = self.kv[me.index].lock().expect("a KV shard is never poisoned");
+            // Every member keeps the residual stream of every token: it is small, and computing
+            // the norms twice costs less than another barrier.
+            let mut x: Vec<Vec<f32>> =
+                slots.iter().map(|s| w.embed.row(s.token as usize)).collect();
+            let mut h = vec![vec![0f32; c.hidden]; n];
+            let mut row = vec![0f32; c.ffn.max(q_width).max(c.hidden)];
+            for (l, layer) in w.layers.iter().enumerate() {
+                for (xi, hi) in x.iter().zip(&mut h) {
+                    rms_norm(xi, &layer.attn_norm, c.rms_eps, hi);
                 }
-                for (dst, &src) in self.kv.values[l][at..at + width].iter_mut().zip(&v[i]) {
-                    *dst = round_to_f16(src);
+                let h_acts = layer.q.activations(&h);
+                for (weight, out) in [(&layer.q, &q), (&layer.k, &k), (&layer.v, &v)] {
+                    let own;
+                    let acts = if weight.accepts(&h_acts) {
+                        &h_acts
+                    } else {
+                        own = weight.activations(&h);
+                        &own
+                    };
+                    weight.rows_with(me.share(weight.rows()), acts, |i, r, y| out.set(i, r, y));
+                }
+                me.sync();
+                self.attend(l, slots, [&q, &k, &v], &attended, &mut shard);
+                me.sync();
+                let all_attended = attended.rows();
+                let acts = layer.o.activations(&all_attended);
+                layer.o.rows_with(me.share(c.hidden), &acts, |i, r, y| o.set(i, r, y));
+                me.sync();
+                for (i, (xi, hi)) in x.iter_mut().zip(&mut h).enumerate() {
+                    o.read(i, &mut row[..c.hidden]);
+                    xi.iter_mut().zip(&row).for_each(|(a, b)| *a += b);
+                    rms_norm(xi, &layer.ffn_norm, c.rms_eps, hi);
+                }
+                // Gate and up rows of the same share, then SiLU over that share at once.
+                let rows = me.share(c.ffn);
+                let gate_acts = layer.gate.activations(&h);
+                let own;
+                let up_acts = if layer.up.accepts(&gate_acts) {
+                    &gate_acts
+                } else {
+                    own = layer.up.activations(&h);
+                    &own
+                };
+                let mut gate = vec![vec![0f32; rows.len()]; n];
+                let mut up = vec![vec![0f32; rows.len()]; n];
+                let first = rows.start;
+                layer.gate.rows_with(rows.clone(), &gate_acts, |i, r, y| gate[i][r - first] = y);
+                layer.up.rows_with(rows.clone(), up_acts, |i, r, y| up[i][r - first] = y);
+                for (i, (g, u)) in gate.iter().zip(&up).enumerate() {
+                    for (j, y) in swiglu(g, u).into_iter().enumerate() {
+                        act.set(i, first + j, y);
+                    }
+                }
+                me.sync();
+                let all_act = act.rows();
+                let acts = layer.down.activations(&all_act);
+                layer.down.rows_with(me.share(c.hidden), &acts, |i, r, y| down.set(i, r, y));
+                me.sync();
+                for (i, xi) in x.iter_mut().enumerate() {
+                    down.read(i, &mut row[..c.hidden]);
+                    xi.iter_mut().zip(&row).for_each(|(a, b)| *a += b);
                 }
             }
-            let mut attended = Vec::with_capacity(slots.len());
-            for (i, s) in slots.iter().enumerate() {
-                let table = tables[s.row];
-                let kv = &self.kv;
-                // Masked positions are never read; their offsets stand unused at 0.
-                let first = c.window_start(s.position);
-                let mut offsets = vec![0; s.position + 1];
-                for (p, offset) in offsets.iter_mut().enumerate().skip(first) {
-                    *offset = kv.offset(table, p)?;
+            let normed: Vec<Vec<f32>> = sampling
+                .iter()
+                .map(|&t| {
+                    let mut out = vec![0f32; c.hidden];
+                    rms_norm(&x[t], &w.output_norm, c.rms_eps, &mut out);
+                    out
+                })
+                .collect();
+            let output = w.output();
+            let acts = output.activations(&normed);
+            output.rows_with(me.share(c.vocab_size), &acts, |i, r, y| logits.set(i, r, y));
+            me.sync();
+        });
+        logits.rows()
+    }
+
+    /// This member's attention: the tokens' keys and values of its KV heads into the cache, then
+    /// every query head of those KV heads, for every token.
+    fn attend(
+        &self,
+        layer: usize,
+        slots: &[Slot],
+        [q, k, v]: [&Shared; 3],
+        attended: &Shared,
+        shard: &mut KvShard,
+    ) {
+        let c = &self.weights.config;
+        let d = c.head_dim;
+        let group = c.heads / c.kv_heads;
+        let bias = self.weights.layers[layer].qkv_bias.as_ref();
+        let (mut q_row, mut k_row, mut v_row) =
+            (vec![0f32; c.heads * d], vec![0f32; c.kv_heads * d], vec![0f32; c.kv_heads * d]);
+        // Keys and values first: a token of a prefill chunk attends to the ones before it.
+        for (i, s) in slots.iter().enumerate() {
+            k.read(i, &mut k_row);
+            v.read(i, &mut v_row);
+            if let Some([_, kb, vb]) = bias {
+                k_row.iter_mut().zip(kb).for_each(|(x, b)| *x += b);
+                v_row.iter_mut().zip(vb).for_each(|(x, b)| *x += b);
+            }
+            rope(&mut k_row, c, s.position);
+            let at = s.cache[s.position] * shard.width;
+            for (j, &head) in shard.heads.iter().enumerate() {
+                let (src, dst) = (head * d..(head + 1) * d, at + j * d..at + (j + 1) * d);
+                for (o, &x) in shard.keys[layer][dst.clone()].iter_mut().zip(&k_row[src.clone()]) {
+                    *o = round_to_f16(x);
                 }
-                let (keys, values) = (&kv.keys[l], &kv.values[l]);
-                attended.push(attention(c, &q[i], s.position, |p| {
-                    (
-                        &keys[offsets[p]..offsets[p] + kv.width],
-                        &values[offsets[p]..offsets[p] + kv.width],
-                    )
-                }));
-            }
-            let o = layer.o.matmul(&attended);
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                add(xi, oi);
-            }
-            for (xi, hi) in x.iter().zip(&mut h) {
-                rms_norm(xi, &layer.ffn_norm, c.rms_eps, hi);
-            }
-            let gate = layer.gate.matmul(&h);
-            let up = layer.up.matmul(&h);
-            let act: Vec<Vec<f32>> = gate.iter().zip(&up).map(|(g, u)| swiglu(g, u)).collect();
-            let down = layer.down.matmul(&act);
-            for (xi, di) in x.iter_mut().zip(&down) {
-                add(xi, di);
+                for (o, &x) in shard.values[layer][dst].iter_mut().zip(&v_row[src]) {
+                    *o = round_to_f16(x);
+                }
             }
         }
-        Ok(x)
+        let shard = &*shard;
+        let (keys, values) = (&shard.keys[layer], &shard.values[layer]);
+        let mut out = vec![0f32; d];
+        for (i, s) in slots.iter().enumerate() {
+            q.read(i, &mut q_row);
+            if let Some([qb, _, _]) = bias {
+                q_row.iter_mut().zip(qb).for_each(|(x, b)| *x += b);
+            }
+            rope(&mut q_row, c, s.position);
+            for (j, &kv_head) in shard.heads.iter().enumerate() {
+                for h in kv_head * group..(kv_head + 1) * group {
+                    let at = |p: usize| s.cache[p] * shard.width + j * d;
+                    kernels::run(
+                        #[inline(always)]
+                        || {
+                            attend_head(
+                                c,
+                                &q_row[h * d..(h + 1) * d],
+                                s.position,
+                                |p| &keys[at(p)..at(p) + d],
+                                |p| &values[at(p)..at(p) + d],
+                                &mut out,
+                            )
+                        },
+                    );
+                    for (col, &y) in out.iter().enumerate() {
+                        attended.set(i, h * d + col, y);
+                    }
+                }
+            }
+        }
     }
+}
+
+/// SiLU of `gate` times `up`, with the CPU's fused multiply-add.
+fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; gate.len()];
+    kernels::run(
+        #[inline(always)]
+        || numerics::swiglu(gate, up, &mut out),
+    );
+    out
 }
