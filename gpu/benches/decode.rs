@@ -1,7 +1,8 @@
 //! `cargo bench -p lockstep-gpu --bench decode`: decode tokens/s at batch 1 and 32 and prefill
 //! tokens/s on the default model (LOCKSTEP_DEFAULT_MODEL), through the CPU executor and the
-//! scheduler, as a server would run them. `gpu/benches/llamacpp_decode.py` measures llama.cpp the
-//! same way on the same file; BENCHMARKS.md holds both, side by side.
+//! scheduler, as a server would run them; then, in the same run, llama.cpp on the same file and
+//! threads (`llamacpp_decode.py`, when llama-cpp-python is installed) and the machine's read
+//! bandwidth, the bound on batch-1 decode. BENCHMARKS.md records the output.
 
 #![allow(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
 #![allow(clippy::unwrap_used, reason = "benchmark setup: a panic is the report")]
@@ -70,6 +71,46 @@ fn measure(weights: &LlamaWeights, batch: u32) -> (f64, f64) {
     (prefill, decoded as f64 / start.elapsed().as_secs_f64())
 }
 
+/// Read bandwidth of this machine with `threads` threads: each sums its share of a buffer far
+/// larger than the caches, best of three.
+fn read_bandwidth(threads: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let total: u64 = std::thread::scope(|scope| {
+            let handles: Vec<_> = buffer
+                .chunks(words.div_ceil(threads))
+                .map(|chunk| {
+                    scope.spawn(move || chunk.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// llama.cpp's numbers from `llamacpp_decode.py` on the same file and threads, if llama-cpp-python
+/// is installed: (prefill, decode) tokens/s.
+fn llama_cpp(path: &str, threads: usize) -> Option<(f64, f64)> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_decode.py");
+    let out = std::process::Command::new("python3")
+        .args([script, path, &threads.to_string()])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("llama.cpp"))?;
+    println!("{line}");
+    let number = |after: &str| -> Option<f64> {
+        line.split(after).nth(1)?.split_whitespace().next()?.parse().ok()
+    };
+    Some((number("prefill")?, number("decode")?))
+}
+
 fn main() {
     let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
         eprintln!("set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
@@ -79,10 +120,33 @@ fn main() {
     let gguf = Gguf::parse(&file).unwrap();
     let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut ours = Vec::new();
     for batch in [1, 32] {
         let (prefill, decode) = measure(&weights, batch);
+        ours.push((prefill, decode));
         println!(
             "lockstep  batch {batch:>2}: prefill {prefill:8.1} tokens/s, decode {decode:8.1} tokens/s ({threads} threads)"
         );
+    }
+    // A decode step reads every weight once (the output projection is the tied embedding, read
+    // whole), so the file's size over the read bandwidth bounds batch-1 decode from above.
+    let bandwidth = read_bandwidth(threads);
+    let bound = bandwidth / file.len() as f64;
+    println!(
+        "memory: {:.1} GB/s read with {threads} threads; {:.0} MB of weights a token: at most {bound:.0} tokens/s at batch 1",
+        bandwidth / 1e9,
+        file.len() as f64 / 1e6
+    );
+    println!("lockstep batch-1 decode is {:.2} of that bound", ours[0].1 / bound);
+    match llama_cpp(&path, threads) {
+        Some((prefill, decode)) => {
+            println!("llama.cpp batch-1 decode is {:.2} of the bound", decode / bound);
+            println!(
+                "lockstep / llama.cpp: batch-1 decode {:.2}, prefill {:.2}",
+                ours[0].1 / decode,
+                ours[0].0 / prefill
+            );
+        }
+        None => println!("llama.cpp: not measured (pip install llama-cpp-python, see the script)"),
     }
 }
