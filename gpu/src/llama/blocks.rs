@@ -93,16 +93,56 @@ impl BlockRows {
             TensorType::Q4_0 => q4_lanes(scales, quants, act, true),
             _ => q4_lanes(scales, quants, act, false),
         };
-        if self.kind == TensorType::Q4_1 {
-            // The minimum's share, summed apart as llama.cpp's `summs`.
-            let mut summs = 0f32;
-            for (&m, &s) in self.mins[blocks].iter().zip(&act.s) {
-                summs = m.mul_add(s, summs);
+        self.finish(&lanes, blocks, act)
+    }
+}
+
+impl BlockRows {
+    /// Row `r` times four activations: `dot` four times over, faster (the row is unpacked once).
+    #[inline(always)]
+    pub fn dot4(&self, r: usize, acts: [&Q8; 4]) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if kernels::has_avx2_fma() {
+            let per_row = self.cols / 32;
+            let blocks = r * per_row..(r + 1) * per_row;
+            let scales = &self.scales[blocks.clone()];
+            let quant_bytes = layout(self.kind).1;
+            let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
+            let inputs = acts.map(|a| (a.d.as_slice(), a.q.as_slice()));
+            #[allow(
+                unsafe_code,
+                reason = "functions compiled for CPU features detected at run time"
+            )]
+            // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
+            let lanes = unsafe {
+                match self.kind {
+                    TensorType::Q8_0 => kernels::avx2::q8_lanes4(scales, quants, inputs),
+                    kind => {
+                        kernels::avx2::q4_lanes4(scales, quants, inputs, kind == TensorType::Q4_0)
+                    }
+                }
+            };
+            let mut out = [0f32; 4];
+            for ((o, lanes), act) in out.iter_mut().zip(&lanes).zip(acts) {
+                *o = self.finish(lanes, blocks.clone(), act);
             }
-            hsum8(&lanes) + summs
-        } else {
-            hsum8(&lanes)
+            return out;
         }
+        acts.map(|act| self.dot(r, act))
+    }
+
+    /// The lanes reduced, plus for `Q4_1` the minimum times the activation's block sums, summed
+    /// apart as llama.cpp's `summs`.
+    #[inline(always)]
+    fn finish(&self, lanes: &[f32; 8], blocks: std::ops::Range<usize>, act: &Q8) -> f32 {
+        if self.kind != TensorType::Q4_1 {
+            return hsum8(lanes);
+        }
+        let mut summs = 0f32;
+        for (&m, &s) in self.mins[blocks].iter().zip(&act.s) {
+            summs = m.mul_add(s, summs);
+        }
+        hsum8(lanes) + summs
     }
 }
 
@@ -293,6 +333,16 @@ mod tests {
                     .sum();
                 let ours = weights.dot(r, &act);
                 assert!((ours - exact).abs() <= bound * 1.01 + 1e-4, "{kind:?} {ours} {exact}");
+            }
+            // Four inputs at once give each one's product, bit for bit.
+            let acts: Vec<Q8> = (0..4)
+                .map(|k| Q8::quantize(&x.iter().map(|v| v * (k as f32 - 1.5)).collect::<Vec<_>>()))
+                .collect();
+            for r in 0..rows {
+                let four = weights.dot4(r, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                let one_by_one: Vec<u32> =
+                    acts.iter().map(|a| weights.dot(r, a).to_bits()).collect();
+                assert_eq!(four.map(f32::to_bits).to_vec(), one_by_one, "{kind:?} row {r}");
             }
             // The rebuilt row equals the file's dequantization.
             let mut direct = vec![0f32; rows * cols];

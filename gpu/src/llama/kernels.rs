@@ -114,6 +114,69 @@ pub(crate) mod avx2 {
         to_array(acc)
     }
 
+    /// `q4_lanes` of one weight row against four activations at once: each block's nibbles are
+    /// loaded and unpacked once for all four. Each activation's lanes accumulate in the same order
+    /// as alone, so the results equal four `q4_lanes` calls bit for bit.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q4_lanes4(
+        scales: &[f32],
+        quants: &[u8],
+        acts: [(&[f32], &[i8]); 4],
+        centered: bool,
+    ) -> [[f32; 8]; 4] {
+        let low = _mm256_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (b, (packed, &d)) in quants.chunks_exact(16).zip(scales).enumerate() {
+            // SAFETY: `packed` is 16 bytes, what the unaligned load reads.
+            let packed = unsafe { _mm_loadu_si128(packed.as_ptr().cast()) };
+            let nibbles =
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+            let (x, ax) = if centered {
+                let x = _mm256_sub_epi8(nibbles, eight);
+                (x, _mm256_sign_epi8(x, x))
+            } else {
+                (nibbles, nibbles)
+            };
+            for (acc, &(act_scales, act)) in acc.iter_mut().zip(&acts) {
+                let q = &act[32 * b..32 * b + 32];
+                // SAFETY: `q` is 32 bytes, what the unaligned load reads.
+                let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+                let q = if centered { _mm256_sign_epi8(q, x) } else { q };
+                let lanes =
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, q), ones));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * act_scales[b]), lanes, *acc);
+            }
+        }
+        [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]
+    }
+
+    /// `q8_lanes` of one weight row against four activations at once (see `q4_lanes4`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q8_lanes4(
+        scales: &[f32],
+        quants: &[u8],
+        acts: [(&[f32], &[i8]); 4],
+    ) -> [[f32; 8]; 4] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (b, (w, &d)) in quants.chunks_exact(32).zip(scales).enumerate() {
+            // SAFETY: `w` is 32 bytes, what the unaligned load reads.
+            let x = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
+            let ax = _mm256_sign_epi8(x, x);
+            for (acc, &(act_scales, act)) in acc.iter_mut().zip(&acts) {
+                let q = &act[32 * b..32 * b + 32];
+                // SAFETY: `q` is 32 bytes, what the unaligned load reads.
+                let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+                let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(q, x));
+                let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * act_scales[b]), lanes, *acc);
+            }
+        }
+        [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]
+    }
+
     /// Lane accumulators of a row of 8-bit blocks (32 signed bytes each) against 8-bit
     /// activations, each block scaled by `scales[b] * act_scales[b]`.
     #[target_feature(enable = "avx2,fma")]
@@ -141,6 +204,7 @@ pub(crate) mod avx2 {
     }
 
     #[target_feature(enable = "avx2")]
+    #[inline]
     fn to_array(v: __m256) -> [f32; 8] {
         let mut out = [0f32; 8];
         // SAFETY: `out` is eight f32s, what the unaligned store writes.

@@ -121,7 +121,21 @@ impl Weight {
             #[inline(always)]
             || {
                 for r in rows {
-                    for (i, act) in acts.iter().enumerate() {
+                    let mut i = 0;
+                    // Four inputs at a time share one pass over a quantized row.
+                    if let Weight::Quantized(blocks) = self {
+                        while i + 4 <= acts.len() {
+                            let four = [0, 1, 2, 3].map(|j| match &acts[i + j] {
+                                Activation::Q8(act) => act,
+                                Activation::Dense(_) => unreachable!("a dense input to blocks"),
+                            });
+                            for (j, y) in blocks.dot4(r, four).into_iter().enumerate() {
+                                store(i + j, r, y);
+                            }
+                            i += 4;
+                        }
+                    }
+                    for (i, act) in acts.iter().enumerate().skip(i) {
                         store(i, r, self.row_dot(r, act));
                     }
                 }
