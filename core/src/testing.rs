@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::Time;
 use crate::kv::PoolConfig;
-use crate::model::ProvenanceModel;
+use crate::model::{Executor, ProvenanceModel};
 use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,

@@ -55,7 +55,7 @@ fn measure(weights: &LlamaWeights, batch: u32) -> (f64, f64) {
     let mut step = |sched: &mut Scheduler| -> usize {
         let plan = sched.plan_step(Time::ZERO).unwrap();
         let tokens = plan.tokens_total() as usize;
-        let (outputs, _) = executor.execute(&plan).unwrap();
+        let (outputs, _) = executor.execute_with_logits(&plan).unwrap();
         sched.apply_outputs(&outputs, Time::ZERO).unwrap();
         while sched.poll_event().is_some() {}
         tokens

@@ -72,7 +72,7 @@ fn run(
     let mut finished = BTreeMap::new();
     for _ in 0..200 {
         let Some(plan) = sched.plan_step(Time::ZERO) else { break };
-        let (outputs, logits) = executor.execute(&plan).unwrap();
+        let (outputs, logits) = executor.execute_with_logits(&plan).unwrap();
         let sampling: Vec<_> = plan.rows.iter().filter(|r| r.sample).collect();
         for (row, l) in sampling.iter().zip(&logits) {
             if row.request == WATCHED {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::Executor;
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
 use lockstep_gpu::chat::Message;
 use lockstep_gpu::llama::CpuExecutor;
@@ -106,7 +107,7 @@ pub fn run(options: &Options) -> Result<(), String> {
     while sched.requests_held() > 0 {
         // One request on a pool sized for it always has a step to run; no step would be a wedge.
         let plan = sched.plan_step(Time::ZERO).ok_or("the scheduler planned no step")?;
-        let (outputs, _) = executor.execute(&plan)?;
+        let outputs = executor.execute(&plan).map_err(|e| e.to_string())?;
         sched.apply_outputs(&outputs, Time::ZERO).map_err(|e| e.to_string())?;
         while let Some(event) = sched.poll_event() {
             match event {

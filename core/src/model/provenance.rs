@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use super::{ExecError, Executor};
 use crate::kv::PoolConfig;
 use crate::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
 
@@ -34,18 +35,6 @@ impl fmt::Debug for ProvenanceModel {
     }
 }
 
-/// A plan this model cannot execute: a scheduler bug, reported rather than guessed around.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProvenanceError(pub String);
-
-impl fmt::Display for ProvenanceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "provenance model: {}", self.0)
-    }
-}
-
-impl std::error::Error for ProvenanceError {}
-
 impl ProvenanceModel {
     pub fn new(pool: PoolConfig, slots: u32, vocab_size: u32) -> ProvenanceModel {
         ProvenanceModel {
@@ -56,22 +45,24 @@ impl ProvenanceModel {
             recent: RecentSamples::default(),
         }
     }
+}
 
-    /// Executes one step: writes the KV of every planned position, then samples each sampling row.
-    pub fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ProvenanceError> {
-        self.tables.apply(plan).map_err(ProvenanceError)?;
+impl Executor for ProvenanceModel {
+    /// Writes the KV of every planned position, then samples each sampling row.
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
+        self.tables.apply(plan).map_err(ExecError)?;
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
         for row in &plan.rows {
             if row.positions.is_empty() {
                 // A real model gets logits only by computing a position; neither may this one.
-                return Err(ProvenanceError(format!(
+                return Err(ExecError(format!(
                     "{}: a row with no position to compute",
                     row.request
                 )));
             }
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
-                let token = self.recent.resolve(*input).map_err(ProvenanceError)?;
+                let token = self.recent.resolve(*input).map_err(ExecError)?;
                 let previous = match position {
                     0 => 0x5eed,
                     p => self.read(row.slot, p - 1)?,
@@ -90,9 +81,11 @@ impl ProvenanceModel {
         self.recent.record(plan.step, by_row);
         Ok(StepOutputs { step: plan.step, sampled })
     }
+}
 
+impl ProvenanceModel {
     /// The token sampled after `len` positions: every KV value read through the page table.
-    fn sample(&self, slot: u32, len: u32) -> Result<u32, ProvenanceError> {
+    fn sample(&self, slot: u32, len: u32) -> Result<u32, ExecError> {
         let mut acc = 0x0123_4567_89ab_cdef_u64;
         for position in 0..len {
             let value = self.read(slot, position)?;
@@ -105,14 +98,14 @@ impl ProvenanceModel {
         Ok((acc % u64::from(self.vocab_size)) as u32)
     }
 
-    fn read(&self, slot: u32, position: u32) -> Result<u64, ProvenanceError> {
+    fn read(&self, slot: u32, position: u32) -> Result<u64, ExecError> {
         Ok(self.kv[self.kv_index(slot, position)?])
     }
 
-    fn kv_index(&self, slot: u32, position: u32) -> Result<usize, ProvenanceError> {
+    fn kv_index(&self, slot: u32, position: u32) -> Result<usize, ExecError> {
         let table = self.tables.table(slot);
         let page = table.get((position / self.page_tokens) as usize).ok_or_else(|| {
-            ProvenanceError(format!(
+            ExecError(format!(
                 "slot {slot} position {position} has no page (table of {})",
                 table.len()
             ))

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::Time;
+use crate::model::Executor;
 use crate::testing::{Harness, request, run_alone, small_config};
 
 fn prompt(seed: u32, len: u32) -> Vec<u32> {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use lockstep_core::kv::{PageRef, PoolConfig};
+use lockstep_core::model::{ExecError, Executor};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::forward::{attend_head, rope};
@@ -120,7 +121,10 @@ impl<'w> CpuExecutor<'w> {
     }
 
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
-    pub fn execute(&mut self, plan: &StepPlan) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+    pub fn execute_with_logits(
+        &mut self,
+        plan: &StepPlan,
+    ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
         self.tables.apply(plan)?;
         let c = &self.weights.config;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
@@ -334,6 +338,12 @@ impl<'w> CpuExecutor<'w> {
                 }
             }
         }
+    }
+}
+
+impl Executor for CpuExecutor<'_> {
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
+        self.execute_with_logits(plan).map(|(outputs, _)| outputs).map_err(ExecError)
     }
 }
 
