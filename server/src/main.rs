@@ -9,8 +9,9 @@ const USAGE: &str = "\
 usage: lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S] --prompt TEXT
 
-  --model PATH    a GGUF file (default: the bundled SmolLM2-135M-Instruct, fetched by
-                  ci/fetch-default-model.sh)
+  --model PATH    a GGUF file, or a Hugging Face model directory (config.json, safetensors,
+                  tokenizer.json); default: the bundled SmolLM2-135M-Instruct, fetched by
+                  ci/fetch-default-model.sh
   --chat          wrap the prompt in the model's chat template as a user message
   --max-tokens N  tokens to generate at most (default 128)
   --temperature   0 (the default) is greedy; with --top-k, --top-p and --seed to sample";
@@ -18,6 +19,10 @@ usage: lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("generate") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Some("generate") => {
             generate::Options::parse(&args[1..]).and_then(|options| generate::run(&options))
         }
