@@ -83,66 +83,64 @@ impl BlockRows {
     /// Row `r` times the activation `act`.
     #[inline(always)]
     pub fn dot(&self, r: usize, act: &Q8) -> f32 {
-        let per_row = self.cols / 32;
-        let blocks = r * per_row..(r + 1) * per_row;
-        let scales = &self.scales[blocks.clone()];
-        let quant_bytes = layout(self.kind).1;
-        let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
-        let lanes = match self.kind {
-            TensorType::Q8_0 => q8_lanes(scales, quants, act),
-            TensorType::Q4_0 => q4_lanes(scales, quants, act, true),
-            _ => q4_lanes(scales, quants, act, false),
+        let (scales, mins, quants) = self.row_parts(r);
+        let (lanes, summs) = match self.kind {
+            TensorType::Q8_0 => (q8_lanes(scales, quants, act), 0.0),
+            kind => q4_lanes(scales, mins, quants, act, kind == TensorType::Q4_0),
         };
-        self.finish(&lanes, blocks, act)
+        self.finish(&lanes, summs)
     }
-}
 
-impl BlockRows {
     /// Row `r` times four activations: `dot` four times over, faster (the row is unpacked once).
     #[inline(always)]
     pub fn dot4(&self, r: usize, acts: [&Q8; 4]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         if kernels::has_avx2_fma() {
-            let per_row = self.cols / 32;
-            let blocks = r * per_row..(r + 1) * per_row;
-            let scales = &self.scales[blocks.clone()];
-            let quant_bytes = layout(self.kind).1;
-            let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
-            let inputs = acts.map(|a| (a.d.as_slice(), a.q.as_slice()));
+            let (scales, mins, quants) = self.row_parts(r);
+            let mut out = [0f32; 4];
             #[allow(
                 unsafe_code,
                 reason = "functions compiled for CPU features detected at run time"
             )]
             // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
-            let lanes = unsafe {
-                match self.kind {
-                    TensorType::Q8_0 => kernels::avx2::q8_lanes4(scales, quants, inputs),
-                    kind => {
-                        kernels::avx2::q4_lanes4(scales, quants, inputs, kind == TensorType::Q4_0)
+            match self.kind {
+                TensorType::Q8_0 => {
+                    let inputs = acts.map(|a| (a.d.as_slice(), a.q.as_slice()));
+                    let lanes = unsafe { kernels::avx2::q8_lanes4(scales, quants, inputs) };
+                    for (o, lanes) in out.iter_mut().zip(&lanes) {
+                        *o = self.finish(lanes, 0.0);
                     }
                 }
-            };
-            let mut out = [0f32; 4];
-            for ((o, lanes), act) in out.iter_mut().zip(&lanes).zip(acts) {
-                *o = self.finish(lanes, blocks.clone(), act);
+                kind => {
+                    let inputs = acts.map(|a| (a.d.as_slice(), a.s.as_slice(), a.q.as_slice()));
+                    let centered = kind == TensorType::Q4_0;
+                    let results =
+                        unsafe { kernels::avx2::q4_lanes4(scales, mins, quants, inputs, centered) };
+                    for (o, (lanes, summs)) in out.iter_mut().zip(&results) {
+                        *o = self.finish(lanes, *summs);
+                    }
+                }
             }
             return out;
         }
         acts.map(|act| self.dot(r, act))
     }
 
-    /// The lanes reduced, plus for `Q4_1` the minimum times the activation's block sums, summed
-    /// apart as llama.cpp's `summs`.
+    /// Row `r`'s block scales, minimums (empty unless `Q4_1`) and quants.
     #[inline(always)]
-    fn finish(&self, lanes: &[f32; 8], blocks: std::ops::Range<usize>, act: &Q8) -> f32 {
-        if self.kind != TensorType::Q4_1 {
-            return hsum8(lanes);
-        }
-        let mut summs = 0f32;
-        for (&m, &s) in self.mins[blocks].iter().zip(&act.s) {
-            summs = m.mul_add(s, summs);
-        }
-        hsum8(lanes) + summs
+    fn row_parts(&self, r: usize) -> (&[f32], &[f32], &[u8]) {
+        let per_row = self.cols / 32;
+        let blocks = r * per_row..(r + 1) * per_row;
+        let quant_bytes = layout(self.kind).1;
+        let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
+        let mins = if self.mins.is_empty() { &[][..] } else { &self.mins[blocks.clone()] };
+        (&self.scales[blocks], mins, quants)
+    }
+
+    /// The lanes reduced, plus for `Q4_1` the minimum's share (`summs`).
+    #[inline(always)]
+    fn finish(&self, lanes: &[f32; 8], summs: f32) -> f32 {
+        if self.kind == TensorType::Q4_1 { hsum8(lanes) + summs } else { hsum8(lanes) }
     }
 }
 
@@ -209,7 +207,13 @@ impl Q8 {
 }
 
 #[inline(always)]
-fn q4_lanes(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8] {
+fn q4_lanes(
+    scales: &[f32],
+    mins: &[f32],
+    quants: &[u8],
+    act: &Q8,
+    centered: bool,
+) -> ([f32; 8], f32) {
     #[cfg(target_arch = "x86_64")]
     if kernels::has_avx2_fma() {
         #[allow(
@@ -217,12 +221,18 @@ fn q4_lanes(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8]
             reason = "a function compiled for CPU features detected at run time"
         )]
         // SAFETY: the CPU has AVX2 and FMA, all that `q4_lanes` is compiled for.
-        return unsafe { kernels::avx2::q4_lanes(scales, quants, &act.d, &act.q, centered) };
+        return unsafe {
+            kernels::avx2::q4_lanes(scales, mins, quants, &act.d, &act.s, &act.q, centered)
+        };
     }
     let offset = if centered { 8 } else { 0 };
     let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     let blocks = quants.chunks_exact(16).zip(act.q.chunks_exact(32));
-    for ((packed, q), (&d, &ad)) in blocks.zip(scales.iter().zip(&act.d)) {
+    for (b, ((packed, q), (&d, &ad))) in blocks.zip(scales.iter().zip(&act.d)).enumerate() {
+        if !mins.is_empty() {
+            summs = mins[b].mul_add(act.s[b], summs);
+        }
         let mut lanes = [0i32; 8];
         for j in 0..16 {
             lanes[j / 4] += (i32::from(packed[j] & 0x0f) - offset) * i32::from(q[j]);
@@ -230,7 +240,7 @@ fn q4_lanes(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8]
         }
         accumulate(&mut acc, d * ad, &lanes);
     }
-    acc
+    (acc, summs)
 }
 
 #[inline(always)]
@@ -297,27 +307,15 @@ mod tests {
             let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
             let act = Q8::quantize(&x);
             for r in 0..rows {
-                let portable = {
-                    let per_row = cols / 32;
-                    let blocks = r * per_row..(r + 1) * per_row;
-                    let q = &weights.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
-                    match kind {
-                        TensorType::Q8_0 => q8_portable(&weights.scales[blocks], q, &act),
-                        _ => {
-                            q4_portable(&weights.scales[blocks], q, &act, kind == TensorType::Q4_0)
-                        }
-                    }
+                let (scales, mins, q) = weights.row_parts(r);
+                let both = || match kind {
+                    TensorType::Q8_0 => (q8_lanes(scales, q, &act), 0.0),
+                    _ => q4_lanes(scales, mins, q, &act, kind == TensorType::Q4_0),
                 };
-                let detected = {
-                    let per_row = cols / 32;
-                    let blocks = r * per_row..(r + 1) * per_row;
-                    let q = &weights.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
-                    match kind {
-                        TensorType::Q8_0 => q8_lanes(&weights.scales[blocks], q, &act),
-                        _ => q4_lanes(&weights.scales[blocks], q, &act, kind == TensorType::Q4_0),
-                    }
-                };
-                assert_eq!(portable.map(f32::to_bits), detected.map(f32::to_bits), "{kind:?}");
+                let portable = kernels::force_portable(both);
+                let detected = both();
+                assert_eq!(portable.0.map(f32::to_bits), detected.0.map(f32::to_bits), "{kind:?}");
+                assert_eq!(portable.1.to_bits(), detected.1.to_bits(), "{kind:?}");
                 // Against the f32 product: the activation's rounding moves each element by at
                 // most half a step (amax / 254 of its block) plus the half-precision scale's
                 // relative 2^-11, and that is all the error there may be.
@@ -349,17 +347,5 @@ mod tests {
             dequantize(kind, &bytes, &mut direct);
             assert_eq!(weights.row(3), direct[3 * cols..4 * cols]);
         }
-    }
-
-    fn q4_portable(scales: &[f32], quants: &[u8], act: &Q8, centered: bool) -> [f32; 8] {
-        without_detection(|| q4_lanes(scales, quants, act, centered))
-    }
-
-    fn q8_portable(scales: &[f32], quants: &[u8], act: &Q8) -> [f32; 8] {
-        without_detection(|| q8_lanes(scales, quants, act))
-    }
-
-    fn without_detection<R>(f: impl FnOnce() -> R) -> R {
-        kernels::force_portable(f)
     }
 }

@@ -82,23 +82,38 @@ pub(crate) mod avx2 {
     /// Lane accumulators of a row of 4-bit blocks (16 bytes each: element `i < 16` is the low
     /// nibble of byte `i`, element `16 + i` its high nibble) against 8-bit activations, each
     /// block scaled by `scales[b] * act_scales[b]`. With `centered` the nibbles are less 8 (Q4_0).
+    /// Where `mins` is not empty (Q4_1), also `sum_b mins[b] * act_sums[b]`, in its own chain in
+    /// the same loop, as llama.cpp's `summs`: two chains run side by side instead of one after
+    /// the other.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn q4_lanes(
         scales: &[f32],
+        mins: &[f32],
         quants: &[u8],
         act_scales: &[f32],
+        act_sums: &[f32],
         act: &[i8],
         centered: bool,
-    ) -> [f32; 8] {
+    ) -> ([f32; 8], f32) {
+        let n = scales.len();
+        assert!(quants.len() >= 16 * n && act.len() >= 32 * n && act_scales.len() >= n);
+        let with_mins = !mins.is_empty();
+        assert!(!with_mins || (mins.len() >= n && act_sums.len() >= n));
         let low = _mm256_set1_epi8(0x0f);
         let eight = _mm256_set1_epi8(8);
         let ones = _mm256_set1_epi16(1);
         let mut acc = _mm256_setzero_ps();
-        let blocks = quants.chunks_exact(16).zip(act.chunks_exact(32));
-        for ((packed, q), (&d, &ad)) in blocks.zip(scales.iter().zip(act_scales)) {
-            // SAFETY: `packed` is 16 bytes and `q` 32, what the unaligned loads read.
+        let mut summs = 0f32;
+        for b in 0..n {
+            if with_mins {
+                summs = mins[b].mul_add(act_sums[b], summs);
+            }
+            // SAFETY: the asserts above put 16 bytes of `quants` and 32 of `act` at block `b`.
             let (packed, q) = unsafe {
-                (_mm_loadu_si128(packed.as_ptr().cast()), _mm256_loadu_si256(q.as_ptr().cast()))
+                (
+                    _mm_loadu_si128(quants.as_ptr().add(16 * b).cast()),
+                    _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()),
+                )
             };
             let nibbles =
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
@@ -109,28 +124,44 @@ pub(crate) mod avx2 {
                 _mm256_maddubs_epi16(nibbles, q)
             };
             let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), lanes, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, acc);
         }
-        to_array(acc)
+        (to_array(acc), summs)
     }
 
     /// `q4_lanes` of one weight row against four activations at once: each block's nibbles are
-    /// loaded and unpacked once for all four. Each activation's lanes accumulate in the same order
-    /// as alone, so the results equal four `q4_lanes` calls bit for bit.
+    /// loaded and unpacked once for all four. Each activation's lanes (and minimum sum)
+    /// accumulate in the same order as alone, so the results equal four `q4_lanes` calls bit for
+    /// bit. An activation is (scales, block sums, values).
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn q4_lanes4(
         scales: &[f32],
+        mins: &[f32],
         quants: &[u8],
-        acts: [(&[f32], &[i8]); 4],
+        acts: [(&[f32], &[f32], &[i8]); 4],
         centered: bool,
-    ) -> [[f32; 8]; 4] {
+    ) -> [([f32; 8], f32); 4] {
+        let n = scales.len();
+        assert!(quants.len() >= 16 * n);
+        let with_mins = !mins.is_empty();
+        assert!(!with_mins || mins.len() >= n);
+        for (act_scales, act_sums, act) in acts {
+            assert!(act.len() >= 32 * n && act_scales.len() >= n);
+            assert!(!with_mins || act_sums.len() >= n);
+        }
         let low = _mm256_set1_epi8(0x0f);
         let eight = _mm256_set1_epi8(8);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); 4];
-        for (b, (packed, &d)) in quants.chunks_exact(16).zip(scales).enumerate() {
-            // SAFETY: `packed` is 16 bytes, what the unaligned load reads.
-            let packed = unsafe { _mm_loadu_si128(packed.as_ptr().cast()) };
+        let mut summs = [0f32; 4];
+        for b in 0..n {
+            if with_mins {
+                for (summs, (_, act_sums, _)) in summs.iter_mut().zip(acts) {
+                    *summs = mins[b].mul_add(act_sums[b], *summs);
+                }
+            }
+            // SAFETY: the assert above puts 16 bytes of `quants` at block `b`.
+            let packed = unsafe { _mm_loadu_si128(quants.as_ptr().add(16 * b).cast()) };
             let nibbles =
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
             let (x, ax) = if centered {
@@ -139,17 +170,21 @@ pub(crate) mod avx2 {
             } else {
                 (nibbles, nibbles)
             };
-            for (acc, &(act_scales, act)) in acc.iter_mut().zip(&acts) {
-                let q = &act[32 * b..32 * b + 32];
-                // SAFETY: `q` is 32 bytes, what the unaligned load reads.
-                let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+            for (acc, (act_scales, _, act)) in acc.iter_mut().zip(acts) {
+                // SAFETY: the asserts above put 32 bytes of every `act` at block `b`.
+                let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
                 let q = if centered { _mm256_sign_epi8(q, x) } else { q };
                 let lanes =
                     _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, q), ones));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * act_scales[b]), lanes, *acc);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, *acc);
             }
         }
-        [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]
+        [
+            (to_array(acc[0]), summs[0]),
+            (to_array(acc[1]), summs[1]),
+            (to_array(acc[2]), summs[2]),
+            (to_array(acc[3]), summs[3]),
+        ]
     }
 
     /// `q8_lanes` of one weight row against four activations at once (see `q4_lanes4`).
@@ -159,19 +194,23 @@ pub(crate) mod avx2 {
         quants: &[u8],
         acts: [(&[f32], &[i8]); 4],
     ) -> [[f32; 8]; 4] {
+        let n = scales.len();
+        assert!(quants.len() >= 32 * n);
+        for (act_scales, act) in acts {
+            assert!(act.len() >= 32 * n && act_scales.len() >= n);
+        }
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); 4];
-        for (b, (w, &d)) in quants.chunks_exact(32).zip(scales).enumerate() {
-            // SAFETY: `w` is 32 bytes, what the unaligned load reads.
-            let x = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
+        for b in 0..n {
+            // SAFETY: the assert above puts 32 bytes of `quants` at block `b`.
+            let x = unsafe { _mm256_loadu_si256(quants.as_ptr().add(32 * b).cast()) };
             let ax = _mm256_sign_epi8(x, x);
-            for (acc, &(act_scales, act)) in acc.iter_mut().zip(&acts) {
-                let q = &act[32 * b..32 * b + 32];
-                // SAFETY: `q` is 32 bytes, what the unaligned load reads.
-                let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+            for (acc, (act_scales, act)) in acc.iter_mut().zip(acts) {
+                // SAFETY: the asserts above put 32 bytes of every `act` at block `b`.
+                let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
                 let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(q, x));
                 let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * act_scales[b]), lanes, *acc);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, *acc);
             }
         }
         [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]
@@ -186,19 +225,23 @@ pub(crate) mod avx2 {
         act_scales: &[f32],
         act: &[i8],
     ) -> [f32; 8] {
+        let n = scales.len();
+        assert!(quants.len() >= 32 * n && act.len() >= 32 * n && act_scales.len() >= n);
         let ones = _mm256_set1_epi16(1);
         let mut acc = _mm256_setzero_ps();
-        let blocks = quants.chunks_exact(32).zip(act.chunks_exact(32));
-        for ((w, q), (&d, &ad)) in blocks.zip(scales.iter().zip(act_scales)) {
-            // SAFETY: `w` and `q` are 32 bytes each, what the unaligned loads read.
+        for b in 0..n {
+            // SAFETY: the assert above puts 32 bytes of `quants` and of `act` at block `b`.
             let (x, q) = unsafe {
-                (_mm256_loadu_si256(w.as_ptr().cast()), _mm256_loadu_si256(q.as_ptr().cast()))
+                (
+                    _mm256_loadu_si256(quants.as_ptr().add(32 * b).cast()),
+                    _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()),
+                )
             };
             // |x| times q with x's sign: unsigned by signed, as maddubs takes them. Activations
             // never hold -128 (they are rounded into [-127, 127]), so negating them is exact.
             let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));
             let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), lanes, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, acc);
         }
         to_array(acc)
     }
