@@ -157,21 +157,24 @@ pub(crate) fn attend_head<'a>(
             *score = f32::NEG_INFINITY;
             continue;
         }
-        let key = key(p);
-        *score = numerics::dot_f16_lanes(d, |i| (key[i], q[i])) * scale;
+        *score = numerics::dot_f16(&key(p)[..d], &q) * scale;
     }
     numerics::softmax(&mut scores);
-    // Value dimension `i` is a dot product over positions: position p feeds lane p % 32.
-    let mut lanes = vec![[[0f32; 8]; 4]; d];
+    // Value dimension `i` is a dot product over positions (as `numerics::dot_f16`): position p
+    // feeds lane p % 32. Lanes are laid out lane-major, so one position updates `d` contiguous
+    // accumulators.
+    let mut lanes = vec![0f32; 32 * d];
     for (p, &s) in scores.iter().enumerate().skip(first) {
         let w = round_to_f16(s);
-        for (lane, &v) in lanes.iter_mut().zip(value(p)) {
-            let acc = &mut lane[(p % 32) / 8][p % 8];
+        let lane = &mut lanes[(p % 32) * d..][..d];
+        for (acc, &v) in lane.iter_mut().zip(value(p)) {
             *acc = v.mul_add(w, *acc);
         }
     }
-    for (o, lane) in out.iter_mut().zip(&lanes) {
-        *o = numerics::reduce_lanes(lane);
+    for (i, o) in out.iter_mut().enumerate() {
+        let acc: [[f32; 8]; 4] =
+            std::array::from_fn(|j| std::array::from_fn(|l| lanes[(8 * j + l) * d + i]));
+        *o = numerics::reduce_lanes(&acc);
     }
 }
 

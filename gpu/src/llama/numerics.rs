@@ -37,17 +37,25 @@ pub fn hsum8(a: &[f32; 8]) -> f32 {
 /// final partial step counts as padded with zeros, which is what llama.cpp's padded KV length
 /// amounts to (a zero weight times a zero value adds nothing, exactly).
 #[inline(always)]
-pub fn dot_f16_lanes(len: usize, mut term: impl FnMut(usize) -> (f32, f32)) -> f32 {
+pub fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [[0f32; 8]; 4];
-    for i in 0..len {
-        let (a, b) = term(i);
-        let lane = &mut acc[(i % 32) / 8][i % 8];
-        *lane = a.mul_add(b, *lane);
+    let (a_steps, a_rest) = a.as_chunks::<32>();
+    let (b_steps, b_rest) = b.as_chunks::<32>();
+    for (x, y) in a_steps.iter().zip(b_steps) {
+        for j in 0..4 {
+            for l in 0..8 {
+                acc[j][l] = x[8 * j + l].mul_add(y[8 * j + l], acc[j][l]);
+            }
+        }
+    }
+    for (i, (x, y)) in a_rest.iter().zip(b_rest).enumerate() {
+        acc[i / 8][i % 8] = x.mul_add(*y, acc[i / 8][i % 8]);
     }
     reduce_lanes(&acc)
 }
 
-/// The reduction of `dot_f16_lanes`' four accumulators of eight lanes.
+/// The reduction of `dot_f16`'s four accumulators of eight lanes (lane `8 * j + l` is
+/// `acc[j][l]`).
 #[inline(always)]
 pub fn reduce_lanes(acc: &[[f32; 8]; 4]) -> f32 {
     let mut a = [0f32; 8];
@@ -173,7 +181,7 @@ mod tests {
         let big = 16_777_216f32;
         let mut a = [0f32; 40];
         (a[0], a[1], a[4]) = (big, 1.0, -big);
-        assert_eq!(dot_f16_lanes(40, |i| (a[i], 1.0)), 1.0);
+        assert_eq!(dot_f16(&a, &[1.0; 40]), 1.0);
         assert_eq!(a.iter().fold(0f32, |s, &v| s + v), 0.0);
         assert_eq!(hsum8(&[big, 1.0, 0.0, 0.0, -big, 0.0, 0.0, 0.0]), 1.0);
     }
