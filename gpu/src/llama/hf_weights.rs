@@ -38,7 +38,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<LlamaWeights, LoadError> {
         }
     }
     let source = Shards { paths: &shards, tensors: &parsed, by_name };
-    LlamaWeights::from_source(config, &source, &HF_NAMES)
+    LlamaWeights::from_source(config, &source, TensorNames::HuggingFace)
 }
 
 /// `model.safetensors`, or every shard the index names (each once, in name order).
@@ -74,30 +74,6 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
         })
         .collect()
 }
-
-const HF_NAMES: TensorNames = TensorNames {
-    embed: "model.embed_tokens.weight",
-    output_norm: "model.norm.weight",
-    output: "lm_head.weight",
-    layer: |i, role| {
-        let name = match role {
-            "q" => "self_attn.q_proj.weight",
-            "k" => "self_attn.k_proj.weight",
-            "v" => "self_attn.v_proj.weight",
-            "o" => "self_attn.o_proj.weight",
-            "q_bias" => "self_attn.q_proj.bias",
-            "k_bias" => "self_attn.k_proj.bias",
-            "v_bias" => "self_attn.v_proj.bias",
-            "attn_norm" => "input_layernorm.weight",
-            "ffn_norm" => "post_attention_layernorm.weight",
-            "gate" => "mlp.gate_proj.weight",
-            "up" => "mlp.up_proj.weight",
-            "down" => "mlp.down_proj.weight",
-            other => other,
-        };
-        format!("model.layers.{i}.{name}")
-    },
-};
 
 struct Shards<'a> {
     paths: &'a [PathBuf],

@@ -65,14 +65,58 @@ pub(crate) trait TensorSource {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
 }
 
-/// The names a format gives each tensor.
-pub(crate) struct TensorNames {
-    pub embed: &'static str,
-    pub output_norm: &'static str,
-    pub output: &'static str,
-    /// Layer `i`'s tensor of a role: `attn_norm`, `q`, `k`, `v`, `o`, `q_bias`, `k_bias`,
-    /// `v_bias`, `ffn_norm`, `gate`, `up`, `down`.
-    pub layer: fn(usize, &str) -> String,
+/// How a file format names the tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TensorNames {
+    Gguf,
+    HuggingFace,
+}
+
+/// Each role of a layer's tensors, as GGUF and Hugging Face name it within the layer.
+const LAYER_TENSORS: [(&str, &str, &str); 12] = [
+    ("attn_norm", "attn_norm.weight", "input_layernorm.weight"),
+    ("q", "attn_q.weight", "self_attn.q_proj.weight"),
+    ("k", "attn_k.weight", "self_attn.k_proj.weight"),
+    ("v", "attn_v.weight", "self_attn.v_proj.weight"),
+    ("q_bias", "attn_q.bias", "self_attn.q_proj.bias"),
+    ("k_bias", "attn_k.bias", "self_attn.k_proj.bias"),
+    ("v_bias", "attn_v.bias", "self_attn.v_proj.bias"),
+    ("o", "attn_output.weight", "self_attn.o_proj.weight"),
+    ("ffn_norm", "ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("gate", "ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("up", "ffn_up.weight", "mlp.up_proj.weight"),
+    ("down", "ffn_down.weight", "mlp.down_proj.weight"),
+];
+
+impl TensorNames {
+    fn pick(self, gguf: &'static str, hf: &'static str) -> &'static str {
+        match self {
+            TensorNames::Gguf => gguf,
+            TensorNames::HuggingFace => hf,
+        }
+    }
+
+    fn embed(self) -> &'static str {
+        self.pick("token_embd.weight", "model.embed_tokens.weight")
+    }
+
+    fn output_norm(self) -> &'static str {
+        self.pick("output_norm.weight", "model.norm.weight")
+    }
+
+    fn output(self) -> &'static str {
+        self.pick("output.weight", "lm_head.weight")
+    }
+
+    /// Layer `i`'s tensor of `role` (a first column of `LAYER_TENSORS`).
+    fn layer(self, i: usize, role: &str) -> String {
+        let (_, gguf, hf) =
+            LAYER_TENSORS.iter().find(|(r, _, _)| *r == role).expect("a role from LAYER_TENSORS");
+        match self {
+            TensorNames::Gguf => format!("blk.{i}.{gguf}"),
+            TensorNames::HuggingFace => format!("model.layers.{i}.{hf}"),
+        }
+    }
 }
 
 impl Layer {
@@ -104,20 +148,20 @@ impl LlamaWeights {
             let factors = source.vector("rope_freqs.weight", config.head_dim / 2);
             config.rope_freq_factors = Some(factors.map_err(|e| e.what)?);
         }
-        Self::from_source(config, &source, &GGUF_NAMES).map_err(|e| e.what)
+        Self::from_source(config, &source, TensorNames::Gguf).map_err(|e| e.what)
     }
 
     /// Every tensor the config calls for, from `source` under `names`.
     pub(crate) fn from_source(
         config: LlamaConfig,
         source: &dyn TensorSource,
-        names: &TensorNames,
+        names: TensorNames,
     ) -> Result<LlamaWeights, LoadError> {
         let c = &config;
         let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
-            let n = |role: &str| (names.layer)(i, role);
+            let n = |role: &str| names.layer(i, role);
             let qkv_bias = if c.qkv_bias {
                 Some([
                     source.vector(&n("q_bias"), q_width)?,
@@ -140,13 +184,13 @@ impl LlamaWeights {
                 down: source.matrix(&n("down"), c.hidden, c.ffn)?,
             });
         }
-        let output = match source.contains(names.output) {
-            true => Some(source.matrix(names.output, c.vocab_size, c.hidden)?),
+        let output = match source.contains(names.output()) {
+            true => Some(source.matrix(names.output(), c.vocab_size, c.hidden)?),
             false => None,
         };
         Ok(LlamaWeights {
-            embed: source.matrix(names.embed, c.vocab_size, c.hidden)?,
-            output_norm: source.vector(names.output_norm, c.hidden)?,
+            embed: source.matrix(names.embed(), c.vocab_size, c.hidden)?,
+            output_norm: source.vector(names.output_norm(), c.hidden)?,
             output,
             layers,
             config,
@@ -157,30 +201,6 @@ impl LlamaWeights {
         self.output.as_ref().unwrap_or(&self.embed)
     }
 }
-
-const GGUF_NAMES: TensorNames = TensorNames {
-    embed: "token_embd.weight",
-    output_norm: "output_norm.weight",
-    output: "output.weight",
-    layer: |i, role| {
-        let name = match role {
-            "q" => "attn_q.weight",
-            "k" => "attn_k.weight",
-            "v" => "attn_v.weight",
-            "o" => "attn_output.weight",
-            "q_bias" => "attn_q.bias",
-            "k_bias" => "attn_k.bias",
-            "v_bias" => "attn_v.bias",
-            "attn_norm" => "attn_norm.weight",
-            "ffn_norm" => "ffn_norm.weight",
-            "gate" => "ffn_gate.weight",
-            "up" => "ffn_up.weight",
-            "down" => "ffn_down.weight",
-            other => other,
-        };
-        format!("blk.{i}.{name}")
-    },
-};
 
 /// Tensors of a parsed GGUF file (errors carry no file name: `load_gguf` adds it).
 struct GgufTensors<'a> {
