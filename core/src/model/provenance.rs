@@ -125,3 +125,7 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
 }
+
+#[cfg(test)]
+#[path = "provenance_tests.rs"]
+mod tests;
