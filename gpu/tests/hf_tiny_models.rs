@@ -13,7 +13,7 @@ mod tiny;
 use std::path::PathBuf;
 
 use lockstep_gpu::chat::Message;
-use lockstep_gpu::llama::Sequence;
+use lockstep_gpu::llama::{LlamaWeights, Sequence};
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::argmax;
 use serde_json::Value;
@@ -25,8 +25,11 @@ use serde_json::Value;
 /// tight on purpose: ignoring Mistral's window moves the first logit it touches by 0.037.
 const LOGIT_TOLERANCE: f32 = 0.02;
 
-fn goldens() -> Value {
-    serde_json::from_str(include_str!("goldens/hf_tiny.json")).unwrap()
+/// transformers' results, and the tokens they are for.
+fn goldens() -> (Value, Vec<u32>) {
+    let goldens: Value = serde_json::from_str(include_str!("goldens/hf_tiny.json")).unwrap();
+    let tokens = serde_json::from_value(goldens["tokens"].clone()).unwrap();
+    (goldens, tokens)
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -37,9 +40,7 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn tiny_models_compute_what_transformers_computes() {
-    let goldens = goldens();
-    let tokens: Vec<u32> =
-        goldens["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let (goldens, tokens) = goldens();
     let mut widest = 0f32;
     for variant in tiny::variants() {
         let expected = &goldens["models"][variant.name];
@@ -83,6 +84,46 @@ fn tiny_models_compute_what_transformers_computes() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
     eprintln!("widest logit gap to transformers: {widest}");
+}
+
+/// The same tiny models converted to GGUF as llama.cpp's converter does (Q and K permuted for
+/// interleaved RoPE, qwen2's biases, Llama 3.1's `rope_freqs`) compute what transformers computes
+/// too, through the GGUF loader: the permutation, the qwen2 architecture and the RoPE factors
+/// are checked against a reference we did not write.
+#[test]
+fn the_same_models_as_gguf_compute_what_transformers_computes() {
+    let (goldens, tokens) = goldens();
+    let mut converted = 0;
+    for variant in tiny::variants() {
+        let dir = scratch(&format!("gguf-{}", variant.name));
+        variant.write(&dir);
+        let hf = Model::load(&dir).unwrap();
+        let path = dir.join("model.gguf");
+        let factors = hf.weights.config.rope_freq_factors.clone();
+        if variant.write_gguf(&path, factors.as_deref()).is_none() {
+            continue;
+        }
+        converted += 1;
+        let weights = LlamaWeights::load_gguf(&path).unwrap();
+        assert_eq!(weights.config.rope_freq_factors, factors, "{}", variant.name);
+        let expected = &goldens["models"][variant.name]["logits"];
+        let mut sequence = Sequence::new(&weights.config);
+        for (position, &token) in tokens.iter().enumerate() {
+            let logits = sequence.forward(&weights, token);
+            for (i, (ours, theirs)) in
+                logits.iter().zip(expected[position].as_array().unwrap()).enumerate()
+            {
+                let gap = (ours - theirs.as_f64().unwrap() as f32).abs();
+                assert!(
+                    gap <= LOGIT_TOLERANCE,
+                    "{} as GGUF: position {position} token {i}: {ours} vs transformers {theirs}",
+                    variant.name
+                );
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    assert_eq!(converted, 3, "llama, llama 3.1 and qwen2 convert; mistral's window does not");
 }
 
 #[test]

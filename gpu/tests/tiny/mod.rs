@@ -270,3 +270,132 @@ fn byte_chars() -> Vec<char> {
         })
         .collect()
 }
+
+impl Variant {
+    /// The same model as a GGUF file, converted the way llama.cpp's `convert_hf_to_gguf.py`
+    /// does: tensors renamed, Q and K rows permuted for interleaved RoPE (llama; qwen2 keeps
+    /// rotate-half and stores them as they are), Llama 3.1's RoPE factors as `rope_freqs.weight`,
+    /// all in F32. `None` for Mistral's window, which GGUF's llama architecture cannot say.
+    pub fn write_gguf(&self, path: &Path, rope_freq_factors: Option<&[f32]>) -> Option<()> {
+        let arch = match self.config["model_type"].as_str()? {
+            "llama" => "llama",
+            "qwen2" => "qwen2",
+            _ => return None,
+        };
+        let permute = arch == "llama";
+        let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+        for (name, shape, values) in self.tensors() {
+            let (gguf_name, heads) = gguf_name(&name)?;
+            let values = match heads {
+                Some(heads) if permute => permute_rows(&values, heads, shape[1]),
+                _ => values,
+            };
+            tensors.push((gguf_name, shape, values));
+        }
+        if let Some(factors) = rope_freq_factors {
+            tensors.push(("rope_freqs.weight".into(), vec![factors.len()], factors.to_vec()));
+        }
+        let mut kv: Vec<(String, u32, Vec<u8>)> = Vec::new();
+        let text = |s: &str| {
+            let mut out = (s.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(s.as_bytes());
+            out
+        };
+        let u32v = |v: usize| (v as u32).to_le_bytes().to_vec();
+        let f32v = |v: f32| v.to_le_bytes().to_vec();
+        kv.push(("general.architecture".into(), 8, text(arch)));
+        for (key, value) in [
+            ("embedding_length", HIDDEN),
+            ("block_count", LAYERS),
+            ("feed_forward_length", FFN),
+            ("attention.head_count", HEADS),
+            ("attention.head_count_kv", KV_HEADS),
+            ("attention.key_length", HEAD_DIM),
+            ("context_length", 256),
+            ("vocab_size", VOCAB),
+        ] {
+            kv.push((format!("{arch}.{key}"), 4, u32v(value)));
+        }
+        let theta = self.config["rope_theta"].as_f64()? as f32;
+        kv.push((format!("{arch}.rope.freq_base"), 6, f32v(theta)));
+        kv.push((format!("{arch}.attention.layer_norm_rms_epsilon"), 6, f32v(1e-5)));
+
+        let mut file = b"GGUF".to_vec();
+        file.extend(3u32.to_le_bytes());
+        file.extend((tensors.len() as u64).to_le_bytes());
+        file.extend((kv.len() as u64).to_le_bytes());
+        for (key, kind, value) in &kv {
+            file.extend(text(key));
+            file.extend(kind.to_le_bytes());
+            file.extend(value);
+        }
+        let mut offset = 0u64;
+        for (name, shape, values) in &tensors {
+            file.extend(text(name));
+            file.extend((shape.len() as u32).to_le_bytes());
+            for &dim in shape.iter().rev() {
+                file.extend((dim as u64).to_le_bytes());
+            }
+            file.extend(0u32.to_le_bytes()); // F32
+            file.extend(offset.to_le_bytes());
+            offset += (values.len() as u64 * 4).next_multiple_of(32);
+        }
+        file.resize(file.len().next_multiple_of(32), 0);
+        for (_, _, values) in &tensors {
+            let start = file.len();
+            file.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            file.resize(start + (file.len() - start).next_multiple_of(32), 0);
+        }
+        std::fs::write(path, file).expect("write the GGUF file");
+        Some(())
+    }
+}
+
+/// The GGUF name of a transformers tensor, and for Q and K the head count to permute by.
+fn gguf_name(name: &str) -> Option<(String, Option<usize>)> {
+    let fixed = match name {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(fixed) = fixed {
+        return Some((fixed.into(), None));
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, role) = rest.split_once('.')?;
+    let (gguf, heads) = match role {
+        "input_layernorm.weight" => ("attn_norm.weight", None),
+        "self_attn.q_proj.weight" => ("attn_q.weight", Some(HEADS)),
+        "self_attn.k_proj.weight" => ("attn_k.weight", Some(KV_HEADS)),
+        "self_attn.v_proj.weight" => ("attn_v.weight", None),
+        "self_attn.q_proj.bias" => ("attn_q.bias", None),
+        "self_attn.k_proj.bias" => ("attn_k.bias", None),
+        "self_attn.v_proj.bias" => ("attn_v.bias", None),
+        "self_attn.o_proj.weight" => ("attn_output.weight", None),
+        "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
+        "mlp.gate_proj.weight" => ("ffn_gate.weight", None),
+        "mlp.up_proj.weight" => ("ffn_up.weight", None),
+        "mlp.down_proj.weight" => ("ffn_down.weight", None),
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{gguf}"), heads))
+}
+
+/// `convert_hf_to_gguf.py`'s `permute`: within each head of `d` rows, row `2i + j` of the result
+/// is row `j * d/2 + i` of the input, so rotate-half pairs become adjacent.
+fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = values.len() / cols;
+    let d = rows / heads;
+    let mut out = vec![0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..d / 2 {
+            for j in 0..2 {
+                let (to, from) = (h * d + 2 * i + j, h * d + j * (d / 2) + i);
+                out[to * cols..(to + 1) * cols]
+                    .copy_from_slice(&values[from * cols..(from + 1) * cols]);
+            }
+        }
+    }
+    out
+}
