@@ -1,8 +1,8 @@
 //! `cargo bench -p lockstep-gpu --bench decode`: decode tokens/s at batch 1 and 32 and prefill
 //! tokens/s on the default model (LOCKSTEP_DEFAULT_MODEL), through the CPU executor and the
-//! scheduler, as a server would run them; then, in the same run, llama.cpp on the same file and
-//! threads (`llamacpp_decode.py`, when llama-cpp-python is installed) and the machine's read
-//! bandwidth, the bound on batch-1 decode. BENCHMARKS.md records the output.
+//! scheduler, as a server would run them; then, in the same run, llama.cpp on the same file,
+//! threads and prompts (`llamacpp_decode.py`, when llama-cpp-python is installed) and the
+//! machine's read bandwidth, the bound on batch-1 decode. BENCHMARKS.md records the output.
 
 #![allow(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
 #![allow(clippy::unwrap_used, reason = "benchmark setup: a panic is the report")]
@@ -95,20 +95,23 @@ fn read_bandwidth(threads: usize) -> f64 {
 }
 
 /// llama.cpp's numbers from `llamacpp_decode.py` on the same file and threads, if llama-cpp-python
-/// is installed: (prefill, decode) tokens/s.
-fn llama_cpp(path: &str, threads: usize) -> Option<(f64, f64)> {
+/// is installed: (prefill, decode) tokens/s at batch 1 and at batch 32.
+fn llama_cpp(path: &str, threads: usize) -> Option<[(f64, f64); 2]> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_decode.py");
     let out = std::process::Command::new("python3")
         .args([script, path, &threads.to_string()])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("llama.cpp"))?;
-    println!("{line}");
-    let number = |after: &str| -> Option<f64> {
-        line.split(after).nth(1)?.split_whitespace().next()?.parse().ok()
-    };
-    Some((number("prefill")?, number("decode")?))
+    let mut results = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("llama.cpp")) {
+        println!("{line}");
+        let number = |after: &str| -> Option<f64> {
+            line.split(after).nth(1)?.split_whitespace().next()?.parse().ok()
+        };
+        results.push((number("prefill")?, number("decode")?));
+    }
+    results.try_into().ok()
 }
 
 fn main() {
@@ -144,12 +147,14 @@ fn main() {
     );
     println!("lockstep batch-1 decode is {:.2} of that bound", ours[0].1 / bound);
     match llama_cpp(&path, threads) {
-        Some((prefill, decode)) => {
-            println!("llama.cpp batch-1 decode is {:.2} of the bound", decode / bound);
+        Some([one, many]) => {
+            println!("llama.cpp batch-1 decode is {:.2} of the bound", one.1 / bound);
             println!(
-                "lockstep / llama.cpp: batch-1 decode {:.2}, prefill {:.2}",
-                ours[0].1 / decode,
-                ours[0].0 / prefill
+                "lockstep / llama.cpp: batch-1 decode {:.2}, prefill {:.2}; batch-32 decode {:.2}, prefill {:.2}",
+                ours[0].1 / one.1,
+                ours[0].0 / one.0,
+                ours[1].1 / many.1,
+                ours[1].0 / many.0
             );
         }
         None => println!("llama.cpp: not measured (pip install llama-cpp-python, see the script)"),

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""llama.cpp's side of `cargo bench -p lockstep-gpu --bench decode`: prefill tokens/s of one
-64-token prompt and decode tokens/s at batch 1 over 32 tokens, on the same GGUF with the same
-thread count. (llama-cpp-python's high-level API runs one sequence, so its batch-32 decode is not
-measured here.)
+"""llama.cpp's side of `cargo bench -p lockstep-gpu --bench decode`, on the same GGUF with the same
+thread count and the same work: at batch 1, one 64-token prompt then 32 decoded tokens; at batch
+32, 32 different 64-token prompts prefilled in one batch then 32 decode steps of 32 sequences
+(llama.cpp's batch API, one KV sequence per prompt). Best of three rounds after a warm-up, as the
+Rust side takes.
 
 Run: python3 gpu/benches/llamacpp_decode.py "$(ci/fetch-default-model.sh)" THREADS
 """
@@ -11,17 +12,68 @@ import time
 
 import llama_cpp
 
-path, threads = sys.argv[1], int(sys.argv[2])
-llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
-prompt = [100 + (t * 37) % 5000 for t in range(64)]
-prefill = decode = 0.0
-for _ in range(4):  # a warm-up round, then the best of three, as the Rust side takes
-    llm.reset()
+PROMPT = 64
+DECODE = 32
+ROUNDS = 4  # a warm-up, then the best of three
+
+
+def prompt(seq):
+    # The prompts of gpu/benches/decode.rs.
+    return [100 + (t * 37 + seq * 101) % 5000 for t in range(PROMPT)]
+
+
+def run(ctx, batch, sequences):
+    """One round: (prefill tokens/s, decode tokens/s)."""
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+    def fill(entries):
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+        batch.n_tokens = len(entries)
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    entries = [(tok, pos, s, pos == PROMPT - 1) for s in range(sequences) for pos, tok in enumerate(prompt(s))]
     start = time.perf_counter()
-    llm.eval(prompt)
-    prefill = max(prefill, len(prompt) / (time.perf_counter() - start))
+    fill(entries)
+    prefill = len(entries) / (time.perf_counter() - start)
     start = time.perf_counter()
-    for _ in range(32):
-        llm.eval([200])  # which token is fed does not change the cost of a step
-    decode = max(decode, 32 / (time.perf_counter() - start))
-print(f"llama.cpp batch  1: prefill {prefill:8.1f} tokens/s, decode {decode:8.1f} tokens/s ({threads} threads)")
+    for step in range(DECODE):
+        # Which token is fed does not change the cost of a step.
+        fill([(200, PROMPT + step, s, True) for s in range(sequences)])
+    decode = DECODE * sequences / (time.perf_counter() - start)
+    return prefill, decode
+
+
+def main():
+    path, threads = sys.argv[1], int(sys.argv[2])
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+    for sequences in (1, 32):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = sequences * (PROMPT + DECODE + 32)
+        params.n_batch = sequences * PROMPT
+        params.n_ubatch = min(512, sequences * PROMPT)
+        params.n_seq_max = sequences
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        batch = llama_cpp.llama_batch_init(sequences * PROMPT, 0, 1)
+        best = (0.0, 0.0)
+        for _ in range(ROUNDS):
+            prefill, decode = run(ctx, batch, sequences)
+            best = (max(best[0], prefill), max(best[1], decode))
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        print(
+            f"llama.cpp batch {sequences:>2}: prefill {best[0]:8.1f} tokens/s, decode {best[1]:8.1f} tokens/s ({threads} threads)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
