@@ -22,7 +22,7 @@ use lockstep_core::pd::{
 };
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, Sampling, TransferId,
+    Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, TransferId,
     TransferKey, WorkerId,
 };
 use proptest::prelude::*;
@@ -177,17 +177,9 @@ impl Pair {
     fn act(&mut self, action: Action) {
         match action {
             Action::NewRequest { prompt_len } => {
-                let request = RequestSpec {
-                    id: RequestId(self.next_transfer),
-                    // Prompts share prefixes, so the decode side's cache is exercised.
-                    prompt: (0..u32::from(prompt_len)).map(|t| t % 7).collect(),
-                    max_tokens: 4,
-                    stop_token_ids: vec![],
-                    ignore_eos: false,
-                    priority: 0,
-                    cache_salt: 0,
-                    sampling: Sampling::GREEDY,
-                };
+                // Prompts share prefixes, so the decode side's cache is exercised.
+                let prompt = (0..u32::from(prompt_len)).map(|t| t % 7).collect();
+                let request = RequestSpec::new(RequestId(self.next_transfer), prompt, 4);
                 self.next_transfer += 1;
                 let _ = self.router.submit(request, self.now);
                 self.collect();
@@ -580,14 +572,5 @@ fn the_oracle_catches_a_write_landing_in_a_freed_page() {
 }
 
 fn spec(id: u64, prompt_len: u32) -> RequestSpec {
-    RequestSpec {
-        id: RequestId(id),
-        prompt: (0..prompt_len).collect(),
-        max_tokens: 4,
-        stop_token_ids: vec![],
-        ignore_eos: false,
-        priority: 0,
-        cache_salt: 0,
-        sampling: Sampling::GREEDY,
-    }
+    RequestSpec::new(RequestId(id), (0..prompt_len).collect(), 4)
 }

@@ -15,8 +15,8 @@ use lockstep_core::kv::{PagePool, PoolConfig};
 use lockstep_core::pd::{DecodeConfig, DecodeOutput, DecodeSide};
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, RequestSpec, Sampling,
-    TransferId, TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, RequestSpec, TransferId,
+    TransferKey, WorkerId,
 };
 
 const ME: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
@@ -48,16 +48,11 @@ fn key(transfer: u8, epoch: u8) -> TransferKey {
 }
 
 fn spec(id: u8, prompt_len: u8) -> RequestSpec {
-    RequestSpec {
-        id: RequestId(u64::from(id)),
-        prompt: (0..u32::from(prompt_len % 24)).map(|t| t % 5).collect(),
-        max_tokens: 4,
-        stop_token_ids: vec![],
-        ignore_eos: false,
-        priority: 0,
-        cache_salt: 0,
-        sampling: Sampling::GREEDY,
-    }
+    RequestSpec::new(
+        RequestId(u64::from(id)),
+        (0..u32::from(prompt_len % 24)).map(|t| t % 5).collect(),
+        4,
+    )
 }
 
 fuzz_target!(|ops: Vec<Op>| {

@@ -15,7 +15,7 @@ use lockstep_core::kv::{PagePool, PoolConfig};
 use lockstep_core::pd::{PrefillConfig, PrefillOutput, PrefillSide};
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, Sampling,
+    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec,
     TransferId, TransferKey, WorkerId,
 };
 
@@ -60,16 +60,8 @@ fuzz_target!(|ops: Vec<Op>| {
         match op {
             Op::Prepare { sender, transfer, prompt_len, cached_pages, pages } => {
                 let prompt_len = u32::from(prompt_len % 30);
-                let request = RequestSpec {
-                    id: RequestId(u64::from(transfer)),
-                    prompt: (0..prompt_len).collect(),
-                    max_tokens: 2,
-                    stop_token_ids: vec![],
-                    ignore_eos: false,
-                    priority: 0,
-                    cache_salt: 0,
-                    sampling: Sampling::GREEDY,
-                };
+                let request =
+                    RequestSpec::new(RequestId(u64::from(transfer)), (0..prompt_len).collect(), 2);
                 let pages = (0..u32::from(pages % 9))
                     .map(|index| PageSlot { index, generation: 0 })
                     .collect();

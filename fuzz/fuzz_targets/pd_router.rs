@@ -14,8 +14,8 @@ use lockstep_core::Time;
 use lockstep_core::pd::{Router, RouterConfig, RouterOutput};
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
-    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, RequestSpec, Sampling,
-    TransferId, TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, RequestSpec, TransferId,
+    TransferKey, WorkerId,
 };
 
 const ME: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) };
@@ -51,16 +51,7 @@ fuzz_target!(|ops: Vec<Op>| {
     for op in ops.into_iter().take(400) {
         match op {
             Op::Submit(id) => {
-                let request = RequestSpec {
-                    id: RequestId(u64::from(id % 16)),
-                    prompt: vec![1, 2, 3],
-                    max_tokens: 2,
-                    stop_token_ids: vec![],
-                    ignore_eos: false,
-                    priority: 0,
-                    cache_salt: 0,
-                    sampling: Sampling::GREEDY,
-                };
+                let request = RequestSpec::new(RequestId(u64::from(id % 16)), vec![1, 2, 3], 2);
                 if router.submit(request.clone(), now).is_ok() {
                     ends.remove(&request.id);
                 }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::kv::PoolConfig;
 use crate::sched::RequestId;
-use crate::wire::{Epoch, Incarnation, Sampling, TransferId, WorkerId};
+use crate::wire::{Epoch, Incarnation, TransferId, WorkerId};
 
 const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
 const R: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) };
@@ -23,16 +23,7 @@ fn key(id: u64) -> TransferKey {
 }
 
 fn spec(id: u64, prompt_len: u32) -> RequestSpec {
-    RequestSpec {
-        id: RequestId(id),
-        prompt: (0..prompt_len).map(|t| t + 1).collect(),
-        max_tokens: 8,
-        stop_token_ids: vec![],
-        ignore_eos: false,
-        priority: 0,
-        cache_salt: 0,
-        sampling: Sampling::GREEDY,
-    }
+    RequestSpec::new(RequestId(id), (0..prompt_len).map(|t| t + 1).collect(), 8)
 }
 
 impl Rig {

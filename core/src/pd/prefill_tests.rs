@@ -4,7 +4,7 @@
 use super::*;
 use crate::kv::PoolConfig;
 use crate::sched::RequestId;
-use crate::wire::{Epoch, Incarnation, Sampling, WorkerId};
+use crate::wire::{Epoch, Incarnation, WorkerId};
 
 const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
 const D: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
@@ -26,16 +26,7 @@ fn prepare(id: u64, prompt_len: u32, cached_tokens: u32) -> Message {
     let pages = (prompt_len.div_ceil(4) - cached_tokens / 4) as usize;
     Message::Prepare {
         key: key(id),
-        request: RequestSpec {
-            id: RequestId(id),
-            prompt: (0..prompt_len).collect(),
-            max_tokens: 4,
-            stop_token_ids: vec![],
-            ignore_eos: false,
-            priority: 0,
-            cache_salt: 0,
-            sampling: Sampling::GREEDY,
-        },
+        request: RequestSpec::new(RequestId(id), (0..prompt_len).collect(), 4),
         cached_tokens,
         page_tokens: 4,
         pages: (0..pages as u32).map(|i| PageSlot { index: 10 + i, generation: 0 }).collect(),

@@ -1,7 +1,7 @@
 //! The router against scripted workers.
 
 use super::*;
-use crate::wire::{Incarnation, Sampling, WorkerId};
+use crate::wire::{Incarnation, WorkerId};
 
 const ME: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(3) };
 const P1: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
@@ -15,16 +15,7 @@ fn router(retries_max: u32) -> Router {
 }
 
 fn spec(id: u64) -> RequestSpec {
-    RequestSpec {
-        id: RequestId(id),
-        prompt: vec![1, 2, 3],
-        max_tokens: 4,
-        stop_token_ids: vec![],
-        ignore_eos: false,
-        priority: 0,
-        cache_salt: 0,
-        sampling: Sampling::GREEDY,
-    }
+    RequestSpec::new(RequestId(id), vec![1, 2, 3], 4)
 }
 
 fn drain(r: &mut Router) -> Vec<RouterOutput> {

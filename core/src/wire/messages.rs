@@ -70,6 +70,23 @@ pub struct RequestSpec {
     pub sampling: Sampling,
 }
 
+impl RequestSpec {
+    /// A request with what a client gets when it asks for nothing else: greedy sampling, no stop
+    /// tokens beyond the model's, default priority, the shared cache namespace.
+    pub fn new(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> RequestSpec {
+        RequestSpec {
+            id,
+            prompt,
+            max_tokens,
+            stop_token_ids: vec![],
+            ignore_eos: false,
+            priority: 0,
+            cache_salt: 0,
+            sampling: Sampling::GREEDY,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum AbortReason {
     /// The client went away or cancelled.
