@@ -18,5 +18,5 @@ pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use hf_weights::load_hf_dir;
 pub use matmul::Weight;
-pub use paged::{CpuExecutor, KvShard};
+pub use paged::CpuExecutor;
 pub use weights::{Layer, LlamaWeights, LoadError};

@@ -14,8 +14,8 @@ use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::model::{ExecError, Executor};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
-use super::forward::{attend_head, rope};
-use super::numerics::{self, rms_norm};
+use super::forward::{attend_head, rope, swiglu};
+use super::numerics::rms_norm;
 use super::team::{self, Shared};
 use super::{LlamaConfig, LlamaWeights, kernels};
 use crate::gguf::round_to_f16;
@@ -25,7 +25,7 @@ use crate::sampling::{Sampler, argmax};
 /// positions of `heads.len() * head_dim` keys, and as many values, held at half precision (as
 /// f32 values).
 #[derive(Clone, Debug)]
-pub struct KvShard {
+struct KvShard {
     /// The model's KV heads this shard holds, ascending.
     heads: Vec<usize>,
     width: usize,
@@ -55,13 +55,11 @@ fn cache_index(table: &[PageRef], page_tokens: usize, position: usize) -> Result
     Ok(page.index() as usize * page_tokens + position % page_tokens)
 }
 
-/// One token of a step: its row, position, input, and the cache index of every position it
-/// attends to.
+/// One token of a step: its row, position and input.
 struct Slot {
     row: usize,
     position: usize,
     token: u32,
-    cache: Vec<usize>,
 }
 
 /// Executes plans on the CPU over paged KV. Each request's tokens are chosen by its own sampler
@@ -128,11 +126,21 @@ impl<'w> CpuExecutor<'w> {
         self.tables.apply(plan)?;
         let c = &self.weights.config;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
+        // Per row, the cache index of every position its tokens write or read, checked before the
+        // team starts so that members cannot fail halfway. One table serves all of a row's
+        // tokens; positions before the first token's window stay unused at 0.
+        let mut cache = Vec::with_capacity(plan.rows.len());
         for (r, row) in plan.rows.iter().enumerate() {
             if row.positions.is_empty() {
                 return Err(format!("{}: a row with no position to compute", row.request));
             }
             let table = self.tables.table(row.slot);
+            let mut indices = vec![0; row.positions.end as usize];
+            let first = c.window_start(row.positions.start as usize);
+            for (p, at) in indices.iter_mut().enumerate().skip(first) {
+                *at = cache_index(table, self.page_tokens, p)?;
+            }
+            cache.push(indices);
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
                 let position = position as usize;
                 let token = self.recent.resolve(*input)?;
@@ -142,13 +150,7 @@ impl<'w> CpuExecutor<'w> {
                         row.request
                     ));
                 }
-                // Every cache position the token writes or reads, checked before the team starts
-                // so that members cannot fail halfway. Masked positions stay unused at 0.
-                let mut cache = vec![0; position + 1];
-                for (p, at) in cache.iter_mut().enumerate().skip(c.window_start(position)) {
-                    *at = cache_index(table, self.page_tokens, p)?;
-                }
-                slots.push(Slot { row: r, position, token, cache });
+                slots.push(Slot { row: r, position, token });
             }
         }
         let sampling: Vec<usize> = plan
@@ -158,7 +160,7 @@ impl<'w> CpuExecutor<'w> {
             .filter(|(_, row)| row.sample)
             .map(|(r, _)| slots.iter().rposition(|s| s.row == r).expect("a row has a token"))
             .collect();
-        let logits = self.forward(&slots, &sampling);
+        let logits = self.forward(&slots, &cache, &sampling);
         let sampled: Vec<u32> = sampling
             .iter()
             .zip(&logits)
@@ -177,7 +179,7 @@ impl<'w> CpuExecutor<'w> {
 
     /// Every token of the step through every layer, on the team; returns the logits of the
     /// tokens `sampling` lists.
-    fn forward(&self, slots: &[Slot], sampling: &[usize]) -> Vec<Vec<f32>> {
+    fn forward(&self, slots: &[Slot], cache: &[Vec<usize>], sampling: &[usize]) -> Vec<Vec<f32>> {
         let w = self.weights;
         let c = &w.config;
         let n = slots.len();
@@ -214,7 +216,7 @@ impl<'w> CpuExecutor<'w> {
                     weight.rows_with(me.share(weight.rows()), acts, |i, r, y| out.set(i, r, y));
                 }
                 me.sync();
-                self.attend(l, slots, [&q, &k, &v], &attended, &mut shard);
+                self.attend(l, slots, cache, [&q, &k, &v], &attended, &mut shard);
                 me.sync();
                 let all_attended = attended.rows();
                 let acts = layer.o.activations(&all_attended);
@@ -277,6 +279,7 @@ impl<'w> CpuExecutor<'w> {
         &self,
         layer: usize,
         slots: &[Slot],
+        cache: &[Vec<usize>],
         [q, k, v]: [&Shared; 3],
         attended: &Shared,
         shard: &mut KvShard,
@@ -295,10 +298,11 @@ impl<'w> CpuExecutor<'w> {
                 k_row.iter_mut().zip(kb).for_each(|(x, b)| *x += b);
                 v_row.iter_mut().zip(vb).for_each(|(x, b)| *x += b);
             }
-            rope(&mut k_row, c, s.position);
-            let at = s.cache[s.position] * shard.width;
+            let at = cache[s.row][s.position] * shard.width;
             for (j, &head) in shard.heads.iter().enumerate() {
                 let (src, dst) = (head * d..(head + 1) * d, at + j * d..at + (j + 1) * d);
+                // Heads rotate independently: only this member's are worth rotating.
+                rope(&mut k_row[src.clone()], c, s.position);
                 for (o, &x) in shard.keys[layer][dst.clone()].iter_mut().zip(&k_row[src.clone()]) {
                     *o = round_to_f16(x);
                 }
@@ -315,10 +319,10 @@ impl<'w> CpuExecutor<'w> {
             if let Some([qb, _, _]) = bias {
                 q_row.iter_mut().zip(qb).for_each(|(x, b)| *x += b);
             }
-            rope(&mut q_row, c, s.position);
             for (j, &kv_head) in shard.heads.iter().enumerate() {
+                rope(&mut q_row[kv_head * group * d..(kv_head + 1) * group * d], c, s.position);
                 for h in kv_head * group..(kv_head + 1) * group {
-                    let at = |p: usize| s.cache[p] * shard.width + j * d;
+                    let at = |p: usize| cache[s.row][p] * shard.width + j * d;
                     kernels::run(
                         #[inline(always)]
                         || {
@@ -345,14 +349,4 @@ impl Executor for CpuExecutor<'_> {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
         self.execute_with_logits(plan).map(|(outputs, _)| outputs).map_err(ExecError)
     }
-}
-
-/// SiLU of `gate` times `up`, with the CPU's fused multiply-add.
-fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; gate.len()];
-    kernels::run(
-        #[inline(always)]
-        || numerics::swiglu(gate, up, &mut out),
-    );
-    out
 }
