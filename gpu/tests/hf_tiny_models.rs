@@ -10,10 +10,14 @@
 
 mod tiny;
 
-use std::path::PathBuf;
-
 use lockstep_gpu::chat::Message;
-use lockstep_gpu::llama::{LlamaWeights, Sequence};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockstep_core::Time;
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, Scheduler, StepMode};
+use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::argmax;
 use serde_json::Value;
@@ -81,9 +85,62 @@ fn tiny_models_compute_what_transformers_computes() {
         }
         let their_greedy: Vec<u32> = serde_json::from_value(expected["greedy"].clone()).unwrap();
         assert_eq!(greedy, their_greedy, "{name}: greedy continuation");
+        // The executor the server runs (chunked prefill over paged KV, three threads) gives the
+        // reference's logits bit for bit, biases, window and RoPE factors included.
+        let mut reference = Sequence::new(&model.weights.config);
+        let mut expected_logits = Vec::new();
+        for &t in tokens.iter().chain(&greedy[..7]) {
+            expected_logits.push(reference.forward(&model.weights, t));
+        }
+        let served = executor_logits(&model, &tokens, greedy.len() as u32);
+        assert_eq!(served.len(), greedy.len(), "{name}: one sampled step per token");
+        for (step, logits) in served.iter().enumerate() {
+            assert!(
+                logits == &expected_logits[tokens.len() - 1 + step],
+                "{name}: step {step}: the executor differs from the reference"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
     eprintln!("widest logit gap to transformers: {widest}");
+}
+
+/// The logits of each sampled step of one greedy request through the scheduler and
+/// `CpuExecutor`, its prompt prefilled five tokens a step.
+fn executor_logits(model: &Model, prompt: &[u32], max_tokens: u32) -> Vec<Vec<f32>> {
+    let config = SchedConfig {
+        pool: PoolConfig { pages_total: 16, page_tokens: 4, pins_max: 0 },
+        mode: StepMode::Sync,
+        waiting_max: 1,
+        running_max: 1,
+        step_tokens_max: 5,
+        prefill_chunk_tokens_max: 5,
+        request_tokens_max: 64,
+        capture_sizes: vec![1],
+        eos_token_ids: vec![],
+        queue_wait_max: Duration::from_secs(60),
+        prefix_cache: false,
+    };
+    let mut sched = Scheduler::new(config.clone()).unwrap();
+    let mut executor = CpuExecutor::with_threads(&model.weights, config.pool, 1, 3);
+    let request = NewRequest {
+        id: RequestId(0),
+        prompt: prompt.to_vec(),
+        max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        priority: 0,
+        cache_salt: 0,
+    };
+    sched.submit(request, Time::ZERO).unwrap();
+    let mut sampled = Vec::new();
+    while let Some(plan) = sched.plan_step(Time::ZERO) {
+        let (outputs, logits) = executor.execute_with_logits(&plan).unwrap();
+        sampled.extend(logits);
+        sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+        while sched.poll_event().is_some() {}
+    }
+    sampled
 }
 
 /// The same tiny models converted to GGUF as llama.cpp's converter does (Q and K permuted for
