@@ -130,6 +130,7 @@ impl<'w> CpuExecutor<'w> {
         // team starts so that members cannot fail halfway. One table serves all of a row's
         // tokens; positions before the first token's window stay unused at 0.
         let mut cache = Vec::with_capacity(plan.rows.len());
+        let mut sampling = Vec::new();
         for (r, row) in plan.rows.iter().enumerate() {
             if row.positions.is_empty() {
                 return Err(format!("{}: a row with no position to compute", row.request));
@@ -152,14 +153,11 @@ impl<'w> CpuExecutor<'w> {
                 }
                 slots.push(Slot { row: r, position, token });
             }
+            if row.sample {
+                // The row's last token, just pushed, is the one whose logits are sampled.
+                sampling.push(slots.len() - 1);
+            }
         }
-        let sampling: Vec<usize> = plan
-            .rows
-            .iter()
-            .enumerate()
-            .filter(|(_, row)| row.sample)
-            .map(|(r, _)| slots.iter().rposition(|s| s.row == r).expect("a row has a token"))
-            .collect();
         let logits = self.forward(&slots, &cache, &sampling);
         let sampled: Vec<u32> = sampling
             .iter()
