@@ -57,7 +57,7 @@ fn decoding_scheduler(mode: StepMode) -> Scheduler {
     {
         let plan = sched.plan_step(Time::ZERO).unwrap();
         let sampled = vec![1; plan.sampling_rows()];
-        sched.apply_outputs(&StepOutputs { step: plan.step, sampled }, Time::ZERO).unwrap();
+        sched.apply_outputs(&StepOutputs::tokens(plan.step, sampled), Time::ZERO).unwrap();
         while sched.poll_event().is_some() {}
     }
     sched
@@ -89,6 +89,7 @@ fn scheduler_step(c: &mut Criterion) {
             let mut outputs = StepOutputs {
                 step: lockstep_core::sched::StepId(0),
                 sampled: Vec::with_capacity(RUNNING as usize),
+                logprobs: Vec::new(),
             };
             while left > 0 {
                 let mut sched = base.clone();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::Time;
 use crate::kv::PoolConfig;
-use crate::model::{Executor, ProvenanceModel};
+use crate::model::{Executor, ProvenanceModel, SamplingSpec};
 use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,
@@ -77,6 +77,7 @@ impl Harness {
         let id = req.id;
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
+            self.model.start_request(id, SamplingSpec::GREEDY);
             self.tokens.insert(id, Vec::new());
             self.finished.remove(&id);
         }
@@ -154,6 +155,8 @@ impl Harness {
                         .push(token);
                 }
                 SchedEvent::Finished { request, reason, output_tokens } => {
+                    // Every step naming it has executed: the harness executes at planning.
+                    self.model.end_request(request);
                     let previous = self.finished.insert(request, reason);
                     assert_eq!(previous, None, "{request} finished twice");
                     assert_eq!(

@@ -77,6 +77,7 @@ fuzz_target!(|input: Input| {
                 let bogus = StepOutputs {
                     step: StepId(u64::from(step) + 1_000),
                     sampled: vec![7; usize::from(tokens % 4)],
+                    logprobs: Vec::new(),
                 };
                 assert!(
                     h.sched.apply_outputs(&bogus, h.now).is_err(),

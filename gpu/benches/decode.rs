@@ -7,10 +7,12 @@
 #![allow(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
 #![allow(clippy::unwrap_used, reason = "benchmark setup: a panic is the report")]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::{Executor, SamplingSpec};
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, Scheduler, StepMode};
 use lockstep_gpu::gguf::Gguf;
 use lockstep_gpu::llama::{CpuExecutor, LlamaWeights};
@@ -35,10 +37,10 @@ fn config(batch: u32) -> SchedConfig {
 }
 
 /// Prefills `batch` prompts in one step, then decodes; returns (prefill, decode) tokens/s.
-fn measure(weights: &LlamaWeights, batch: u32) -> (f64, f64) {
+fn measure(weights: &Arc<LlamaWeights>, batch: u32) -> (f64, f64) {
     let config = config(batch);
     let mut sched = Scheduler::new(config.clone()).unwrap();
-    let mut executor = CpuExecutor::new(weights, config.pool, batch);
+    let mut executor = CpuExecutor::new(weights.clone(), config.pool, batch);
     for id in 0..batch {
         let prompt = (0..PROMPT_TOKENS).map(|t| 100 + (t * 37 + id * 101) % 5000).collect();
         let req = NewRequest {
@@ -50,6 +52,7 @@ fn measure(weights: &LlamaWeights, batch: u32) -> (f64, f64) {
             priority: 0,
             cache_salt: 0,
         };
+        executor.start_request(req.id, SamplingSpec::GREEDY);
         sched.submit(req, Time::ZERO).unwrap();
     }
     let mut step = |sched: &mut Scheduler| -> usize {
@@ -121,7 +124,7 @@ fn main() {
     };
     let file = std::fs::read(&path).unwrap();
     let gguf = Gguf::parse(&file).unwrap();
-    let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
+    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut ours = Vec::new();
     for batch in [1, 32] {

@@ -3,6 +3,7 @@
 //! `tokenizer_config.json`), whichever `path` is.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -13,7 +14,8 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug)]
 pub struct Model {
-    pub weights: LlamaWeights,
+    /// Shared, so that an executor owning them can live in its own task or thread.
+    pub weights: Arc<LlamaWeights>,
     pub tokenizer: Tokenizer,
     /// The Jinja chat template the model ships, if any.
     pub chat_template: Option<String>,
@@ -39,7 +41,7 @@ impl Model {
             Some(MetadataValue::String(t)) => Some(t.clone()),
             _ => None,
         };
-        Ok(Model { weights, tokenizer, chat_template, stop_tokens })
+        Ok(Model { weights: Arc::new(weights), tokenizer, chat_template, stop_tokens })
     }
 
     fn load_hf(dir: &Path) -> Result<Model, LoadError> {
@@ -74,7 +76,12 @@ impl Model {
             Some(v) => stops.push(v.as_u64().map(|v| v as u32)),
             None => {}
         }
-        Ok(Model { weights, tokenizer, chat_template, stop_tokens: sorted(stops) })
+        Ok(Model {
+            weights: Arc::new(weights),
+            tokenizer,
+            chat_template,
+            stop_tokens: sorted(stops),
+        })
     }
 
     /// `messages` through the model's chat template, ending with the assistant's turn opened

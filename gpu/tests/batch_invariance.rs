@@ -10,18 +10,24 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::Executor;
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
 use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
-use lockstep_gpu::sampling::{Sampler, SamplingParams};
+use lockstep_gpu::sampling::{Sampler, Sampling, SamplingSpec};
 use lockstep_gpu::tokenizer::Tokenizer;
 
 const WATCHED: RequestId = RequestId(0);
-const SAMPLING: SamplingParams = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95 };
+/// Each request samples with a seed of its own (`SEED` and its id).
 const SEED: u64 = 7;
+
+fn sampling(id: RequestId) -> Sampling {
+    Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: SEED ^ id.0 }
+}
 
 fn config() -> SchedConfig {
     SchedConfig {
@@ -55,15 +61,16 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
 /// tokens, its tokens, and how many steps had 32 rows mixing prefill and decode with it among
 /// them.
 fn run(
-    weights: &LlamaWeights,
+    weights: &Arc<LlamaWeights>,
     requests: Vec<NewRequest>,
     threads: usize,
 ) -> (Vec<Vec<f32>>, Vec<u32>, usize) {
     let config = config();
     let mut sched = Scheduler::new(config.clone()).unwrap();
-    let mut executor = CpuExecutor::with_threads(weights, config.pool, config.running_max, threads);
+    let mut executor =
+        CpuExecutor::with_threads(weights.clone(), config.pool, config.running_max, threads);
     for r in requests {
-        executor.set_sampler(r.id, Sampler::new(SAMPLING, SEED, r.id.0));
+        executor.start_request(r.id, SamplingSpec { sampling: sampling(r.id), logprobs: None });
         sched.submit(r, Time::ZERO).unwrap();
     }
     let mut watched = Vec::new();
@@ -94,7 +101,7 @@ fn run(
             match event {
                 SchedEvent::Token { request: WATCHED, token } => tokens.push(token),
                 SchedEvent::Finished { request, .. } => {
-                    executor.forget(request);
+                    executor.end_request(request);
                     finished.insert(request, ());
                 }
                 _ => {}
@@ -109,7 +116,7 @@ fn run(
 fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     let Some((_, file)) = common::default_model() else { return };
     let gguf = common::parse(&file);
-    let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
+    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     let prompt = tokenizer.encode("The capital of France is").unwrap();
     let watched = request(0, prompt.clone(), 6);
@@ -137,7 +144,7 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     assert_eq!(alone_tokens, batch_tokens, "sampled tokens differ alone and in the batch");
 
     // And both equal the single-sequence reference, sampling with the same generator.
-    let mut sampler = Sampler::new(SAMPLING, SEED, WATCHED.0);
+    let sampler = Sampler::new(sampling(WATCHED));
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for &t in &prompt {
@@ -145,7 +152,7 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     }
     for (step, expected) in alone.iter().enumerate() {
         assert!(&logits == expected, "step {step}: the paged executor differs from the reference");
-        let next = sampler.sample(&logits);
+        let next = sampler.sample(&logits, (prompt.len() + step) as u32);
         assert_eq!(next, alone_tokens[step], "step {step}: the reference samples another token");
         logits = sequence.forward(&weights, next);
     }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::{Executor, SamplingSpec};
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, Scheduler, StepMode};
 use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
 use lockstep_gpu::model::Model;
@@ -122,7 +123,8 @@ fn executor_logits(model: &Model, prompt: &[u32], max_tokens: u32) -> Vec<Vec<f3
         prefix_cache: false,
     };
     let mut sched = Scheduler::new(config.clone()).unwrap();
-    let mut executor = CpuExecutor::with_threads(&model.weights, config.pool, 1, 3);
+    let mut executor = CpuExecutor::with_threads(model.weights.clone(), config.pool, 1, 3);
+    executor.start_request(RequestId(0), SamplingSpec::GREEDY);
     let request = NewRequest {
         id: RequestId(0),
         prompt: prompt.to_vec(),

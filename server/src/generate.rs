@@ -14,7 +14,7 @@ use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Sched
 use lockstep_gpu::chat::Message;
 use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::model::Model;
-use lockstep_gpu::sampling::{Sampler, SamplingParams};
+use lockstep_gpu::sampling::{Sampling, SamplingSpec};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
@@ -22,8 +22,8 @@ pub struct Options {
     pub chat: bool,
     pub max_tokens: u32,
     pub prompt: String,
-    pub sampling: SamplingParams,
-    pub seed: u64,
+    /// Temperature, top-k, top-p and the seed.
+    pub sampling: Sampling,
 }
 
 impl Options {
@@ -33,8 +33,7 @@ impl Options {
             chat: false,
             max_tokens: 128,
             prompt: String::new(),
-            sampling: SamplingParams::GREEDY,
-            seed: 0,
+            sampling: Sampling::GREEDY,
         };
         let mut prompt = None;
         let mut args = args.iter();
@@ -53,7 +52,7 @@ impl Options {
                 }
                 "--top-k" => options.sampling.top_k = number(&value("--top-k")?, "--top-k")?,
                 "--top-p" => options.sampling.top_p = number(&value("--top-p")?, "--top-p")?,
-                "--seed" => options.seed = number(&value("--seed")?, "--seed")?,
+                "--seed" => options.sampling.seed = number(&value("--seed")?, "--seed")?,
                 "--prompt" => prompt = Some(value("--prompt")?),
                 other => return Err(format!("unknown option {other:?}")),
             }
@@ -87,9 +86,9 @@ pub fn run(options: &Options) -> Result<(), String> {
     }
     let config = engine_config(&model, prompt.len(), options.max_tokens)?;
     let mut sched = Scheduler::new(config.clone()).map_err(|e| e.to_string())?;
-    let mut executor = CpuExecutor::new(&model.weights, config.pool, config.running_max);
+    let mut executor = CpuExecutor::new(model.weights.clone(), config.pool, config.running_max);
     let id = RequestId(0);
-    executor.set_sampler(id, Sampler::new(options.sampling, options.seed, id.0));
+    executor.start_request(id, SamplingSpec { sampling: options.sampling, logprobs: None });
     let request = NewRequest {
         id,
         prompt,
@@ -127,7 +126,7 @@ pub fn run(options: &Options) -> Result<(), String> {
                         printed = text.len();
                     }
                 }
-                SchedEvent::Finished { request, .. } => executor.forget(request),
+                SchedEvent::Finished { request, .. } => executor.end_request(request),
                 SchedEvent::Preempted { .. } => {}
             }
         }
@@ -185,7 +184,7 @@ mod tests {
         ]))
         .unwrap();
         assert!(o.chat);
-        assert_eq!((o.max_tokens, o.prompt.as_str(), o.seed), (8, "hi", 3));
+        assert_eq!((o.max_tokens, o.prompt.as_str(), o.sampling.seed), (8, "hi", 3));
         assert_eq!(o.sampling.temperature, 0.7);
         assert_eq!(Options::parse(&args(&["--chat"])).unwrap_err(), "--prompt is required");
         assert!(

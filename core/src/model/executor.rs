@@ -4,15 +4,30 @@
 //! KV through the plan's page-table updates, and samples one token per sampling row. Its KV store
 //! is its own: the CPU backend shards it across threads, the provenance model keeps hashes, a
 //! GPU backend keeps it in device memory.
+//!
+//! A driver tells the executor how each request samples before the first plan that names it
+//! (`start_request`) and when it may forget it (`end_request`, after the last step that names it
+//! has executed). A sampling row of a request it was not told about is an error: there is no
+//! silent greedy fallback. Calls come in one order (starts, steps, ends as the driver issued
+//! them), so an executor that runs steps elsewhere (a thread, a device stream) takes them through
+//! one queue.
 
 use std::fmt;
 
-use crate::sched::{StepOutputs, StepPlan};
+use super::SamplingSpec;
+use crate::sched::{RequestId, StepOutputs, StepPlan};
 
 pub trait Executor {
+    /// `request` samples with `spec` from its next sampling row on. Starting a request twice
+    /// replaces its spec.
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec);
+
+    /// Forgets `request`. No later plan may name it until it is started again.
+    fn end_request(&mut self, request: RequestId);
+
     /// Computes `plan`; `StepOutputs::sampled` has one token per sampling row, in row order.
-    /// A plan the executor cannot compute (a position without a page, an unknown placeholder) is
-    /// an error, never a guess.
+    /// A plan the executor cannot compute (a position without a page, an unknown placeholder, a
+    /// request never started) is an error, never a guess.
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError>;
 }
 

@@ -1,10 +1,12 @@
-//! The executor contract, and the model that executes scheduler plans without weights.
+//! The executor contract, sampling, and the model that executes scheduler plans without weights.
 //!
 //! `ProvenanceModel` is the simulator's oracle of record (DESIGN.md section 5): any KV read that
 //! does not belong to the request, or was not completely written, changes its output.
 
 mod executor;
 mod provenance;
+mod sampling;
 
 pub use executor::{ExecError, Executor};
 pub use provenance::ProvenanceModel;
+pub use sampling::{Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};

@@ -7,14 +7,19 @@
 //! was never written: then they change. Running a request alone and in a crowd and comparing is
 //! the whole correctness check.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
-use super::{ExecError, Executor};
+use super::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
 use crate::kv::PoolConfig;
-use crate::sched::{PageTables, RecentSamples, StepOutputs, StepPlan};
+use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 /// Marks a KV slot that no step has written since the model started.
 const UNWRITTEN: u64 = 0;
+
+/// Tokens the model gives a logit per sampled position; every other token has none (minus
+/// infinity). Enough for temperature, top-k and top-p to choose among, few enough to be cheap.
+const CANDIDATES: u32 = 8;
 
 #[derive(Clone)]
 pub struct ProvenanceModel {
@@ -24,6 +29,8 @@ pub struct ProvenanceModel {
     tables: PageTables,
     /// What recent steps sampled, to resolve the placeholders of overlap-mode plans.
     recent: RecentSamples,
+    /// How each started request samples.
+    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
 }
 
 impl fmt::Debug for ProvenanceModel {
@@ -43,16 +50,26 @@ impl ProvenanceModel {
             kv: vec![UNWRITTEN; pool.pages_total as usize * pool.page_tokens as usize],
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
+            samplers: BTreeMap::new(),
         }
     }
 }
 
 impl Executor for ProvenanceModel {
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+    }
+
+    fn end_request(&mut self, request: RequestId) {
+        self.samplers.remove(&request);
+    }
+
     /// Writes the KV of every planned position, then samples each sampling row.
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
         self.tables.apply(plan).map_err(ExecError)?;
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
+        let mut row_logprobs = Vec::new();
         for row in &plan.rows {
             if row.positions.is_empty() {
                 // A real model gets logits only by computing a position; neither may this one.
@@ -71,21 +88,57 @@ impl Executor for ProvenanceModel {
                 self.kv[slot] = kv_value(token, position, previous);
             }
             if row.sample {
-                let token = self.sample(row.slot, row.positions.end)?;
+                let &(sampler, top) = self.samplers.get(&row.request).ok_or_else(|| {
+                    ExecError(format!("{}: a sampling row of a request never started", row.request))
+                })?;
+                let (token, lp) = self.sample(row.slot, row.positions.end, sampler, top)?;
                 sampled.push(token);
+                row_logprobs.push(lp);
                 by_row.push(Some(token));
             } else {
                 by_row.push(None);
             }
         }
         self.recent.record(plan.step, by_row);
-        Ok(StepOutputs { step: plan.step, sampled })
+        if row_logprobs.iter().all(Option::is_none) {
+            row_logprobs.clear();
+        }
+        Ok(StepOutputs { step: plan.step, sampled, logprobs: row_logprobs })
     }
 }
 
 impl ProvenanceModel {
-    /// The token sampled after `len` positions: every KV value read through the page table.
-    fn sample(&self, slot: u32, len: u32) -> Result<u32, ExecError> {
+    /// The token sampled after `len` positions, with its log-probabilities if asked for. The
+    /// logits come from a digest of every KV value read through the page table: `CANDIDATES`
+    /// consecutive token ids from a point the digest picks, each with a logit the digest draws.
+    fn sample(
+        &self,
+        slot: u32,
+        len: u32,
+        sampler: Sampler,
+        top: Option<u8>,
+    ) -> Result<(u32, Option<TokenLogprobs>), ExecError> {
+        let digest = self.digest(slot, len)?;
+        let count = CANDIDATES.min(self.vocab_size);
+        let base = (digest % u64::from(self.vocab_size)) as u32;
+        let logits: Vec<f32> = (0..u64::from(count))
+            .map(|i| (mix(digest ^ (i + 1).wrapping_mul(0x9e37_79b9)) >> 40) as f32 / 1_048_576.0)
+            .collect();
+        let token_of = |i: u32| (base + i) % self.vocab_size;
+        let chosen = sampler.sample(&logits, len);
+        let lp = top.map(|top| {
+            let l = logprobs(&logits, chosen, top);
+            TokenLogprobs {
+                token: token_of(chosen),
+                logprob: l.logprob,
+                top: l.top.into_iter().map(|(i, p)| (token_of(i), p)).collect(),
+            }
+        });
+        Ok((token_of(chosen), lp))
+    }
+
+    /// A hash of every KV value the first `len` positions of the slot's table hold.
+    fn digest(&self, slot: u32, len: u32) -> Result<u64, ExecError> {
         let mut acc = 0x0123_4567_89ab_cdef_u64;
         for position in 0..len {
             let value = self.read(slot, position)?;
@@ -95,7 +148,7 @@ impl ProvenanceModel {
             }
             acc = mix(acc ^ value);
         }
-        Ok((acc % u64::from(self.vocab_size)) as u32)
+        Ok(acc)
     }
 
     fn read(&self, slot: u32, position: u32) -> Result<u64, ExecError> {

@@ -5,6 +5,7 @@
 use super::*;
 use crate::Time;
 use crate::kv::PageRef;
+use crate::model::SamplingSpec;
 use crate::sched::{RequestId, Scheduler, StepMode};
 use crate::testing::{request, small_config};
 
@@ -27,7 +28,7 @@ fn two_steps() -> Run {
     sched.submit(request(2, vec![21, 22, 23], 4), Time::ZERO).unwrap();
     let first = sched.plan_step(Time::ZERO).unwrap();
     assert_eq!(first.rows.len(), 2, "both prompts in one step");
-    let mut model = ProvenanceModel::new(config.pool, config.running_max, VOCAB);
+    let mut model = started(ProvenanceModel::new(config.pool, config.running_max, VOCAB));
     let outputs = model.execute(&first).unwrap();
     sched.apply_outputs(&outputs, Time::ZERO).unwrap();
     let second = sched.plan_step(Time::ZERO).unwrap();
@@ -37,7 +38,15 @@ fn two_steps() -> Run {
 
 fn model(run: &Run) -> ProvenanceModel {
     let config = run.sched.config();
-    ProvenanceModel::new(config.pool, config.running_max, VOCAB)
+    started(ProvenanceModel::new(config.pool, config.running_max, VOCAB))
+}
+
+/// The model with requests 1 and 2 started, greedy.
+fn started(mut model: ProvenanceModel) -> ProvenanceModel {
+    for id in [1, 2] {
+        model.start_request(RequestId(id), SamplingSpec::GREEDY);
+    }
+    model
 }
 
 fn row_of(plan: &StepPlan, id: u64) -> usize {
@@ -90,4 +99,38 @@ fn reading_a_partly_written_page_changes_the_output() {
     partial.rows[row].positions.end -= 1;
     partial.rows[row].inputs.end -= 1;
     assert_ne!(a_second_token(&run, &partial, &run.second), honest);
+}
+
+#[test]
+fn a_sampling_row_of_a_request_never_started_is_an_error_not_greedy() {
+    let run = two_steps();
+    let config = run.sched.config();
+    let mut m = ProvenanceModel::new(config.pool, config.running_max, VOCAB);
+    m.start_request(RequestId(1), SamplingSpec::GREEDY);
+    let err = m.execute(&run.first).unwrap_err();
+    assert!(err.0.contains("never started"), "{err}");
+}
+
+#[test]
+fn sampling_follows_the_seed_and_logprobs_come_when_asked() {
+    let run = two_steps();
+    let tokens = |seed: u64, logprobs: Option<u8>| {
+        let config = run.sched.config();
+        let mut m = ProvenanceModel::new(config.pool, config.running_max, 97);
+        let sampling = crate::wire::Sampling { temperature: 1.5, top_p: 1.0, top_k: 0, seed };
+        m.start_request(RequestId(1), SamplingSpec { sampling, logprobs });
+        m.start_request(RequestId(2), SamplingSpec::GREEDY);
+        let first = m.execute(&run.first).unwrap();
+        let second = m.execute(&run.second).unwrap();
+        (first.sampled, second.sampled, second.logprobs)
+    };
+    assert_eq!(tokens(5, None), tokens(5, None));
+    let differs = (0..16).any(|seed| tokens(seed, None).0 != tokens(5, None).0);
+    assert!(differs, "the seed chooses among the candidates");
+    let (_, sampled, logprobs) = tokens(5, Some(3));
+    let a = row_of(&run.second, 1);
+    let l = logprobs[a].as_ref().expect("request 1 asked");
+    assert_eq!((l.token, l.top.len()), (sampled[a], 3));
+    assert!(l.logprob <= 0.0 && l.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    assert_eq!(logprobs[row_of(&run.second, 2)], None, "request 2 did not ask");
 }

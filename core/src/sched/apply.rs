@@ -39,6 +39,34 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Gives up on the oldest step in flight (the executor failed or panicked on it): every
+    /// request with a row in it ends with `FinishReason::StepFailed`, and the step is retired as
+    /// if applied, with nothing it computed kept (no token, no page offered to the cache). Their
+    /// pages return once no other step in flight touches them. Every other request goes on.
+    pub fn fail_step(&mut self, step: super::StepId, now: Time) -> Result<(), ApplyError> {
+        let expected = self.in_flight.front().map(|s| s.step);
+        if expected != Some(step) {
+            return Err(ApplyError::UnexpectedStep { got: step, expected });
+        }
+        let record = self.in_flight.pop_front().expect("checked above");
+        for row in &record.rows {
+            let ending = matches!(
+                self.entry(row.entry).phase,
+                Phase::Draining { then: AfterDrain::Remove, .. }
+            );
+            if !ending {
+                self.finish(row.entry, FinishReason::StepFailed);
+            }
+        }
+        for (row_index, row) in record.rows.iter().enumerate() {
+            // Every request of the step is ending now, so the row's token (any value) is
+            // discarded; it stands in only so the in-flight counts come out right.
+            let token = row.sample.then_some(0);
+            self.apply_row(row, token, (record.step, row_index as u32), now);
+        }
+        Ok(())
+    }
+
     fn apply_row(
         &mut self,
         row: &InFlightRow,

@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use super::RequestId;
 use crate::kv::PageRef;
+use crate::model::TokenLogprobs;
 
 /// Names a step. Increases by one per planned step, never reused.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -85,11 +86,21 @@ impl StepPlan {
 }
 
 /// What the executor hands back for a step.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Debug)]
 pub struct StepOutputs {
     pub step: StepId,
     /// One token per sampling row, in row order.
     pub sampled: Vec<u32>,
+    /// Empty when no sampling row's request asked for log-probabilities; else one entry per
+    /// sampling row, `Some` for the rows whose request asked.
+    pub logprobs: Vec<Option<TokenLogprobs>>,
+}
+
+impl StepOutputs {
+    /// Outputs with tokens only.
+    pub fn tokens(step: StepId, sampled: Vec<u32>) -> StepOutputs {
+        StepOutputs { step, sampled, logprobs: Vec::new() }
+    }
 }
 
 /// The executor's side of the page-table deltas: one table per slot. The CPU and CUDA backends

@@ -48,6 +48,9 @@ pub enum FinishReason {
     Aborted,
     /// Waited longer than `queue_wait_max` for admission.
     QueueTimeout,
+    /// A step computing it failed (`Scheduler::fail_step`): its output so far stands, no more
+    /// comes.
+    StepFailed,
 }
 
 /// Why `submit` refused a request. Nothing about the refused request is kept.

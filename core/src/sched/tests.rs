@@ -301,18 +301,18 @@ fn outputs_for_the_wrong_step_or_count_are_refused() {
     let mut h = Harness::new(small_config(StepMode::Overlap, 32));
     h.submit(request(1, prompt(1, 3), 5)).unwrap();
     assert_eq!(
-        h.sched.apply_outputs(&StepOutputs { step: StepId(0), sampled: vec![] }, h.now),
+        h.sched.apply_outputs(&StepOutputs::tokens(StepId(0), vec![]), h.now),
         Err(ApplyError::UnexpectedStep { got: StepId(0), expected: None })
     );
     let first = h.sched.plan_step(h.now).unwrap();
     let second = h.sched.plan_step(h.now).unwrap();
     assert!(h.sched.plan_step(h.now).is_none(), "two steps in flight at most");
     assert_eq!(
-        h.sched.apply_outputs(&StepOutputs { step: second.step, sampled: vec![1] }, h.now),
+        h.sched.apply_outputs(&StepOutputs::tokens(second.step, vec![1]), h.now),
         Err(ApplyError::UnexpectedStep { got: second.step, expected: Some(first.step) })
     );
     assert_eq!(
-        h.sched.apply_outputs(&StepOutputs { step: first.step, sampled: vec![] }, h.now),
+        h.sched.apply_outputs(&StepOutputs::tokens(first.step, vec![]), h.now),
         Err(ApplyError::WrongTokenCount { step: first.step, expected: 1, got: 0 })
     );
     h.sched.check_invariants().unwrap();
@@ -376,4 +376,49 @@ fn a_request_preempted_while_its_last_token_is_in_flight_finishes_and_lets_go() 
     assert_eq!(h.finished[&RequestId(2)], FinishReason::Length);
     assert_matches_alone(&h, &[a, b]);
     assert_eq!(h.sched.pool().held_count(), 0);
+}
+
+#[test]
+fn a_failed_step_ends_its_requests_frees_their_pages_and_others_go_on() {
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let mut h = Harness::new(small_config(mode, 32));
+        h.submit(request(1, prompt(1, 5), 6)).unwrap();
+        h.submit(request(2, prompt(2, 6), 6)).unwrap();
+        let failed = h.sched.plan_step(h.now).unwrap();
+        assert_eq!(failed.rows.len(), 2);
+        h.model.execute(&failed).unwrap();
+        // Overlap: a third request arrives and is admitted in the next step, already in flight
+        // when the first step fails.
+        h.submit(request(3, prompt(3, 4), 3)).unwrap();
+        let next = match mode {
+            StepMode::Overlap => {
+                let next = h.sched.plan_step(h.now).unwrap();
+                Some((h.model.execute(&next).unwrap(), next))
+            }
+            StepMode::Sync => None,
+        };
+        assert!(h.sched.fail_step(StepId(99), h.now).is_err(), "only the oldest step fails");
+        h.sched.fail_step(failed.step, h.now).unwrap();
+        h.sched.check_invariants().unwrap();
+        let mut ended = Vec::new();
+        while let Some(event) = h.sched.poll_event() {
+            if let SchedEvent::Finished { request, reason, .. } = event {
+                ended.push((request, reason));
+            }
+        }
+        let reason = FinishReason::StepFailed;
+        assert_eq!(ended, vec![(RequestId(1), reason), (RequestId(2), reason)], "{mode:?}");
+        if let Some((outputs, _)) = next {
+            h.sched.apply_outputs(&outputs, h.now).unwrap();
+            h.sched.check_invariants().unwrap();
+        }
+        for id in [1, 2] {
+            h.model.end_request(RequestId(id));
+            h.finished.insert(RequestId(id), reason);
+        }
+        h.run_until_idle(100);
+        assert_eq!(h.finished[&RequestId(3)], FinishReason::Length, "{mode:?}");
+        assert_eq!(h.sched.pool().held_count(), 0, "{mode:?}: the failed requests' pages return");
+        assert_eq!(h.sched.requests_held(), 0);
+    }
 }

@@ -8,10 +8,10 @@
 //! computes. Who computes a value never changes the value.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use lockstep_core::kv::{PageRef, PoolConfig};
-use lockstep_core::model::{ExecError, Executor};
+use lockstep_core::model::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::forward::{attend_head, rope, swiglu};
@@ -19,7 +19,6 @@ use super::numerics::rms_norm;
 use super::team::{self, Shared};
 use super::{LlamaConfig, LlamaWeights, kernels};
 use crate::gguf::round_to_f16;
-use crate::sampling::{Sampler, argmax};
 
 /// The KV of some KV heads for every page of the pool, per layer: `pages * page_tokens`
 /// positions of `heads.len() * head_dim` keys, and as many values, held at half precision (as
@@ -62,34 +61,35 @@ struct Slot {
     token: u32,
 }
 
-/// Executes plans on the CPU over paged KV. Each request's tokens are chosen by its own sampler
-/// (`set_sampler`), greedily where it has none.
+/// Executes plans on the CPU over paged KV. Each request's tokens are chosen by the sampler it
+/// was started with (`Executor::start_request`); a request never started cannot be sampled. The
+/// executor shares its weights, so it can live as long as the engine that owns it.
 #[derive(Debug)]
-pub struct CpuExecutor<'w> {
-    weights: &'w LlamaWeights,
+pub struct CpuExecutor {
+    weights: Arc<LlamaWeights>,
     page_tokens: usize,
     /// One per team member, each locked by its member for a step.
     kv: Vec<Mutex<KvShard>>,
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
-    samplers: BTreeMap<RequestId, Sampler>,
+    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
 }
 
-impl<'w> CpuExecutor<'w> {
+impl CpuExecutor {
     /// An executor on as many threads as the machine offers.
-    pub fn new(weights: &'w LlamaWeights, pool: PoolConfig, slots: u32) -> CpuExecutor<'w> {
+    pub fn new(weights: Arc<LlamaWeights>, pool: PoolConfig, slots: u32) -> CpuExecutor {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with_threads(weights, pool, slots, threads)
     }
 
     /// An executor whose steps run on `threads` threads (at least one).
     pub fn with_threads(
-        weights: &'w LlamaWeights,
+        weights: Arc<LlamaWeights>,
         pool: PoolConfig,
         slots: u32,
         threads: usize,
-    ) -> CpuExecutor<'w> {
+    ) -> CpuExecutor {
         let c = &weights.config;
         let threads = threads.max(1);
         let kv = (0..threads)
@@ -108,21 +108,17 @@ impl<'w> CpuExecutor<'w> {
         }
     }
 
-    /// Samples `request`'s tokens with `sampler` (a generator of its own: see `Sampler::new`).
-    pub fn set_sampler(&mut self, request: RequestId, sampler: Sampler) {
-        self.samplers.insert(request, sampler);
-    }
-
-    /// Drops what is kept for `request`; call when it finishes.
-    pub fn forget(&mut self, request: RequestId) {
-        self.samplers.remove(&request);
-    }
-
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
     pub fn execute_with_logits(
         &mut self,
         plan: &StepPlan,
     ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+        // Every sampling row's request was started: checked before any work.
+        for row in plan.rows.iter().filter(|r| r.sample) {
+            if !self.samplers.contains_key(&row.request) {
+                return Err(format!("{}: a sampling row of a request never started", row.request));
+            }
+        }
         self.tables.apply(plan)?;
         let c = &self.weights.config;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
@@ -159,26 +155,31 @@ impl<'w> CpuExecutor<'w> {
             }
         }
         let logits = self.forward(&slots, &cache, &sampling);
-        let sampled: Vec<u32> = sampling
-            .iter()
-            .zip(&logits)
-            .map(|(&t, l)| match self.samplers.get_mut(&plan.rows[slots[t].row].request) {
-                Some(sampler) => sampler.sample(l),
-                None => argmax(l),
-            })
-            .collect();
+        let mut sampled = Vec::with_capacity(sampling.len());
+        let mut row_logprobs: Vec<Option<TokenLogprobs>> = Vec::with_capacity(sampling.len());
+        for (&t, l) in sampling.iter().zip(&logits) {
+            let row = &plan.rows[slots[t].row];
+            let (sampler, top) = self.samplers[&row.request];
+            // The sampled token takes the position after the row's last.
+            let token = sampler.sample(l, row.positions.end);
+            sampled.push(token);
+            row_logprobs.push(top.map(|top| logprobs(l, token, top)));
+        }
         let mut by_row = vec![None; plan.rows.len()];
         for (&t, &token) in sampling.iter().zip(&sampled) {
             by_row[slots[t].row] = Some(token);
         }
         self.recent.record(plan.step, by_row);
-        Ok((StepOutputs { step: plan.step, sampled }, logits))
+        if row_logprobs.iter().all(Option::is_none) {
+            row_logprobs.clear();
+        }
+        Ok((StepOutputs { step: plan.step, sampled, logprobs: row_logprobs }, logits))
     }
 
     /// Every token of the step through every layer, on the team; returns the logits of the
     /// tokens `sampling` lists.
     fn forward(&self, slots: &[Slot], cache: &[Vec<usize>], sampling: &[usize]) -> Vec<Vec<f32>> {
-        let w = self.weights;
+        let w = &*self.weights;
         let c = &w.config;
         let n = slots.len();
         let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
@@ -343,7 +344,15 @@ impl<'w> CpuExecutor<'w> {
     }
 }
 
-impl Executor for CpuExecutor<'_> {
+impl Executor for CpuExecutor {
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+    }
+
+    fn end_request(&mut self, request: RequestId) {
+        self.samplers.remove(&request);
+    }
+
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
         self.execute_with_logits(plan).map(|(outputs, _)| outputs).map_err(ExecError)
     }

@@ -1,0 +1,204 @@
+//! Choosing a request's next token from logits, and the log-probabilities a client may ask for.
+//!
+//! Every executor samples through this one definition, so a request's parameters and seed mean
+//! the same thing on the CPU backend, a GPU backend and the provenance model. A draw depends only
+//! on (the request's seed, the position the token takes in its sequence, the logits): never on
+//! how many draws came before. A request preempted and recomputed, or one whose sample an
+//! overlap step discarded, therefore draws exactly what it would have drawn running alone, and the
+//! same seed and prompt give the same completion whatever request id or batch they land in.
+
+use crate::wire::Sampling;
+
+/// How one request samples, as its executor is told before any plan names it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingSpec {
+    pub sampling: Sampling,
+    /// Log-probabilities to report per sampled token: `None` for none, `Some(n)` for the chosen
+    /// token's and the `n` most likely alternatives' (at most `TOP_LOGPROBS_MAX`).
+    pub logprobs: Option<u8>,
+}
+
+impl SamplingSpec {
+    pub const GREEDY: SamplingSpec = SamplingSpec { sampling: Sampling::GREEDY, logprobs: None };
+    /// OpenAI's limit on `top_logprobs`.
+    pub const TOP_LOGPROBS_MAX: u8 = 20;
+}
+
+/// The log-probabilities of one sampled token under the model's distribution (the raw logits,
+/// before temperature, top-k or top-p, as vLLM reports them by default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first, ties by lower id.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One request's sampler. Stateless between draws (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampler {
+    params: Sampling,
+}
+
+impl Sampler {
+    pub fn new(params: Sampling) -> Sampler {
+        Sampler { params }
+    }
+
+    pub fn params(&self) -> Sampling {
+        self.params
+    }
+
+    /// The token at sequence position `position`, drawn from `logits` (index = token id).
+    pub fn sample(&self, logits: &[f32], position: u32) -> u32 {
+        assert!(!logits.is_empty(), "sampling from no logits");
+        let p = self.params;
+        // NaN and negative temperatures are refused at the edge; anything not above zero here is
+        // greedy, and so is a top-k of one.
+        if p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1 {
+            return argmax(logits);
+        }
+        // Candidates in order of decreasing logit, ties by lower id: no hidden tie-breaks.
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        if p.top_k > 0 {
+            order.truncate(p.top_k as usize);
+        }
+        let max = logits[order[0] as usize];
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| f64::from((logits[i as usize] - max) / p.temperature).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+        if p.top_p < 1.0 {
+            let mut mass = 0.0;
+            let keep = probs.iter().position(|&q| {
+                mass += q;
+                mass >= f64::from(p.top_p)
+            });
+            let keep = keep.map_or(probs.len(), |i| i + 1);
+            order.truncate(keep);
+            probs.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let mut draw = uniform(p.seed, position) * total;
+        for (&id, &q) in order.iter().zip(&probs) {
+            if draw < q {
+                return id;
+            }
+            draw -= q;
+        }
+        *order.last().expect("at least one candidate")
+    }
+}
+
+/// The index of the largest logit; ties go to the lowest index.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// `token`'s log-probability under `logits`, and the `top` most likely tokens'. Sums in f64 so
+/// that a 150k-entry vocabulary loses nothing to rounding.
+pub fn logprobs(logits: &[f32], token: u32, top: u8) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_total = f64::from(max) + sum.ln();
+    let of = |id: u32| (f64::from(logits[id as usize]) - log_total) as f32;
+    let mut best: Vec<u32> = Vec::with_capacity(usize::from(top) + 1);
+    if top > 0 {
+        // A bounded selection, not a sort of the whole vocabulary.
+        for id in 0..logits.len() as u32 {
+            let better = |other: &u32| {
+                logits[id as usize].total_cmp(&logits[*other as usize]).is_gt()
+                    || (logits[id as usize] == logits[*other as usize] && id < *other)
+            };
+            let at = best.iter().position(better).unwrap_or(best.len());
+            if at < usize::from(top) {
+                best.insert(at, id);
+                best.truncate(usize::from(top));
+            }
+        }
+    }
+    TokenLogprobs {
+        token,
+        logprob: of(token),
+        top: best.into_iter().map(|id| (id, of(id))).collect(),
+    }
+}
+
+/// Uniform in [0, 1) with 53 bits, from (seed, position) alone.
+fn uniform(seed: u64, position: u32) -> f64 {
+    let mut z =
+        seed ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> Sampling {
+        Sampling { temperature, top_k, top_p, seed }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let s = Sampler::new(Sampling::GREEDY);
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], 0), 1);
+        let nan = Sampler::new(params(f32::NAN, 0, 1.0, 1));
+        assert_eq!(nan.sample(&[0.1, 3.0, 3.0, -1.0], 0), 1, "a NaN temperature is greedy");
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_draws_depend_on_seed_and_position_only() {
+        let logits = [0.5, 2.0, 1.9, -3.0, 1.0];
+        let s = Sampler::new(params(1.0, 1, 1.0, 7));
+        assert!((0..50).all(|p| s.sample(&logits, p) == 1));
+        let draw = |seed| {
+            let s = Sampler::new(params(0.8, 0, 0.95, seed));
+            (0..64).map(|p| s.sample(&logits, p)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7), "same seed, same tokens");
+        assert_ne!(draw(7), draw(8), "another seed draws otherwise");
+        // Draws are independent of order: position 40 alone draws what it drew in sequence.
+        let s = Sampler::new(params(0.8, 0, 0.95, 7));
+        assert_eq!(s.sample(&logits, 40), draw(7)[40]);
+    }
+
+    #[test]
+    fn top_p_cuts_the_tail_and_frequencies_follow_probabilities() {
+        // Probabilities about 0.64, 0.24, 0.09, 0.03 at temperature 1.
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let s = Sampler::new(params(1.0, 0, 0.85, 1));
+        let mut counts = [0u32; 4];
+        for position in 0..20_000 {
+            counts[s.sample(&logits, position) as usize] += 1;
+        }
+        assert_eq!(counts[2] + counts[3], 0, "beyond top-p: never drawn");
+        let share = f64::from(counts[0]) / 20_000.0;
+        assert!((share - 0.64 / 0.88).abs() < 0.02, "top token drawn {share}");
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_in_order() {
+        let logits = [1.0, 3.0, 3.0, 0.0];
+        let l = logprobs(&logits, 0, 3);
+        let total: f64 = logits.iter().map(|&x| f64::from(x).exp()).sum();
+        assert!((f64::from(l.logprob) - (1.0 - total.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = l.top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(ids, vec![1, 2, 0], "most likely first, ties by lower id");
+        assert!(logprobs(&logits, 3, 0).top.is_empty());
+        let sum: f64 = (0..4).map(|t| f64::from(logprobs(&logits, t, 0).logprob).exp()).sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+    }
+}
