@@ -92,8 +92,7 @@ impl Model {
         add_generation_prompt: bool,
     ) -> Result<String, String> {
         let template = self.chat_template.as_deref().ok_or("the model has no chat template")?;
-        let text = |id: Option<u32>| id.and_then(|id| self.tokenizer.token_text(id));
-        let (bos, eos) = (text(self.tokenizer.bos), text(self.tokenizer.eos));
+        let (bos, eos) = self.bos_eos_text();
         chat::render(
             template,
             messages,
@@ -101,6 +100,33 @@ impl Model {
             bos.as_deref().unwrap_or(""),
             eos.as_deref().unwrap_or(""),
         )
+    }
+
+    /// OpenAI-style `messages` and `tools` through the model's chat template, as
+    /// `chat::render_json` renders them (tools the template does not read go into a Hermes
+    /// system message), ending with the assistant's turn opened when `add_generation_prompt`.
+    pub fn render_chat_json(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let template = self.chat_template.as_deref().ok_or("the model has no chat template")?;
+        let (bos, eos) = self.bos_eos_text();
+        chat::render_json(
+            template,
+            messages,
+            tools,
+            add_generation_prompt,
+            bos.as_deref().unwrap_or(""),
+            eos.as_deref().unwrap_or(""),
+        )
+    }
+
+    /// The text of the BOS and EOS tokens, which templates read as `bos_token` and `eos_token`.
+    fn bos_eos_text(&self) -> (Option<String>, Option<String>) {
+        let text = |id: Option<u32>| id.and_then(|id| self.tokenizer.token_text(id));
+        (text(self.tokenizer.bos), text(self.tokenizer.eos))
     }
 }
 

@@ -1,8 +1,20 @@
 //! The lockstep node runtime and HTTP front end (DESIGN.md section 4).
 //!
-//! This crate will hold the async glue around `lockstep_core`'s state machines: one engine task
-//! per worker that owns the scheduler, page pool and executor; peer links carrying `wire` frames;
-//! the router; and the axum OpenAI-compatible server. It is generic over the network so that the
-//! simulator runs this same code on turmoil. Binary: `lockstep`.
+//! - `engine`: one task per worker that owns the scheduler and, through a `StepRunner`, the
+//!   executor; everything else talks to it through bounded channels.
+//! - `http`: the axum app (OpenAI-compatible completions and chat, streaming, tool calls,
+//!   `/health`, `/metrics`, `/openapi.json`), served from any `axum::serve::Listener`: tokio's
+//!   `TcpListener` in production, turmoil's in the simulator.
+//! - `text`: incremental detokenization and stop strings; `tool_calls`: tool-call parsing.
 //!
-//! Nothing lives here yet: later issues bring it.
+//! Nothing here reads a clock other than tokio's, spawns a blocking task, or branches on being
+//! simulated: the simulator runs this same code. Binary: `lockstep`.
+
+pub mod client;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod serve;
+pub mod text;
+pub mod tool_calls;

@@ -1,12 +1,15 @@
-//! `lockstep`: the serving engine's command line. Today: `lockstep generate`, a completion from
-//! a model on the CPU. The HTTP server (`lockstep serve`) and the disaggregated roles follow.
+//! `lockstep`: the serving engine's command line. `lockstep serve` runs the OpenAI-compatible
+//! server; `lockstep generate` prints one completion. The disaggregated roles follow.
 
 use std::process::ExitCode;
 
 mod generate;
 
+use lockstep_server::serve;
+
 const USAGE: &str = "\
-usage: lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
+usage: lockstep serve [options]      (lockstep serve --help lists them)
+       lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S] --prompt TEXT
 
   --model PATH    a GGUF file, or a Hugging Face model directory (config.json, safetensors,
@@ -23,6 +26,11 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
+        Some("serve") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
+            println!("{}", serve::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Some("serve") => serve::ServeOptions::parse(&args[1..]).and_then(|o| serve::run(&o)),
         Some("generate") => {
             generate::Options::parse(&args[1..]).and_then(|options| generate::run(&options))
         }

@@ -192,6 +192,8 @@ impl Scheduler {
             pool.allocate_many(need, &mut r.pages).expect("available pages were counted");
             r.draft_row = Some(draft.len() as u32);
             self.start_running(entry);
+            self.prefix_tokens_queried += u64::from(len);
+            self.prefix_tokens_hit += u64::from(computed);
             draft.push(DraftRow {
                 entry,
                 start: computed,

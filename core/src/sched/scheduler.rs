@@ -101,6 +101,10 @@ pub struct Scheduler {
     pub(crate) events: VecDeque<SchedEvent>,
     /// Reused between steps so planning does not allocate its scratch space.
     pub(crate) draft: Vec<super::planner::DraftRow>,
+    /// Tokens of admitted requests looked up in the prefix cache, and found there (vLLM's
+    /// prefix-cache queries and hits), since the start.
+    pub(crate) prefix_tokens_queried: u64,
+    pub(crate) prefix_tokens_hit: u64,
 }
 
 impl fmt::Debug for Scheduler {
@@ -133,6 +137,8 @@ impl Scheduler {
             next_step: StepId(0),
             events: VecDeque::new(),
             draft: Vec::with_capacity(config.step_tokens_max as usize),
+            prefix_tokens_queried: 0,
+            prefix_tokens_hit: 0,
             config,
         })
     }
@@ -165,6 +171,11 @@ impl Scheduler {
     /// Requests the scheduler holds in any phase.
     pub fn requests_held(&self) -> usize {
         self.by_id.len()
+    }
+
+    /// Tokens looked up in the prefix cache at admission and tokens found, since the start.
+    pub fn prefix_cache_tokens(&self) -> (u64, u64) {
+        (self.prefix_tokens_queried, self.prefix_tokens_hit)
     }
 
     /// The prompt and output tokens applied so far of a held request.

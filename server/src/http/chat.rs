@@ -1,0 +1,379 @@
+//! `POST /v1/chat/completions`: messages through the model's chat template, with tools, and
+//! tool calls parsed out of the output (whole, or incrementally while streaming).
+//!
+//! `tool_choice`: `auto` (the default with tools) parses calls; `none` renders the tools but
+//! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
+//! assistant's turn with the start of a call to it, so the model continues inside the call.
+//! `required` needs constrained decoding, which we do not have: refused.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use lockstep_core::model::TokenLogprobs;
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::error::ApiError;
+use super::generation::{Generation, Next};
+use super::protocol::{ChatRequest, GenerationParams, check_messages};
+use super::respond::{parse_body, sse_response, start, usage};
+use super::{AppState, logprobs};
+use crate::tool_calls::{
+    ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, parse_complete,
+};
+
+/// How the output's tool calls are read.
+struct Tools {
+    format: ToolFormat,
+    specs: Vec<ToolSpec>,
+    /// Written at the start of the assistant's turn (a forced call's opening).
+    prefix: String,
+}
+
+pub(super) async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match prepare(&state, body).await {
+        Ok((generation, params, tools)) => {
+            let id = format!("chatcmpl-{}", generation.request_id().0);
+            let span = tracing::info_span!("request", id = %id);
+            let out = Output {
+                state,
+                params,
+                tools,
+                id,
+                generation,
+                started: false,
+                ended: false,
+                calls: 0,
+                tools_stream: None,
+            };
+            async move { if out.params.stream { stream(out).await } else { whole(out).await } }
+                .instrument(span)
+                .await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn prepare(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Generation, GenerationParams, Option<Tools>), ApiError> {
+    let request: ChatRequest = parse_body(state, body)?;
+    let invalid = |e: ApiError| {
+        state.metrics.rejected_invalid.increment(1);
+        e
+    };
+    check_messages(&request.messages).map_err(invalid)?;
+    if request.top_logprobs.is_some() && !request.logprobs {
+        return Err(invalid(ApiError::invalid_param(
+            "top_logprobs",
+            "top_logprobs needs logprobs",
+        )));
+    }
+    if let Some(format) = &request.response_format
+        && format.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return Err(invalid(ApiError::invalid_param(
+            "response_format",
+            "only response_format {\"type\": \"text\"} is supported",
+        )));
+    }
+    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    let params = request
+        .common
+        .validate(&state.config.model_name, logprobs, state.next_seed())
+        .map_err(invalid)?;
+    let (rendered_tools, tools) =
+        tools(state, request.tools.as_deref(), request.tool_choice.as_ref()).map_err(invalid)?;
+    let prefix = tools.as_ref().map_or("", |t| t.prefix.as_str());
+    let prompt = state
+        .codec
+        .encode_chat(&request.messages, rendered_tools.as_deref(), prefix)
+        .map_err(|e| invalid(ApiError::invalid_param("messages", e)))?;
+    let generation = start(state, prompt, &params).await?;
+    Ok((generation, params, tools))
+}
+
+/// The tools to render into the prompt, and how to parse calls out of the output.
+fn tools(
+    state: &AppState,
+    offered: Option<&[Value]>,
+    choice: Option<&Value>,
+) -> Result<(Option<Vec<Value>>, Option<Tools>), ApiError> {
+    let Some(offered) = offered.filter(|t| !t.is_empty()) else {
+        return match choice {
+            None | Some(Value::Null) => Ok((None, None)),
+            Some(Value::String(s)) if s == "none" || s == "auto" => Ok((None, None)),
+            Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
+        };
+    };
+    let specs = offered.iter().enumerate().map(tool_spec).collect::<Result<Vec<_>, _>>()?;
+    let named = match choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "auto" => None,
+        Some(Value::String(s)) if s == "none" => return Ok((Some(offered.to_vec()), None)),
+        Some(Value::String(s)) if s == "required" => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice \"required\" is not supported (it needs constrained decoding)",
+            ));
+        }
+        Some(v) => Some(
+            v.pointer("/function/name")
+                .and_then(Value::as_str)
+                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "tool_choice",
+                        "tool_choice must be \"none\", \"auto\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    )
+                })?,
+        ),
+    };
+    let Some(format) = state.config.tool_format else {
+        return Err(ApiError::invalid_param(
+            "tools",
+            "this model's chat template shows no tool-call format lockstep can parse \
+             (start the server with --tool-call-parser)",
+        ));
+    };
+    let Some(name) = named else {
+        return Ok((Some(offered.to_vec()), Some(Tools { format, specs, prefix: String::new() })));
+    };
+    let at = specs.iter().position(|s| s.name == name).ok_or_else(|| {
+        ApiError::invalid_param(
+            "tool_choice",
+            format!("tool_choice names {name:?}, which is not in tools"),
+        )
+    })?;
+    let prefix = match format {
+        ToolFormat::Hermes => {
+            format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", Value::from(name))
+        }
+        _ => String::new(),
+    };
+    let specs = vec![specs[at].clone()];
+    Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix })))
+}
+
+fn tool_spec((i, tool): (usize, &Value)) -> Result<ToolSpec, ApiError> {
+    let bad = |what: &str| ApiError::invalid_param("tools", format!("tools[{i}]: {what}"));
+    if tool.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(bad("type must be \"function\""));
+    }
+    let function = tool
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("function must be an object"))?;
+    let name = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| bad("function.name must be a non-empty string"))?;
+    let description = match function.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(_) => return Err(bad("function.description must be a string")),
+    };
+    let parameters = match function.get("parameters") {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(_) => return Err(bad("function.parameters must be a JSON schema object")),
+    };
+    Ok(ToolSpec { name: name.to_owned(), description, parameters })
+}
+
+struct Output {
+    state: Arc<AppState>,
+    params: GenerationParams,
+    tools: Option<Tools>,
+    id: String,
+    generation: Generation,
+    /// The first chunk (with the role) is out.
+    started: bool,
+    ended: bool,
+    /// Tool calls started in the stream.
+    calls: usize,
+    /// Parses calls out of the stream as it goes.
+    tools_stream: Option<ToolCallStream>,
+}
+
+impl Output {
+    fn call_id(&self, index: usize) -> String {
+        format!("call_{}_{index}", self.generation.request_id().0)
+    }
+
+    fn logprobs(&self, lps: &[TokenLogprobs]) -> Value {
+        match self.params.spec.logprobs {
+            Some(_) => logprobs::chat(self.state.codec.as_ref(), lps),
+            None => Value::Null,
+        }
+    }
+
+    fn envelope(&self, object: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.state.created(),
+            "model": self.state.config.model_name,
+            "choices": choices,
+        })
+    }
+
+    fn chunk(&self, delta: Value, lps: &[TokenLogprobs], finish: Option<&str>) -> Value {
+        let choice = json!({
+            "index": 0,
+            "delta": delta,
+            "logprobs": self.logprobs(lps),
+            "finish_reason": finish,
+        });
+        let mut chunk = self.envelope("chat.completion.chunk", vec![choice]);
+        if self.params.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+}
+
+async fn whole(mut out: Output) -> Response {
+    let (mut text, mut tokens, mut lps) = (String::new(), Vec::new(), Vec::new());
+    let finish = loop {
+        match out.generation.next().await {
+            Next::Piece(p) => {
+                text.push_str(&p.text);
+                tokens.extend(p.tokens);
+                lps.extend(p.logprobs);
+            }
+            Next::Done(finish) => break finish,
+        }
+    };
+    let finish = match finish {
+        Ok(finish) => finish,
+        Err(e) => return e.into_response(),
+    };
+    let (content, calls) = match &out.tools {
+        Some(t) => parse_complete(t.format, &format!("{}{text}", t.prefix), &t.specs).await,
+        None => (text, Vec::new()),
+    };
+    let mut message = json!({ "role": "assistant", "content": content });
+    let finish_reason = if calls.is_empty() {
+        finish.as_str()
+    } else {
+        if content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| call_json(&out.call_id(i), c))
+            .collect::<Vec<_>>()
+            .into();
+        "tool_calls"
+    };
+    let mut choice = json!({
+        "index": 0,
+        "message": message,
+        "logprobs": out.logprobs(&lps),
+        "finish_reason": finish_reason,
+    });
+    if out.params.return_token_ids {
+        choice["token_ids"] = Value::from(tokens);
+    }
+    let mut body = out.envelope("chat.completion", vec![choice]);
+    body["usage"] = usage(&out.generation);
+    out.ended = true;
+    Json(body).into_response()
+}
+
+fn call_json(id: &str, call: &ParsedCall) -> Value {
+    json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": call.name, "arguments": call.arguments },
+    })
+}
+
+async fn stream(out: Output) -> Response {
+    sse_response(out, |mut out| async move {
+        if out.ended {
+            return None;
+        }
+        let mut chunks = Vec::new();
+        if !out.started {
+            out.started = true;
+            if let Some(tools) = out.tools.as_ref() {
+                // A forced call's opening is in the prompt: the parser must see it first.
+                let prefix = tools.prefix.clone();
+                let mut parser = ToolCallStream::new(tools.format, &tools.specs);
+                let deltas = parser.push(&prefix).await;
+                out.tools_stream = Some(parser);
+                chunks.extend(delta_chunks(&mut out, deltas, &[]));
+            }
+            chunks.insert(0, out.chunk(json!({"role": "assistant", "content": ""}), &[], None));
+            return Some((chunks, out));
+        }
+        match out.generation.next().await {
+            Next::Piece(p) => {
+                let deltas = match out.tools_stream.as_mut() {
+                    Some(parser) => parser.push(&p.text).await,
+                    None => vec![ToolDelta::Content(p.text)],
+                };
+                chunks.extend(delta_chunks(&mut out, deltas, &p.logprobs));
+            }
+            Next::Done(Ok(finish)) => {
+                if let Some(parser) = out.tools_stream.as_mut() {
+                    let deltas = parser.finish().await;
+                    chunks.extend(delta_chunks(&mut out, deltas, &[]));
+                }
+                let reason = if out.calls > 0 { "tool_calls" } else { finish.as_str() };
+                chunks.push(out.chunk(json!({}), &[], Some(reason)));
+                if out.params.include_usage {
+                    let mut last = out.envelope("chat.completion.chunk", vec![]);
+                    last["usage"] = usage(&out.generation);
+                    chunks.push(last);
+                }
+                out.ended = true;
+            }
+            Next::Done(Err(e)) => {
+                chunks.push(e.body());
+                out.ended = true;
+            }
+        }
+        Some((chunks, out))
+    })
+}
+
+/// One chunk per delta; the piece's log-probabilities ride on the first (or on an empty delta
+/// when the text is all held back).
+fn delta_chunks(out: &mut Output, deltas: Vec<ToolDelta>, lps: &[TokenLogprobs]) -> Vec<Value> {
+    let mut chunks = Vec::new();
+    let mut lps = Some(lps).filter(|l| !l.is_empty());
+    for delta in deltas {
+        let body = match delta {
+            ToolDelta::Content(text) if text.is_empty() => continue,
+            ToolDelta::Content(text) => json!({ "content": text }),
+            ToolDelta::CallStart { index, name } => {
+                out.calls = out.calls.max(index + 1);
+                json!({ "tool_calls": [{
+                    "index": index,
+                    "id": out.call_id(index),
+                    "type": "function",
+                    "function": { "name": name, "arguments": "" },
+                }]})
+            }
+            ToolDelta::CallArguments { index, fragment } => json!({ "tool_calls": [{
+                "index": index,
+                "function": { "arguments": fragment },
+            }]}),
+        };
+        chunks.push(out.chunk(body, lps.take().unwrap_or(&[]), None));
+    }
+    if let Some(lps) = lps {
+        chunks.push(out.chunk(json!({}), lps, None));
+    }
+    chunks
+}

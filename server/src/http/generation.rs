@@ -1,0 +1,175 @@
+//! One request's output as the client sees it: tokens from the engine, detokenized without
+//! splitting a character, cut at a stop string (which also aborts the request in the engine, so
+//! its pages return at once), within the server's time limit for a request.
+
+use std::sync::Arc;
+
+use lockstep_core::model::TokenLogprobs;
+use lockstep_core::sched::{FinishReason, RequestId};
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use crate::engine::{RequestEvent, RequestStream};
+use crate::text::{Detokenizer, StopMatcher, TextCodec};
+
+/// New output: text (possibly empty while a character or a possible stop string is held back),
+/// and the tokens it came from.
+#[derive(Debug, Default)]
+pub struct Piece {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Next {
+    Piece(Piece),
+    Done(Result<Finish, ApiError>),
+}
+
+pub struct Generation {
+    id: RequestId,
+    /// `None` once the request ended here (stop string, time limit): dropping it aborted it.
+    stream: Option<RequestStream>,
+    codec: Arc<dyn TextCodec>,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    deadline: Instant,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    done: Option<Result<Finish, ApiError>>,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation").field("output_tokens", &self.output_tokens).finish()
+    }
+}
+
+impl Generation {
+    pub fn new(
+        stream: RequestStream,
+        codec: Arc<dyn TextCodec>,
+        stops: &[String],
+        prompt_tokens: u32,
+        deadline: Instant,
+    ) -> Generation {
+        Generation {
+            id: stream.id(),
+            stream: Some(stream),
+            codec,
+            detok: Detokenizer::new(),
+            stop: StopMatcher::new(stops),
+            deadline,
+            prompt_tokens,
+            output_tokens: 0,
+            done: None,
+        }
+    }
+
+    /// The engine's id of the request.
+    pub fn request_id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next piece of output, or how it ended. After `Done`, `Done` again.
+    pub async fn next(&mut self) -> Next {
+        if let Some(done) = &self.done {
+            return Next::Done(done.clone());
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return self.end(Ok(Finish::Stop));
+        };
+        let event = match tokio::time::timeout_at(self.deadline, stream.next()).await {
+            Ok(event) => event,
+            Err(_) => {
+                self.stream = None; // Aborts it.
+                return self
+                    .end(Err(ApiError::unavailable("the request ran past the time limit", 1)));
+            }
+        };
+        match event {
+            Some(RequestEvent::Token { token, logprobs }) => self.token(token, logprobs),
+            Some(RequestEvent::Finished { reason, .. }) => {
+                self.stream = None;
+                let finish = match reason {
+                    FinishReason::EndOfSequence(_) | FinishReason::StopToken(_) => Ok(Finish::Stop),
+                    FinishReason::Length | FinishReason::ContextLength => Ok(Finish::Length),
+                    FinishReason::QueueTimeout => {
+                        Err(ApiError::unavailable("the request waited too long in the queue", 1))
+                    }
+                    FinishReason::Aborted => {
+                        Err(ApiError::unavailable("the request was aborted", 1))
+                    }
+                    FinishReason::StepFailed => {
+                        Err(ApiError::internal("the engine failed while computing this request"))
+                    }
+                };
+                self.flush(finish)
+            }
+            None => {
+                self.stream = None;
+                self.end(Err(ApiError::unavailable("the engine stopped", 1)))
+            }
+        }
+    }
+
+    fn token(&mut self, token: u32, logprobs: Option<TokenLogprobs>) -> Next {
+        self.output_tokens += 1;
+        let text = match self.detok.push(self.codec.as_ref(), token) {
+            Ok(text) => text,
+            Err(e) => {
+                self.stream = None;
+                return self.end(Err(ApiError::internal(format!("detokenizing: {e}"))));
+            }
+        };
+        let text = self.stop.push(&text);
+        let piece = Piece { text, tokens: vec![token], logprobs: logprobs.into_iter().collect() };
+        if self.stop.stopped() {
+            // The stop string ends it here: dropping the stream aborts it in the engine.
+            self.stream = None;
+            self.done = Some(Ok(Finish::Stop));
+        }
+        Next::Piece(piece)
+    }
+
+    /// The text still held back goes out before the end.
+    fn flush(&mut self, finish: Result<Finish, ApiError>) -> Next {
+        let tail = self.detok.finish(self.codec.as_ref()).unwrap_or_default();
+        let mut text = self.stop.push(&tail);
+        if !self.stop.stopped() {
+            text.push_str(&self.stop.finish());
+        }
+        let finish = if self.stop.stopped() { Ok(Finish::Stop) } else { finish };
+        self.done = Some(finish);
+        if text.is_empty() {
+            self.next_done()
+        } else {
+            Next::Piece(Piece { text, ..Piece::default() })
+        }
+    }
+
+    fn next_done(&self) -> Next {
+        Next::Done(self.done.clone().expect("set before"))
+    }
+
+    fn end(&mut self, finish: Result<Finish, ApiError>) -> Next {
+        self.done = Some(finish);
+        self.next_done()
+    }
+}

@@ -1,0 +1,248 @@
+//! The request bodies of `/v1/completions` and `/v1/chat/completions`, and their validation into
+//! what the engine runs. Every field OpenAI defines that we do not implement is refused with a
+//! message when it asks for something (a penalty, `n` > 1), never silently ignored; fields that
+//! change nothing (`user`, `parallel_tool_calls`) are accepted. Unknown fields are ignored, as
+//! OpenAI's own server does.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use lockstep_core::model::SamplingSpec;
+use lockstep_core::wire::Sampling;
+
+/// Fields both endpoints share.
+#[derive(Debug, Default, Deserialize)]
+pub struct CommonRequest {
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// vLLM's extension: -1 or 0 keep every token.
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// vLLM's extension: keep generating past the end-of-sequence token.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// vLLM's extension: return the prompt's and the output's token ids.
+    #[serde(default)]
+    pub return_token_ids: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    #[serde(flatten)]
+    pub common: CommonRequest,
+    /// Top alternatives per token, 0 to 20.
+    pub logprobs: Option<u8>,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Value>,
+    #[serde(flatten)]
+    pub common: CommonRequest,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u8>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<Value>,
+}
+
+/// Stop strings, at most this many, each at most `STOP_BYTES_MAX` bytes.
+pub const STOPS_MAX: usize = 16;
+pub const STOP_BYTES_MAX: usize = 256;
+/// Prompt token ids given directly, at most (the context bounds them further).
+pub const PROMPT_IDS_MAX: usize = 1 << 20;
+
+/// What the engine and the output side need, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationParams {
+    pub max_tokens: Option<u32>,
+    pub spec: SamplingSpec,
+    pub stops: Vec<String>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+}
+
+impl CommonRequest {
+    /// Checks everything but the prompt; `seed_if_none` is the server's draw for a request that
+    /// gave no seed.
+    pub fn validate(
+        &self,
+        served_model: &str,
+        logprobs: Option<u8>,
+        seed_if_none: u64,
+    ) -> Result<GenerationParams, ApiError> {
+        if let Some(model) = &self.model
+            && model != served_model
+        {
+            return Err(ApiError::model_not_found(model));
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+        }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if value.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::invalid(format!("{name} is not supported (only 0)")));
+            }
+        }
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(ApiError::invalid_param("logit_bias", "logit_bias is not supported"));
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                "temperature must be within [0, 2]",
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid_param("top_p", "top_p must be within (0, 1]"));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+            Some(_) => {
+                return Err(ApiError::invalid_param("top_k", "top_k must be -1, 0 or positive"));
+            }
+        };
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
+        }
+        if logprobs.is_some_and(|n| n > SamplingSpec::TOP_LOGPROBS_MAX) {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("at most {} top log-probabilities", SamplingSpec::TOP_LOGPROBS_MAX),
+            ));
+        }
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(list)) => list.clone(),
+        };
+        if stops.len() > STOPS_MAX || stops.iter().any(|s| s.len() > STOP_BYTES_MAX) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("at most {STOPS_MAX} stop strings of at most {STOP_BYTES_MAX} bytes"),
+            ));
+        }
+        if self.stream_options.is_some() && !self.stream {
+            return Err(ApiError::invalid_param("stream_options", "stream_options needs stream"));
+        }
+        // OpenAI's seeds are signed 64-bit; any value is a seed, its bits taken as they are.
+        let seed = self.seed.map_or(seed_if_none, |s| s as u64);
+        Ok(GenerationParams {
+            max_tokens,
+            spec: SamplingSpec { sampling: Sampling { temperature, top_p, top_k, seed }, logprobs },
+            stops,
+            ignore_eos: self.ignore_eos,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            return_token_ids: self.return_token_ids,
+        })
+    }
+}
+
+/// A completion prompt: text, or token ids. A list of one is taken as its one element; more
+/// than one prompt per request is refused (that is `n` prompts, and `n` is 1).
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+pub fn completion_prompt(value: &Value) -> Result<Prompt, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "prompt",
+            "prompt must be a string, a list of token ids, or a list of one of either",
+        )
+    };
+    match value {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => {
+            completion_prompt(&items[0])
+        }
+        Value::Array(items) if items.len() > PROMPT_IDS_MAX => {
+            Err(ApiError::invalid_param("prompt", "too many prompt token ids"))
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(bad))
+            .collect::<Result<Vec<u32>, ApiError>>()
+            .map(Prompt::Ids),
+        _ => Err(bad()),
+    }
+}
+
+/// Checks the shape of chat messages (roles, content as text or text parts, tool calls) so the
+/// template sees only what it understands.
+pub fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let bad =
+            |what: &str| ApiError::invalid_param("messages", format!("messages[{i}]: {what}"));
+        let Some(object) = m.as_object() else { return Err(bad("must be an object")) };
+        match object.get("role").and_then(Value::as_str) {
+            Some("system" | "developer" | "user" | "assistant" | "tool") => {}
+            Some(other) => return Err(bad(&format!("unknown role {other:?}"))),
+            None => return Err(bad("role must be a string")),
+        }
+        match object.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    let text = part.get("type").and_then(Value::as_str) == Some("text")
+                        && part.get("text").is_some_and(Value::is_string);
+                    if !text {
+                        return Err(bad("content parts must be {\"type\": \"text\", \"text\": …}"));
+                    }
+                }
+            }
+            Some(_) => return Err(bad("content must be a string, null or a list of text parts")),
+        }
+        if let Some(calls) = object.get("tool_calls")
+            && !calls.is_array()
+        {
+            return Err(bad("tool_calls must be a list"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! The node's metrics, in Prometheus text at `/metrics`, with vLLM's names where one exists so
+//! that dashboards built for vLLM work unchanged, and `lockstep:` names for our own.
+//!
+//! One recorder per node, never the process-global one: the simulator runs many nodes in one
+//! process, and each must report its own. Handles are registered once at start; recording is an
+//! atomic add.
+
+use std::time::Duration;
+
+use lockstep_core::sched::FinishReason;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+/// vLLM's buckets for time to first token, in seconds.
+const TTFT_BUCKETS: [f64; 19] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+/// vLLM's buckets for the time between two output tokens, in seconds.
+const ITL_BUCKETS: [f64; 18] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0,
+];
+/// vLLM's buckets for whole-request latencies, in seconds.
+const REQUEST_BUCKETS: [f64; 17] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+];
+const STEP_BUCKETS: [f64; 12] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// Finish reasons as vLLM labels `vllm:request_success_total`, plus ours.
+const FINISH_LABELS: [&str; 5] = ["stop", "length", "abort", "timeout", "error"];
+
+pub fn finish_label(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::EndOfSequence(_) | FinishReason::StopToken(_) => "stop",
+        FinishReason::Length | FinishReason::ContextLength => "length",
+        FinishReason::Aborted => "abort",
+        FinishReason::QueueTimeout => "timeout",
+        FinishReason::StepFailed => "error",
+    }
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+    pub requests_running: Gauge,
+    pub requests_waiting: Gauge,
+    pub kv_cache_usage: Gauge,
+    pub prefix_cache_queries: Counter,
+    pub prefix_cache_hits: Counter,
+    pub preemptions: Counter,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    finished: Vec<Counter>,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_latency: Histogram,
+    pub queue_time: Histogram,
+    pub steps: Counter,
+    pub step_failures: Counter,
+    pub step_seconds: Histogram,
+    pub rejected_queue_full: Counter,
+    pub rejected_invalid: Counter,
+    pub client_aborts: Counter,
+}
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Metrics {
+        let recorder = build_recorder();
+        let handle = recorder.handle();
+        let model = Label::new("model_name", model_name.to_owned());
+        let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let key = |name: &'static str, extra: Option<Label>| {
+            let mut labels = vec![model.clone()];
+            labels.extend(extra);
+            Key::from_parts(name, labels)
+        };
+        let counter = |name: &'static str, help: &'static str| {
+            recorder.describe_counter(name.into(), None, help.into());
+            recorder.register_counter(&key(name, None), &meta)
+        };
+        let gauge = |name: &'static str, help: &'static str| {
+            recorder.describe_gauge(name.into(), None, help.into());
+            recorder.register_gauge(&key(name, None), &meta)
+        };
+        let histogram = |name: &'static str, help: &'static str| {
+            recorder.describe_histogram(name.into(), Some(Unit::Seconds), help.into());
+            recorder.register_histogram(&key(name, None), &meta)
+        };
+        recorder.describe_counter(
+            "vllm:request_success_total".into(),
+            None,
+            "Requests finished, by reason".into(),
+        );
+        let finished = FINISH_LABELS
+            .iter()
+            .map(|&reason| {
+                let label = Label::new("finished_reason", reason);
+                recorder.register_counter(&key("vllm:request_success_total", Some(label)), &meta)
+            })
+            .collect();
+        Metrics {
+            requests_running: gauge("vllm:num_requests_running", "Requests holding a batch slot"),
+            requests_waiting: gauge("vllm:num_requests_waiting", "Requests waiting for admission"),
+            kv_cache_usage: gauge("vllm:kv_cache_usage_perc", "Fraction of KV pages held (0 to 1)"),
+            prefix_cache_queries: counter(
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache",
+            ),
+            prefix_cache_hits: counter(
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache",
+            ),
+            preemptions: counter("vllm:num_preemptions_total", "Requests preempted by recompute"),
+            prompt_tokens: counter("vllm:prompt_tokens_total", "Prompt tokens admitted"),
+            generation_tokens: counter("vllm:generation_tokens_total", "Output tokens generated"),
+            finished,
+            time_to_first_token: histogram(
+                "vllm:time_to_first_token_seconds",
+                "From arrival to the first output token",
+            ),
+            inter_token_latency: histogram(
+                "vllm:inter_token_latency_seconds",
+                "Between two output tokens of one request",
+            ),
+            e2e_latency: histogram(
+                "vllm:e2e_request_latency_seconds",
+                "From arrival to the last output token",
+            ),
+            queue_time: histogram(
+                "vllm:request_queue_time_seconds",
+                "From arrival to the first step computing the request",
+            ),
+            steps: counter("lockstep:steps_total", "Steps executed"),
+            step_failures: counter(
+                "lockstep:step_failures_total",
+                "Steps the executor failed or panicked on (their requests ended with an error)",
+            ),
+            step_seconds: histogram("lockstep:step_duration_seconds", "From launch to outputs"),
+            rejected_queue_full: counter(
+                "lockstep:requests_rejected_queue_full_total",
+                "Requests refused with 429 because the queue was full",
+            ),
+            rejected_invalid: counter(
+                "lockstep:requests_rejected_invalid_total",
+                "Requests refused with a 4xx for their content",
+            ),
+            client_aborts: counter(
+                "lockstep:client_aborts_total",
+                "Requests whose client went away before they finished",
+            ),
+            handle,
+        }
+    }
+
+    pub fn finished(&self, reason: FinishReason) {
+        let label = finish_label(reason);
+        let at = FINISH_LABELS.iter().position(|&l| l == label).expect("every label is listed");
+        self.finished[at].increment(1);
+    }
+
+    /// Everything, in Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Records a duration in seconds.
+pub fn observe(histogram: &Histogram, d: Duration) {
+    histogram.record(seconds(d));
+}
+
+fn build_recorder() -> PrometheusRecorder {
+    let buckets: [(&str, &[f64]); 5] = [
+        ("vllm:time_to_first_token_seconds", &TTFT_BUCKETS),
+        ("vllm:inter_token_latency_seconds", &ITL_BUCKETS),
+        ("vllm:e2e_request_latency_seconds", &REQUEST_BUCKETS),
+        ("vllm:request_queue_time_seconds", &REQUEST_BUCKETS),
+        ("lockstep:step_duration_seconds", &STEP_BUCKETS),
+    ];
+    let mut builder = PrometheusBuilder::new();
+    for (name, values) in buckets {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), values)
+            .expect("bucket lists are non-empty constants");
+    }
+    builder.build_recorder()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_with_histograms_as_buckets() {
+        let m = Metrics::new("tiny");
+        m.requests_running.set(3.0);
+        m.prompt_tokens.increment(5);
+        m.finished(FinishReason::Length);
+        observe(&m.time_to_first_token, Duration::from_millis(30));
+        let text = m.render();
+        for needle in [
+            "vllm:num_requests_running{model_name=\"tiny\"} 3",
+            "vllm:prompt_tokens_total{model_name=\"tiny\"} 5",
+            "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1",
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1",
+            "# TYPE vllm:e2e_request_latency_seconds histogram",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+    }
+}

