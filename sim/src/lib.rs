@@ -1,8 +1,9 @@
 //! Deterministic simulation of lockstep clusters (DESIGN.md section 6).
 //!
-//! This crate will run the real node runtime and HTTP server on turmoil hosts, replay traces with
-//! faults, and check the oracles: every completed request equals its output when run alone,
-//! liveness after faults heal, no leaked page, pin or transfer, invariants after every step, fail
-//! closed, and seed determinism. Binary: `sim`.
-//!
-//! Nothing lives here yet: later issues bring it.
+//! Here so far: the network seam, so that turmoil hosts run the real node runtime and HTTP app of
+//! `lockstep-server` unchanged (`net::TurmoilListener`). Still to come (issue 10): trace replay
+//! with faults, the oracles (every completed request equals its output alone, liveness after
+//! faults heal, no leaked page, pin or transfer, invariants after every step, fail closed, seed
+//! determinism), and the `sim` binary.
+
+pub mod net;

@@ -13,6 +13,8 @@ pub struct EngineStats {
     /// When the loop last made progress: a step completed, or it had nothing to do.
     progress_ns: AtomicU64,
     requests_held: AtomicU64,
+    /// KV pages referenced or pinned (not the free or evictable cached ones).
+    pages_held: AtomicU64,
     draining: AtomicBool,
     stopped: AtomicBool,
 }
@@ -23,6 +25,7 @@ impl EngineStats {
             epoch,
             progress_ns: AtomicU64::new(0),
             requests_held: AtomicU64::new(0),
+            pages_held: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         }
@@ -50,6 +53,15 @@ impl EngineStats {
         } else {
             self.requests_held.store(requests_held as u64, Ordering::Relaxed);
         }
+    }
+
+    pub(crate) fn set_pages_held(&self, pages: u32) {
+        self.pages_held.store(u64::from(pages), Ordering::Relaxed);
+    }
+
+    /// KV pages held by requests, as of the engine's last turn: zero at quiescence, or a leak.
+    pub fn pages_held(&self) -> u64 {
+        self.pages_held.load(Ordering::Relaxed)
     }
 
     pub fn requests_held(&self) -> u64 {

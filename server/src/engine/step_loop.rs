@@ -271,6 +271,7 @@ impl<R: StepRunner> Engine<R> {
         let pool = self.sched.pool();
         self.metrics.requests_running.set(self.sched.slots_held() as f64);
         self.metrics.requests_waiting.set(self.sched.waiting_count() as f64);
+        self.stats.set_pages_held(pool.held_count());
         let held = f64::from(pool.held_count());
         self.metrics.kv_cache_usage.set(held / f64::from(pool.pages_total()));
         let (queried, hit) = self.sched.prefix_cache_tokens();

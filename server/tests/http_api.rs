@@ -1,0 +1,395 @@
+//! The HTTP API end to end over real sockets on 127.0.0.1, on the provenance model (a synthetic
+//! vocabulary: token n is the word "t<n>"), with every invariant checked after every engine input.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{CONTEXT, FailingExecutor, POISON_SEED, TestServer, sched_config, streamed_text};
+use lockstep_core::model::ProvenanceModel;
+use lockstep_core::sched::StepMode;
+use lockstep_server::engine::StepCost;
+use lockstep_server::node::Drained;
+use serde_json::{Value, json};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn slow_steps() -> StepCost {
+    StepCost {
+        per_step: 2 * MS,
+        per_prefill_token: Duration::ZERO,
+        per_decode_token: Duration::ZERO,
+    }
+}
+
+fn completion(prompt: &[u32], max_tokens: u32) -> Value {
+    json!({ "model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 })
+}
+
+fn text_of(body: &Value) -> String {
+    body["choices"][0]["text"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_equals_whole_and_a_crowd_equals_each_alone() {
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let alone = TestServer::provenance(mode, StepCost::ZERO).await;
+        let prompts: Vec<Vec<u32>> = (0..12u32)
+            .map(|i| (0..3 + i * 5).map(|t| 1 + (i * 37 + t * 11) % 900).collect())
+            .collect();
+        let mut expected = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let mut body = completion(p, 6 + i as u32 % 5);
+            if i % 2 == 1 {
+                body["temperature"] = json!(1.0);
+                body["seed"] = json!(i);
+            }
+            let (status, whole) = alone.post("/v1/completions", &body).await;
+            assert_eq!(status, 200, "{whole}");
+            body["stream"] = json!(true);
+            let events = alone.stream("/v1/completions", &body).await;
+            assert_eq!(streamed_text(&events), text_of(&whole), "{mode:?}: stream differs");
+            body["stream"] = json!(false);
+            expected.push((body, text_of(&whole)));
+        }
+        alone.quiescent().await;
+
+        // All at once, on a node with slow steps so they really share batches.
+        let crowd = TestServer::provenance(mode, slow_steps()).await;
+        let tasks: Vec<_> = expected
+            .iter()
+            .map(|(body, _)| {
+                let (addr, body) = (crowd.addr, body.clone());
+                tokio::spawn(async move {
+                    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+                    c.post("/v1/completions", &body.to_string())
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        for (task, (_, text)) in tasks.into_iter().zip(&expected) {
+            let body: Value = task.await.unwrap();
+            assert_eq!(&text_of(&body), text, "{mode:?}: a request differs in a crowd");
+        }
+        crowd.quiescent().await;
+        assert_eq!(crowd.shut_down().await, Drained::Cleanly);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_finish_reasons_logprobs_and_token_ids() {
+    let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let mut body = completion(&[5, 6, 7], 4);
+    body["logprobs"] = json!(2);
+    body["return_token_ids"] = json!(true);
+    let (status, out) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(
+        out["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7})
+    );
+    assert_eq!(out["choices"][0]["finish_reason"], "length");
+    assert_eq!(out["prompt_token_ids"], json!([5, 6, 7]));
+    let ids: Vec<u64> = out["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let words: String = ids.iter().map(|id| format!(" t{id}")).collect();
+    assert_eq!(text_of(&out), words, "text is the tokens' words");
+    let lp = &out["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4);
+    assert!(lp["token_logprobs"].as_array().unwrap().iter().all(|v| v.as_f64().unwrap() <= 0.0));
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+
+    // Chat: usage arrives last in the stream when asked, with logprobs per token.
+    let chat = json!({
+        "messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 1,
+    });
+    let events = server.stream("/v1/chat/completions", &chat).await;
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 3);
+    let finish: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec![&json!("length")]);
+    let tokens: usize = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["logprobs"]["content"].as_array().map(Vec::len))
+        .sum();
+    assert_eq!(tokens, 3, "one logprob entry per token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_cut_the_output_across_tokens_and_free_the_request() {
+    let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let (_, whole) = server.post("/v1/completions", &completion(&[9, 8, 7], 8)).await;
+    let text = text_of(&whole);
+    // A stop string spanning the boundary between the second and third tokens.
+    let words: Vec<&str> = text.split(' ').filter(|w| !w.is_empty()).collect();
+    let stop = format!("{} {}", &words[1][1..], &words[2][..2]);
+    let cut = text.find(&stop).unwrap();
+    for stream in [false, true] {
+        let mut body = completion(&[9, 8, 7], 8);
+        body["stop"] = json!([stop.clone(), "never"]);
+        body["stream"] = json!(stream);
+        let (got, finish) = if stream {
+            let events = server.stream("/v1/completions", &body).await;
+            let finish = events
+                .iter()
+                .rev()
+                .find_map(|e| e["choices"][0]["finish_reason"].as_str().map(str::to_owned));
+            (streamed_text(&events), finish.unwrap())
+        } else {
+            let (status, out) = server.post("/v1/completions", &body).await;
+            assert_eq!(status, 200);
+            (text_of(&out), out["choices"][0]["finish_reason"].as_str().unwrap().to_owned())
+        };
+        assert_eq!(got, text[..cut], "stream {stream}");
+        assert_eq!(finish, "stop");
+    }
+    server.quiescent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
+    let server = TestServer::provenance_with(sched_config(StepMode::Sync), StepCost::ZERO, |app| {
+        app.body_bytes_max = 4096;
+    })
+    .await;
+    let long: Vec<u32> = (0..CONTEXT).map(|t| t % 900 + 1).collect();
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("/v1/completions", "{not json".into(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "temperature": "hot"}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "model": "gpt-9"}).to_string(), 404),
+        ("/v1/completions", json!({"prompt": long}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 4_000_000_000u64}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 0}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "n": 2}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "top_p": 0}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "temperature": -1}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [999_999]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": []}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": {"a": 1}}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "logprobs": 21}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "stop": vec!["x"; 17]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "presence_penalty": 1.0}).to_string(), 400),
+        ("/v1/completions", format!("{{\"prompt\": \"{}\"}}", "t1 ".repeat(2000)), 413),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400),
+        ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 5}]}).to_string(), 400),
+        ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), 400),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400),
+        ("/v1/nothing", "{}".into(), 404),
+    ];
+    for (path, body, expected) in cases {
+        let mut c = server.connect().await;
+        let response = c.post(path, &body).await.unwrap();
+        let status = response.status.as_u16();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, expected, "{path} {body:.80}: {text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+        assert!(error["error"]["type"].is_string(), "{text}");
+    }
+    let (status, _) = server.get("/v1/completions").await;
+    assert_eq!(status, 405);
+    let (status, out) = server.post("/v1/completions", &completion(&[1, 2, 3], 2)).await;
+    assert_eq!(status, 200, "the server still serves: {out}");
+    server.quiescent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_at_ten_times_the_queue_gives_only_200_or_429_and_leaks_nothing() {
+    let mut config = sched_config(StepMode::Overlap);
+    config.waiting_max = 4;
+    config.running_max = 2;
+    config.step_tokens_max = 16;
+    let server = TestServer::provenance_with(config, slow_steps(), |_| {}).await;
+    let tasks: Vec<_> = (0..60u32)
+        .map(|i| {
+            let addr = server.addr;
+            tokio::spawn(async move {
+                let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+                let body = completion(&[1 + i, 2, 3], 4).to_string();
+                let response = c.post("/v1/completions", &body).await.unwrap();
+                let retry = response.headers.get("retry-after").is_some();
+                (response.status.as_u16(), retry, response.text().await.unwrap())
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for task in tasks {
+        let (status, retry_after, text) = task.await.unwrap();
+        match status {
+            200 => ok += 1,
+            429 => {
+                assert!(retry_after, "429 carries Retry-After");
+                assert!(text.contains("rate_limit"), "{text}");
+                refused += 1;
+            }
+            other => panic!("status {other}: {text}"),
+        }
+    }
+    assert!(ok >= 6 && refused > 0, "{ok} served, {refused} refused");
+    server.quiescent().await;
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metrics.contains("lockstep:requests_rejected_queue_full_total{model_name=\"test-model\"} ")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_clients_leaving_mid_stream_leave_no_page_held() {
+    let mut config = sched_config(StepMode::Overlap);
+    config.waiting_max = 128;
+    let server = TestServer::provenance_with(config, slow_steps(), |_| {}).await;
+    let tasks: Vec<_> = (0..100u32)
+        .map(|i| {
+            let addr = server.addr;
+            tokio::spawn(async move {
+                let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+                let mut body = completion(&[1 + i % 50, 2, 3, 4, 5], 200);
+                body["stream"] = json!(true);
+                let mut response = c.post("/v1/completions", &body.to_string()).await.unwrap();
+                assert_eq!(response.status.as_u16(), 200);
+                // Read a little (or nothing), then hang up.
+                for _ in 0..i % 3 {
+                    response.frame().await.unwrap();
+                }
+                drop(response);
+                drop(c);
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    server.quiescent().await;
+    let (_, metrics) = server.get("/metrics").await;
+    let aborted = metrics
+        .lines()
+        .find(|l| l.starts_with("lockstep:client_aborts_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap();
+    assert!(aborted >= 90, "{aborted} aborts counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_or_panicking_step_fails_its_request_and_the_engine_serves_on() {
+    for panic in [false, true] {
+        let config = sched_config(StepMode::Sync);
+        let model = ProvenanceModel::new(config.pool, config.running_max, common::VOCAB);
+        let server = TestServer::with_executor(
+            config,
+            FailingExecutor::new(model, panic),
+            StepCost::ZERO,
+            |_| {},
+        )
+        .await;
+        let (status, _) = server.post("/v1/completions", &completion(&[1, 2], 3)).await;
+        assert_eq!(status, 200);
+        let mut poisoned = completion(&[4, 5, 6], 3);
+        poisoned["seed"] = json!(POISON_SEED);
+        let (status, error) = server.post("/v1/completions", &poisoned).await;
+        assert_eq!(status, 500, "{error}");
+        assert_eq!(error["error"]["type"], "server_error");
+        poisoned["stream"] = json!(true);
+        let events = server.stream("/v1/completions", &poisoned).await;
+        assert!(events.last().unwrap()["error"]["message"].is_string(), "{events:?}");
+        for i in 0..4 {
+            let (status, out) = server.post("/v1/completions", &completion(&[7 + i, 8], 3)).await;
+            assert_eq!(status, 200, "panic {panic}: {out}");
+        }
+        server.quiescent().await;
+        let (status, _) = server.get("/health").await;
+        assert_eq!(status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_fails_when_the_engine_holds_work_and_makes_no_progress() {
+    let hour = StepCost { per_step: Duration::from_secs(3600), ..StepCost::ZERO };
+    let server = TestServer::provenance_with(sched_config(StepMode::Sync), hour, |app| {
+        app.health_stall_max = Duration::from_millis(200);
+    })
+    .await;
+    let (status, body) = server.get("/health").await;
+    assert_eq!((status, body.contains("\"ok\"")), (200, true), "idle is healthy");
+    let addr = server.addr;
+    let stuck = tokio::spawn(async move {
+        let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+        let _ = c.post("/v1/completions", &completion(&[1, 2], 2).to_string()).await;
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body) = server.get("/health").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("stalled"), "{body}");
+    stuck.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_metrics_and_a_drain_that_finishes_open_requests_and_refuses_new_ones() {
+    let server = TestServer::provenance(StepMode::Sync, slow_steps()).await;
+    let (status, models) = server.get("/v1/models").await;
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "test-model");
+    let (_, _) = server.post("/v1/completions", &completion(&[3, 4], 5)).await;
+    let (_, metrics) = server.get("/metrics").await;
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:generation_tokens_total{model_name=\"test-model\"} 5",
+        "lockstep:steps_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+
+    // A long request is open when shutdown starts: it finishes, a new one is refused.
+    let addr = server.addr;
+    let open = tokio::spawn(async move {
+        let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+        let response =
+            c.post("/v1/completions", &completion(&[5, 6], 40).to_string()).await.unwrap();
+        (response.status.as_u16(), response.json().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut late = server.connect().await;
+    let state = server.state.clone();
+    let drained = tokio::spawn(server.shut_down());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(state.engine.stats().draining());
+    let refused = late.post("/v1/completions", &completion(&[7], 2).to_string()).await;
+    if let Ok(response) = refused {
+        assert_eq!(response.status.as_u16(), 503, "new work is refused while draining");
+    }
+    let (status, body) = open.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 40);
+    assert_eq!(drained.await.unwrap(), Drained::Cleanly);
+}
