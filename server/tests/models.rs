@@ -1,0 +1,314 @@
+//! The server on real models over 127.0.0.1: the CPU executor on its own thread behind the
+//! engine, a tiny generated Hugging Face model and the bundled default model; and tool calls in
+//! every supported format, from a scripted executor (the models here cannot be made to write
+//! them) through a real byte-level tokenizer.
+
+mod common;
+#[path = "../../gpu/tests/tiny/mod.rs"]
+mod tiny;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{ScriptedExecutor, TestServer, streamed_text};
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::sched::{SchedConfig, StepMode};
+use lockstep_gpu::llama::CpuExecutor;
+use lockstep_gpu::model::Model;
+use lockstep_server::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
+use lockstep_server::http::AppConfig;
+use lockstep_server::text::{ModelCodec, TextCodec};
+use lockstep_server::tool_calls::ToolFormat;
+use serde_json::{Value, json};
+
+fn sched(model: &Model, mode: StepMode) -> SchedConfig {
+    SchedConfig {
+        pool: PoolConfig { pages_total: 128, page_tokens: 16, pins_max: 0 },
+        mode,
+        waiting_max: 16,
+        running_max: 4,
+        step_tokens_max: 64,
+        prefill_chunk_tokens_max: 32,
+        request_tokens_max: (model.weights.config.context_length as u32).min(512),
+        capture_sizes: vec![1, 2, 4],
+        eos_token_ids: model.stop_tokens.clone(),
+        queue_wait_max: Duration::from_secs(60),
+        prefix_cache: true,
+    }
+}
+
+/// A node running `model` on the CPU executor, on its own thread.
+async fn cpu_server(model: Arc<Model>, mode: StepMode) -> TestServer {
+    let config = sched(&model, mode);
+    let executor =
+        CpuExecutor::with_threads(model.weights.clone(), config.pool, config.running_max, 2);
+    let mut engine = EngineConfig::new(config.clone());
+    engine.check_invariants = true;
+    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max()).unwrap();
+    let app = AppConfig::new("m", config.request_tokens_max);
+    TestServer::start(engine, runner, Arc::new(ModelCodec(model)), app).await
+}
+
+fn tiny_model() -> Arc<Model> {
+    let variant = tiny::variants().into_iter().next().unwrap();
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("lockstep-server-tiny-{}", std::process::id()));
+    variant.write(&dir);
+    let model = Model::load(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(model)
+}
+
+fn default_model() -> Option<Arc<Model>> {
+    let Ok(path) = std::env::var("LOCKSTEP_DEFAULT_MODEL") else {
+        assert!(
+            std::env::var_os("LOCKSTEP_REQUIRE_MODEL").is_none(),
+            "LOCKSTEP_DEFAULT_MODEL is required"
+        );
+        eprintln!("skipped: set LOCKSTEP_DEFAULT_MODEL (ci/fetch-default-model.sh prints it)");
+        return None;
+    };
+    Some(Arc::new(Model::load(std::path::Path::new(&path)).unwrap()))
+}
+
+/// Chat and completions, whole and streamed, at temperature 0: streamed equals whole, and a
+/// request equals itself in a crowd of four.
+async fn stream_equals_whole(server: &TestServer, max_tokens: u32) {
+    let chat = |content: &str| json!({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0});
+    let questions = ["Name the three primary colors.", "What is 2+2?", "Say hi.", "Count to five."];
+    let mut whole = Vec::new();
+    for q in questions {
+        let (status, out) = server.post("/v1/chat/completions", &chat(q)).await;
+        assert_eq!(status, 200, "{out}");
+        let text = out["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+        assert!(out["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+        let mut body = chat(q);
+        body["stream"] = json!(true);
+        let events = server.stream("/v1/chat/completions", &body).await;
+        assert_eq!(streamed_text(&events), text, "{q}: streamed differs from whole");
+        whole.push(text);
+    }
+    let tasks: Vec<_> = questions
+        .iter()
+        .map(|q| {
+            let (addr, body) = (server.addr, chat(q));
+            tokio::spawn(async move {
+                let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
+                c.post("/v1/chat/completions", &body.to_string())
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (task, expected) in tasks.into_iter().zip(&whole) {
+        let out: Value = task.await.unwrap();
+        assert_eq!(
+            out["choices"][0]["message"]["content"].as_str().unwrap(),
+            expected,
+            "differs in a crowd"
+        );
+    }
+    let completion =
+        json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    let (status, out) = server.post("/v1/completions", &completion).await;
+    assert_eq!(status, 200, "{out}");
+    server.quiescent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_model_streams_what_it_answers_whole() {
+    let model = tiny_model();
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let server = cpu_server(model.clone(), mode).await;
+        stream_equals_whole(&server, 12).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_streams_what_it_answers_whole() {
+    let Some(model) = default_model() else { return };
+    let server = cpu_server(model, StepMode::Overlap).await;
+    stream_equals_whole(&server, 16).await;
+    let (_, out) = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(out["choices"][0]["text"], " Paris");
+}
+
+/// What a model writes to call `get_weather(city="Paris")` and then `get_time(zone="CET")`, in
+/// each format, after a sentence of content.
+fn scripted_calls(format: ToolFormat) -> String {
+    let text = "Let me check.";
+    match format {
+        ToolFormat::Hermes => format!(
+            "{text}<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Paris\"}}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{\"zone\": \"CET\"}}}}\n</tool_call>"
+        ),
+        ToolFormat::Llama3Json => format!(
+            "<|python_tag|>{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"Paris\"}}}}; {{\"name\": \"get_time\", \"parameters\": {{\"zone\": \"CET\"}}}}"
+        ),
+        ToolFormat::DeepSeekV3 => format!(
+            "{text}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{{\"city\": \"Paris\"}}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{{\"zone\": \"CET\"}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+        ToolFormat::DeepSeekV31 => format!(
+            "{text}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{{\"city\": \"Paris\"}}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{{\"zone\": \"CET\"}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
+            let block = if format == ToolFormat::DsmlV32 { "function_calls" } else { "tool_calls" };
+            format!(
+                "{text}\n\n<｜DSML｜{block}>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">CET</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜{block}>"
+            )
+        }
+    }
+}
+
+fn tools() -> Value {
+    let tool = |name: &str, arg: &str| {
+        json!({"type": "function", "function": {"name": name, "description": "look something up",
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}})
+    };
+    json!([tool("get_weather", "city"), tool("get_time", "zone")])
+}
+
+/// (name, arguments as JSON) of each call.
+fn calls_of(calls: &Value) -> Vec<(String, Value)> {
+    calls
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|c| {
+                    let args = c["function"]["arguments"].as_str().unwrap();
+                    (
+                        c["function"]["name"].as_str().unwrap().to_owned(),
+                        serde_json::from_str(args).unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_in_every_format_whole_and_streamed() {
+    let model = tiny_model();
+    let expected = vec![
+        ("get_weather".to_owned(), json!({"city": "Paris"})),
+        ("get_time".to_owned(), json!({"zone": "CET"})),
+    ];
+    for format in ToolFormat::ALL {
+        let codec = ModelCodec(model.clone());
+        let text = scripted_calls(format);
+        let script = codec.encode(&text).unwrap();
+        assert_eq!(codec.decode(&script).unwrap(), text, "the tokenizer round-trips the markup");
+        // The byte-level tokenizer spends a token per byte, and the scripted executor reads no
+        // KV: a context far beyond the tiny model's own holds the tools' system message.
+        let mut config = sched(&model, StepMode::Sync);
+        config.request_tokens_max = 4096;
+        config.pool.pages_total = 512;
+        let eos = model.stop_tokens[0];
+        let mut engine = EngineConfig::new(config.clone());
+        engine.check_invariants = true;
+        let runner = InlineRunner::new(ScriptedExecutor::new(script, eos), StepCost::ZERO);
+        let mut app = AppConfig::new("m", config.request_tokens_max);
+        app.tool_format = Some(format);
+        let server =
+            TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app).await;
+        let body = json!({
+            "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
+            "tools": tools(), "max_tokens": 400, "temperature": 0,
+        });
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{format:?}: {out}");
+        let choice = &out["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{format:?}: {out}");
+        assert_eq!(calls_of(&choice["message"]["tool_calls"]), expected, "{format:?}: {out}");
+        let content = choice["message"]["content"].as_str().unwrap_or("").trim().to_owned();
+        assert!(!content.contains("get_weather"), "{format:?}: markup left in content {content:?}");
+
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = server.stream("/v1/chat/completions", &streamed).await;
+        let (stream_content, stream_calls) = fold_chat_stream(&events);
+        assert_eq!(stream_calls, expected, "{format:?}: streamed calls");
+        assert_eq!(stream_content.trim(), content, "{format:?}: streamed content");
+        let finish = events.iter().filter_map(|e| e["choices"][0]["finish_reason"].as_str()).last();
+        assert_eq!(finish, Some("tool_calls"));
+
+        // tool_choice none: the markup is content, not calls.
+        let mut none = body.clone();
+        none["tool_choice"] = json!("none");
+        let (_, out) = server.post("/v1/chat/completions", &none).await;
+        assert_eq!(out["choices"][0]["finish_reason"], "stop");
+        assert_eq!(out["choices"][0]["message"]["content"], text.as_str());
+        server.quiescent().await;
+    }
+}
+
+/// A streamed chat as a client folds it: the content, and each call's name and arguments.
+fn fold_chat_stream(events: &[Value]) -> (String, Vec<(String, Value)>) {
+    let mut content = String::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    for e in events {
+        let Some(delta) = e["choices"].get(0).map(|c| &c["delta"]) else { continue };
+        if let Some(text) = delta["content"].as_str() {
+            content.push_str(text);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap() as usize;
+            if calls.len() <= index {
+                calls.resize(index + 1, (String::new(), String::new()));
+            }
+            if let Some(name) = call["function"]["name"].as_str() {
+                calls[index].0 = name.to_owned();
+                assert!(call["id"].is_string(), "a call's first delta carries its id");
+            }
+            calls[index].1.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    let calls = calls.into_iter().map(|(n, a)| (n, serde_json::from_str(&a).unwrap())).collect();
+    (content, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_tool_choice_opens_the_call_and_required_is_refused() {
+    let model = tiny_model();
+    let codec = ModelCodec(model.clone());
+    // The model continues inside the call the server opened for it.
+    let script = codec.encode("{\"city\": \"Paris\"}}\n</tool_call>").unwrap();
+    let mut config = sched(&model, StepMode::Sync);
+    config.request_tokens_max = 4096;
+    config.pool.pages_total = 512;
+    let engine = EngineConfig::new(config.clone());
+    let runner =
+        InlineRunner::new(ScriptedExecutor::new(script, model.stop_tokens[0]), StepCost::ZERO);
+    let mut app = AppConfig::new("m", config.request_tokens_max);
+    app.tool_format = Some(ToolFormat::Hermes);
+    let server = TestServer::start(engine, runner, Arc::new(codec), app).await;
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 100,
+    });
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    let calls = calls_of(&out["choices"][0]["message"]["tool_calls"]);
+    assert_eq!(calls, vec![("get_weather".to_owned(), json!({"city": "Paris"}))], "{out}");
+    body["stream"] = json!(true);
+    let (_, streamed) = fold_chat_stream(&server.stream("/v1/chat/completions", &body).await);
+    assert_eq!(streamed, calls);
+    for (choice, why) in [
+        (json!("required"), "required"),
+        (json!({"type": "function", "function": {"name": "nope"}}), "not in tools"),
+    ] {
+        body["tool_choice"] = choice;
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{out}");
+        assert!(out["error"]["message"].as_str().unwrap().contains(why), "{out}");
+    }
+}
