@@ -86,6 +86,11 @@ impl<R: StepRunner> Engine<R> {
     pub(super) async fn run(mut self) {
         let _stopped = StoppedOnDrop(self.stats.clone());
         loop {
+            // Whatever already waits goes in first, so that steps completing back to back
+            // (the `biased` select below prefers them) never starve submissions and aborts.
+            if self.take_waiting_inputs() {
+                return self.shut_down().await;
+            }
             self.launch_ready();
             self.publish();
             let timer = self.sched.next_timeout().and_then(|t| self.instant_of(t));
@@ -108,6 +113,32 @@ impl<R: StepRunner> Engine<R> {
             }
             self.after_input();
         }
+    }
+
+    /// Takes the aborts, submissions and due timeouts that are already waiting, a bounded
+    /// number of each; true when every handle is gone.
+    fn take_waiting_inputs(&mut self) -> bool {
+        for _ in 0..self.config.inbox_max {
+            match self.aborts.try_recv() {
+                Ok(id) => self.abort(id),
+                Err(_) => break,
+            }
+        }
+        for _ in 0..self.config.inbox_max {
+            match self.commands.try_recv() {
+                Ok(Command::Submit { request, spec, events, reply }) => {
+                    self.submit(request, spec, events, reply);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+        let now = self.now();
+        if self.sched.next_timeout().is_some_and(|t| t <= now) {
+            self.sched.handle_timeout(now);
+        }
+        self.after_input();
+        false
     }
 
     fn now(&self) -> Time {
