@@ -24,6 +24,8 @@ use crate::metrics::{Metrics, observe};
 /// A request the engine holds, and the times its latencies are measured from.
 struct Live {
     events: mpsc::Sender<RequestEvent>,
+    /// Its span: every log line about it, from queue through prefill and decode, is inside.
+    span: tracing::Span,
     arrived: Instant,
     scheduled: bool,
     last_token_at: Option<Instant>,
@@ -162,6 +164,7 @@ impl<R: StepRunner> Engine<R> {
                 {
                     live.scheduled = true;
                     observe(&self.metrics.queue_time, at.saturating_duration_since(live.arrived));
+                    live.span.in_scope(|| tracing::debug!(step = plan.step.0, "prefill starts"));
                 }
             }
             let sampling = plan.rows.iter().filter(|r| r.sample).map(|r| r.request).collect();
@@ -209,11 +212,17 @@ impl<R: StepRunner> Engine<R> {
         let answer = match self.sched.submit(request, self.now()) {
             Ok(()) => {
                 self.runner.start_request(id, spec);
-                let live =
-                    Live { events, arrived: Instant::now(), scheduled: false, last_token_at: None };
+                let span = tracing::info_span!("request", id = id.0);
+                span.in_scope(|| tracing::debug!(prompt_tokens, "queued"));
+                let live = Live {
+                    events,
+                    span,
+                    arrived: Instant::now(),
+                    scheduled: false,
+                    last_token_at: None,
+                };
                 self.live.insert(id, live);
                 self.metrics.prompt_tokens.increment(prompt_tokens);
-                tracing::debug!(request = id.0, prompt_tokens, "queued");
                 Ok(())
             }
             Err(e) => {
@@ -263,10 +272,11 @@ impl<R: StepRunner> Engine<R> {
                 let now = Instant::now();
                 let Some(live) = self.live.get_mut(&request) else { return };
                 match live.last_token_at {
-                    None => observe(
-                        &self.metrics.time_to_first_token,
-                        now.saturating_duration_since(live.arrived),
-                    ),
+                    None => {
+                        let ttft = now.saturating_duration_since(live.arrived);
+                        observe(&self.metrics.time_to_first_token, ttft);
+                        live.span.in_scope(|| tracing::debug!(?ttft, "decode starts"));
+                    }
                     Some(last) => observe(
                         &self.metrics.inter_token_latency,
                         now.saturating_duration_since(last),
@@ -283,7 +293,9 @@ impl<R: StepRunner> Engine<R> {
             }
             SchedEvent::Preempted { request } => {
                 self.metrics.preemptions.increment(1);
-                tracing::debug!(request = request.0, "preempted");
+                if let Some(live) = self.live.get(&request) {
+                    live.span.in_scope(|| tracing::debug!("preempted"));
+                }
             }
         }
     }
@@ -294,7 +306,7 @@ impl<R: StepRunner> Engine<R> {
         self.metrics.finished(reason);
         let Some(live) = self.live.remove(&request) else { return };
         observe(&self.metrics.e2e_latency, live.arrived.elapsed());
-        tracing::debug!(request = request.0, ?reason, output_tokens, "finished");
+        live.span.in_scope(|| tracing::debug!(?reason, output_tokens, "finished"));
         let _ = live.events.try_send(RequestEvent::Finished { reason, output_tokens });
     }
 
