@@ -252,3 +252,14 @@ fn fold_never_panics_on_odd_deltas() {
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0].name, "f");
 }
+
+/// The server drives streams from spawned tasks: the stream and its futures must be `Send`.
+#[test]
+fn streams_and_their_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let mut stream = ToolCallStream::new(ToolFormat::Hermes, &[]);
+    send(&stream);
+    send(&stream.push("x"));
+    send(&stream.finish());
+    send(&parse_complete(ToolFormat::Hermes, "x", &[]));
+}
