@@ -81,11 +81,14 @@ impl LruList {
             if order.len() > self.len {
                 return Err(format!("lru list longer than its length {} (a cycle?)", self.len));
             }
-            if self.prev[page as usize] != prev {
+            let Some(&back) = self.prev.get(page as usize) else {
                 return Err(format!(
-                    "lru page {page}: back link {} but came from {prev}",
-                    self.prev[page as usize]
+                    "lru link to page {page}, beyond the list's {} pages",
+                    self.prev.len()
                 ));
+            };
+            if back != prev {
+                return Err(format!("lru page {page}: back link {back} but came from {prev}"));
             }
             order.push(page);
             prev = page;
@@ -100,3 +103,6 @@ impl LruList {
         Ok(order)
     }
 }
+
+#[cfg(test)]
+mod invariant_tests;

@@ -164,3 +164,6 @@ impl PinTable {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod invariant_tests;

@@ -650,16 +650,14 @@ impl PagePool {
                 );
             }
         }
+        // Each page is counted in exactly one state above, and the free-list checks above already
+        // tie the free list to the free pages: what is left to compare is the pool's size.
         ensure_invariant!(
             KV,
-            free + held + evictable == total,
-            "free {free} + held {held} + evictable {evictable} != total {total}"
-        );
-        ensure_invariant!(
-            KV,
-            free == self.free.len(),
-            "{free} free pages but {} on the free list",
-            self.free.len()
+            total == self.config.pages_total as usize,
+            "the pool has {total} pages ({free} free, {held} held, {evictable} evictable), \
+             configured {}",
+            self.config.pages_total
         );
         ensure_invariant!(
             KV,
@@ -667,23 +665,24 @@ impl PagePool {
             "{evictable} evictable pages but {} on the eviction list",
             lru_order.len()
         );
-        ensure_invariant!(
-            KV,
-            cached == self.index.len(),
-            "{cached} cached pages but {} index entries",
-            self.index.len()
-        );
+        // Entries first, so that one naming a freed page is reported as that; the count then
+        // catches a page indexed twice.
         for (fingerprint, index) in self.index.entries() {
             let state = self.pages.get(index as usize).map(|p| p.state);
-            let names_it = (index as usize) < total
-                && cache_hash(&self.pages, index)
-                    .is_some_and(|h| prefix_fingerprint(h) == fingerprint);
+            let names_it = cache_hash(&self.pages, index)
+                .is_some_and(|h| prefix_fingerprint(h) == fingerprint);
             ensure_invariant!(
                 KV,
                 names_it,
                 "index entry {fingerprint:#x} points at page {index}, which is {state:?}"
             );
         }
+        ensure_invariant!(
+            KV,
+            cached == self.index.len(),
+            "{cached} cached pages but {} index entries",
+            self.index.len()
+        );
         Ok(())
     }
 
@@ -743,13 +742,17 @@ impl PagePool {
 }
 
 /// The cache key hash of page `index`, if it is cached.
+/// The key hash of a cached page; `None` for a free page or an index beyond the pool (which a
+/// broken index could name: the check must report it, not panic on it).
 fn cache_hash(pages: &[Page], index: u32) -> Option<u64> {
-    match pages[index as usize].state {
+    match pages.get(index as usize)?.state {
         PageState::Held { cache, .. } => cache.map(|k| k.hash),
         PageState::Evictable { cache } => Some(cache.hash),
         PageState::Free => None,
     }
 }
 
+#[cfg(test)]
+mod invariant_tests;
 #[cfg(test)]
 mod tests;

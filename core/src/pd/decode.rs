@@ -488,5 +488,8 @@ impl DecodeSide {
 }
 
 #[cfg(test)]
+#[path = "decode_invariant_tests.rs"]
+mod invariant_tests;
+#[cfg(test)]
 #[path = "decode_tests.rs"]
 mod tests;

@@ -565,5 +565,8 @@ impl PrefillSide {
 }
 
 #[cfg(test)]
+#[path = "prefill_invariant_tests.rs"]
+mod invariant_tests;
+#[cfg(test)]
 #[path = "prefill_tests.rs"]
 mod tests;

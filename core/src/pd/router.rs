@@ -324,5 +324,8 @@ fn least_loaded(
 }
 
 #[cfg(test)]
+#[path = "router_invariant_tests.rs"]
+mod invariant_tests;
+#[cfg(test)]
 #[path = "router_tests.rs"]
 mod tests;

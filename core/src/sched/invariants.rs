@@ -25,11 +25,13 @@ impl Scheduler {
 
     fn check_bounds(&self) -> Result<(), InvariantViolation> {
         let c = &self.config;
+        // `slots_held()` is `running_max` less the free slots: it cannot exceed `running_max`,
+        // and would overflow if more slots were free than there are.
         ensure_invariant!(
             SCHED,
-            self.slots_held() <= c.running_max as usize,
-            "{} slots held over running_max {}",
-            self.slots_held(),
+            self.free_slots.len() <= c.running_max as usize,
+            "{} slots on the free list, over running_max {}",
+            self.free_slots.len(),
             c.running_max
         );
         ensure_invariant!(

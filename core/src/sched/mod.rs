@@ -36,4 +36,6 @@ pub use scheduler::{AbortError, ApplyError, SchedEvent, Scheduler};
 #[cfg(test)]
 mod bug_classes;
 #[cfg(test)]
+mod invariant_tests;
+#[cfg(test)]
 mod tests;

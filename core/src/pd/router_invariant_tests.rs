@@ -1,0 +1,142 @@
+//! Every check of `Router::check_invariants` fires on a state broken by hand: each test builds a
+//! legitimate router by driving it, sees the check pass, breaks one thing through the private
+//! fields and sees that very check report it (matched by its message).
+//!
+//! | check | message | test |
+//! |---|---|---|
+//! | requests match transfers | "{n} requests for {m} transfers" | `a_request_loses_its_transfer` |
+//! | deadlines match transfers | "{n} deadlines for {m} transfers" | `a_deadline_is_lost` |
+//! | transfers bounded | "{n} transfers over the bound" | `more_transfers_than_requests_max` |
+//! | filed under its id | "transfer {id:?} filed under another id" | `a_transfer_is_filed_under_another_id` |
+//! | ids of this incarnation | "transfer {id:?} outside this incarnation's ids" | `an_id_is_not_below_the_next_one` |
+//! | request maps back | "{request} does not map to its transfer {id:?}" | `a_request_maps_to_another_transfer` |
+//! | deadline indexed | "transfer {id:?} missing from the deadlines" | `a_deadline_is_not_indexed` |
+//! | attempts bounded | "transfer {id:?} is attempt {n} of {max}" | `an_attempt_exceeds_retries_max` |
+
+use super::*;
+use crate::wire::{Incarnation, WorkerId};
+
+const ME: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(3) };
+const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+const D1: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
+const D2: Endpoint = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
+
+fn id(n: u64) -> TransferId {
+    TransferId((3 << Router::ID_BITS) + n)
+}
+
+/// Two requests in transfer (the bound), one retry allowed: request 1's first transfer failed and
+/// its retry (transfer 2, attempt 1) is live, as is request 2's transfer 1.
+fn legit() -> Router {
+    let config = RouterConfig {
+        outcome_timeout: Duration::from_millis(500),
+        requests_max: 2,
+        retries_max: 1,
+    };
+    let mut r = Router::new(ME, config, vec![P], vec![D1, D2]);
+    let first = r.submit(RequestSpec::new(RequestId(1), vec![1, 2, 3], 4), Time::ZERO).unwrap();
+    r.submit(RequestSpec::new(RequestId(2), vec![4, 5, 6], 4), Time::ZERO).unwrap();
+    let failure = Some(AbortReason::DecodeFailed);
+    let outcome = Envelope { from: D1, to: ME, body: Message::Outcome { key: first, failure } };
+    r.handle_envelope(outcome, Time::from_millis(1));
+    while r.poll_output().is_some() {}
+    assert_eq!(r.transfers.keys().copied().collect::<Vec<_>>(), vec![id(1), id(2)]);
+    assert_eq!((r.transfers[&id(2)].request.id, r.transfers[&id(2)].attempt), (RequestId(1), 1));
+    r
+}
+
+fn fires(break_it: impl FnOnce(&mut Router), expected: &str) {
+    let mut r = legit();
+    if let Err(e) = r.check_invariants() {
+        panic!("the legitimate router is refused: {e}");
+    }
+    break_it(&mut r);
+    match r.check_invariants() {
+        Ok(()) => panic!("the check {expected:?} missed a broken router"),
+        Err(e) => assert!(e.what().contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn a_request_loses_its_transfer() {
+    fires(
+        |r| {
+            r.by_request.remove(&RequestId(1));
+        },
+        "1 requests for 2 transfers",
+    );
+}
+
+#[test]
+fn a_deadline_is_lost() {
+    fires(
+        |r| {
+            r.deadlines.pop_first();
+        },
+        "1 deadlines for 2 transfers",
+    );
+}
+
+#[test]
+fn more_transfers_than_requests_max() {
+    // A third request in transfer, filed consistently everywhere: only the bound is broken.
+    fires(
+        |r| {
+            let mut t = r.transfers[&id(1)].clone();
+            t.key.transfer = TransferId(r.next_transfer);
+            r.next_transfer += 1;
+            t.request.id = RequestId(3);
+            r.by_request.insert(t.request.id, t.key.transfer);
+            r.deadlines.insert((t.deadline, t.key.transfer));
+            r.transfers.insert(t.key.transfer, t);
+        },
+        "3 transfers over the bound",
+    );
+}
+
+#[test]
+fn a_transfer_is_filed_under_another_id() {
+    fires(
+        |r| r.transfers.get_mut(&id(1)).unwrap().key.transfer = id(7),
+        &format!("transfer {:?} filed under another id", id(1)),
+    );
+}
+
+#[test]
+fn an_id_is_not_below_the_next_one() {
+    // The allocator wound back, as a router reborn under its old incarnation would be: the next
+    // id handed out would reuse a live one.
+    fires(
+        |r| r.next_transfer = id(1).0,
+        &format!("transfer {:?} outside this incarnation's ids", id(1)),
+    );
+}
+
+#[test]
+fn a_request_maps_to_another_transfer() {
+    fires(
+        |r| {
+            r.by_request.insert(RequestId(1), id(1));
+        },
+        &format!("req-1 does not map to its transfer {:?}", id(2)),
+    );
+}
+
+#[test]
+fn a_deadline_is_not_indexed() {
+    fires(
+        |r| {
+            let t = r.transfers.get_mut(&id(1)).unwrap();
+            t.deadline = t.deadline.saturating_add(Duration::from_millis(1));
+        },
+        &format!("transfer {:?} missing from the deadlines", id(1)),
+    );
+}
+
+#[test]
+fn an_attempt_exceeds_retries_max() {
+    fires(
+        |r| r.transfers.get_mut(&id(2)).unwrap().attempt = 2,
+        &format!("transfer {:?} is attempt 2 of 1", id(2)),
+    );
+}
