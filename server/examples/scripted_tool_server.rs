@@ -6,7 +6,7 @@
 //!   cargo run -p lockstep-server --example scripted_tool_server -- --port 8123
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports, reason = "test code, shared with the tests")]
 mod common;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;

@@ -17,8 +17,8 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
 }
 
 async fn connect(port: u16) -> Option<Connection> {

@@ -1,6 +1,8 @@
 //! The HTTP API end to end over real sockets on 127.0.0.1, on the provenance model (a synthetic
 //! vocabulary: token n is the word "t<n>"), with every invariant checked after every engine input.
 
+#![allow(clippy::unwrap_used, reason = "test helpers: a failure is the test failing")]
+
 mod common;
 
 use std::time::Duration;

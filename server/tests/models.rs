@@ -3,6 +3,8 @@
 //! every supported format, from a scripted executor (the models here cannot be made to write
 //! them) through a real byte-level tokenizer.
 
+#![allow(clippy::unwrap_used, reason = "test helpers: a failure is the test failing")]
+
 mod common;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;
@@ -151,9 +153,7 @@ fn scripted_calls(format: ToolFormat) -> String {
         ToolFormat::Hermes => format!(
             "{text}<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Paris\"}}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{\"zone\": \"CET\"}}}}\n</tool_call>"
         ),
-        ToolFormat::Llama3Json => format!(
-            "<|python_tag|>{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"Paris\"}}}}; {{\"name\": \"get_time\", \"parameters\": {{\"zone\": \"CET\"}}}}"
-        ),
+        ToolFormat::Llama3Json => "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}".to_owned(),
         ToolFormat::DeepSeekV3 => format!(
             "{text}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{{\"city\": \"Paris\"}}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{{\"zone\": \"CET\"}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
@@ -238,7 +238,7 @@ async fn tool_calls_in_every_format_whole_and_streamed() {
         let (stream_content, stream_calls) = fold_chat_stream(&events);
         assert_eq!(stream_calls, expected, "{format:?}: streamed calls");
         assert_eq!(stream_content.trim(), content, "{format:?}: streamed content");
-        let finish = events.iter().filter_map(|e| e["choices"][0]["finish_reason"].as_str()).last();
+        let finish = events.iter().rev().find_map(|e| e["choices"][0]["finish_reason"].as_str());
         assert_eq!(finish, Some("tool_calls"));
 
         // tool_choice none: the markup is content, not calls.

@@ -90,8 +90,7 @@ fn simulate(seed: u64, mode: StepMode, prompts: &[Vec<u32>], streamed: bool) -> 
         });
     }
     sim.run().expect("the simulation runs to the end of every client");
-    let outputs = outputs.lock().expect("the simulation is over").clone();
-    outputs
+    outputs.lock().expect("the simulation is over").clone()
 }
 
 fn prompts() -> Vec<Vec<u32>> {

@@ -2,6 +2,7 @@
 //! a client that speaks to them.
 
 #![allow(dead_code, reason = "each test file uses part")]
+#![allow(clippy::unwrap_used, reason = "test helpers: a failure is the test failing")]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
