@@ -10,6 +10,7 @@
 //! Nothing here reads a clock other than tokio's, spawns a blocking task, or branches on being
 //! simulated: the simulator runs this same code. Binary: `lockstep`.
 
+pub mod bench_serve;
 pub mod client;
 pub mod engine;
 pub mod http;

@@ -1,14 +1,16 @@
 //! `lockstep`: the serving engine's command line. `lockstep serve` runs the OpenAI-compatible
-//! server; `lockstep generate` prints one completion. The disaggregated roles follow.
+//! server; `lockstep generate` prints one completion; `lockstep bench-serve` replays a trace
+//! against a running server. The disaggregated roles follow.
 
 use std::process::ExitCode;
 
 mod generate;
 
-use lockstep_server::serve;
+use lockstep_server::{bench_serve, serve};
 
 const USAGE: &str = "\
-usage: lockstep serve [options]      (lockstep serve --help lists them)
+usage: lockstep serve [options]        (lockstep serve --help lists them)
+       lockstep bench-serve [options]  (lockstep bench-serve --help lists them)
        lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S] --prompt TEXT
 
@@ -30,7 +32,14 @@ fn main() -> ExitCode {
             println!("{}", serve::USAGE);
             return ExitCode::SUCCESS;
         }
+        Some("bench-serve") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
+            println!("{}", bench_serve::USAGE);
+            return ExitCode::SUCCESS;
+        }
         Some("serve") => serve::ServeOptions::parse(&args[1..]).and_then(|o| serve::run(&o)),
+        Some("bench-serve") => {
+            bench_serve::BenchOptions::parse(&args[1..]).and_then(|o| bench_serve::run(&o))
+        }
         Some("generate") => {
             generate::Options::parse(&args[1..]).and_then(|options| generate::run(&options))
         }

@@ -170,6 +170,11 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
         .await
         .map_err(|e| format!("binding {address}: {e}"))?;
     tracing::info!(address = %address, model = %node.state.config.model_name, "serving");
+    // Tokens go out as they come: without TCP_NODELAY a stream's small writes wait for the
+    // client's delayed acknowledgement (tens of milliseconds on a reused connection).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let drained = node
         .serve(listener, shutdown_signal(), options.drain_timeout)
         .await

@@ -95,7 +95,13 @@ impl<E: Executor + Send + 'static> StepRunner for InlineRunner<E> {
             let Some(&(at, _)) = self.done.front() else {
                 return std::future::pending().await;
             };
-            tokio::time::sleep_until(at).await;
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            } else {
+                // Already due: a timer would round up to the next millisecond (every zero-cost
+                // step would take one); yielding still lets the other tasks run.
+                tokio::task::yield_now().await;
+            }
             self.done.pop_front().expect("a launched step is still queued").1
         })
     }
