@@ -195,6 +195,9 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), 400),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "temperature": 2.00000001}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [[[1, 2]]]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [["t1"]]}).to_string(), 400),
         ("/v1/nothing", "{}".into(), 404),
     ];
     for (path, body, expected) in cases {
@@ -211,6 +214,15 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
     assert_eq!(status, 405);
     let (status, out) = server.post("/v1/completions", &completion(&[1, 2, 3], 2)).await;
     assert_eq!(status, 200, "the server still serves: {out}");
+    // Inside the ranges, however close to their ends: accepted.
+    for body in [
+        json!({"prompt": "t1", "top_p": 1e-46, "max_tokens": 2}),
+        json!({"prompt": ["t1 t2"], "temperature": 2.0, "max_tokens": 2}),
+        json!({"prompt": [[1, 2]], "max_tokens": 2}),
+    ] {
+        let (status, out) = server.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{body}: {out}");
+    }
     server.quiescent().await;
 }
 

@@ -169,7 +169,11 @@ fn stream(out: Output) -> Response {
             }
             Next::Done(Ok(finish)) => {
                 let choice = out.choice("", &[], &[], Some(finish));
-                let mut last = vec![out.envelope(vec![choice])];
+                let mut finished = out.envelope(vec![choice]);
+                if out.params.include_usage {
+                    finished["usage"] = Value::Null;
+                }
+                let mut last = vec![finished];
                 if out.params.include_usage {
                     let mut chunk = out.envelope(vec![]);
                     chunk["usage"] = usage(&out.generation);

@@ -17,8 +17,10 @@ pub struct CommonRequest {
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    /// Read as f64 and range-checked before narrowing, so that a value just outside a range is
+    /// not rounded into it (2.00000001) nor one inside rounded out of it (top_p 1e-46).
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     /// vLLM's extension: -1 or 0 keep every token.
     pub top_k: Option<i64>,
     pub seed: Option<i64>,
@@ -27,8 +29,8 @@ pub struct CommonRequest {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// vLLM's extension: keep generating past the end-of-sequence token.
     #[serde(default)]
@@ -134,6 +136,8 @@ impl CommonRequest {
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::invalid_param("top_p", "top_p must be within (0, 1]"));
         }
+        // Narrowed only now; a tiny positive top_p stays positive.
+        let (temperature, top_p) = (temperature as f32, (top_p as f32).max(f32::MIN_POSITIVE));
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
@@ -195,9 +199,14 @@ pub fn completion_prompt(value: &Value) -> Result<Prompt, ApiError> {
     };
     match value {
         Value::String(s) => Ok(Prompt::Text(s.clone())),
-        Value::Array(items) if items.len() == 1 && !items[0].is_number() => {
-            completion_prompt(&items[0])
+        // A list of one prompt: a string, or a list of ids; no deeper.
+        Value::Array(items) if items.len() == 1 && items[0].is_string() => {
+            Ok(Prompt::Text(items[0].as_str().unwrap_or_default().to_owned()))
         }
+        Value::Array(items) if items.len() == 1 && items[0].is_array() => match &items[0] {
+            Value::Array(ids) if ids.iter().all(Value::is_number) => completion_prompt(&items[0]),
+            _ => Err(bad()),
+        },
         Value::Array(items) if items.len() > PROMPT_IDS_MAX => {
             Err(ApiError::invalid_param("prompt", "too many prompt token ids"))
         }
