@@ -3,7 +3,8 @@
 #   1. schemathesis generates requests from /openapi.json for every operation against
 #      `lockstep serve --executor provenance`, and fails on any 5xx, or any status, content type,
 #      header or body the document does not allow;
-#   2. ci/openai_client_test.py drives the same server with the openai client;
+#   2. ci/openai_client_test.py drives the same server with the openai client, and receives tool
+#      calls from server/examples/scripted_tool_server.rs (a scripted model that always calls one);
 #   3. on the real default model: the client's greedy chat, streamed and whole, gives the same
 #      text, and schemathesis runs again (real tokenizer, chat template, tool-call parser).
 #   At least $API_CASES_MIN generated cases in all.
@@ -249,6 +250,21 @@ if model="$(ci/fetch-default-model.sh)" && start_server model 120 --model "$mode
     schemathesis model "$API_MODEL_FUZZ_SECONDS"
 else
     fail "the default model server did not start"
+fi
+
+step "openai client, tool calls (a scripted model that always calls a tool)"
+# server/examples/scripted_tool_server.rs: the real engine, app and tool-call parser, with a
+# scripted executor in place of a model that could be asked to call a tool.
+cargo build --locked -p lockstep-server --example scripted_tool_server
+port="$(free_port)"
+"${CARGO_TARGET_DIR:-target}/debug/examples/scripted_tool_server" --port "$port" \
+    >"$work/scripted.log" 2>&1 &
+servers+=("$!")
+if wait_healthy "$port" 60 "$!"; then
+    client_test tools
+else
+    tail -n 30 "$work/scripted.log"
+    fail "the scripted tool server did not start"
 fi
 
 if [ "$cases" -ge "$API_CASES_MIN" ]; then

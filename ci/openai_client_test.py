@@ -310,16 +310,74 @@ def model_chat_stream_equals_whole(t):
     expect("Paris" in text, f"no Paris in {text!r}")
 
 
+TOOL_CHECKS = []
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@TOOL_CHECKS.append
+def tool_call_whole(t):
+    # The scripted server's model always answers with a Hermes call to get_weather.
+    reply = t.client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER], max_tokens=200)
+    choice = reply.choices[0]
+    expect(choice.finish_reason == "tool_calls", choice.finish_reason)
+    calls = choice.message.tool_calls
+    expect(calls and len(calls) == 1, calls)
+    expect(calls[0].type == "function" and calls[0].id, calls[0])
+    expect(calls[0].function.name == "get_weather", calls[0].function)
+    args = json.loads(calls[0].function.arguments)
+    expect(args == {"city": "Paris", "unit": "celsius"}, args)
+    expect("<tool_call>" not in (choice.message.content or ""), choice.message.content)
+
+
+@TOOL_CHECKS.append
+def tool_call_streamed(t):
+    stream = t.client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER], max_tokens=200, stream=True)
+    name, arguments, finish, content = None, "", None, ""
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            expect(call.index == 0, call)
+            if call.function and call.function.name:
+                name = call.function.name
+            if call.function and call.function.arguments:
+                arguments += call.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    expect(name == "get_weather", name)
+    expect(json.loads(arguments) == {"city": "Paris", "unit": "celsius"}, arguments)
+    expect(finish == "tool_calls", finish)
+    expect("<tool_call>" not in content, content)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-url", required=True, help="http://127.0.0.1:PORT")
-    parser.add_argument("--mode", choices=["provenance", "model"], required=True)
+    parser.add_argument("--mode", choices=["provenance", "model", "tools"], required=True)
     args = parser.parse_args()
     client = openai.OpenAI(base_url=f"{args.base_url}/v1", api_key="unused", max_retries=0,
                            timeout=TIMEOUT_S)
     t = Session(client, args.base_url)
     failed = 0
-    for fn in CHECKS if args.mode == "provenance" else MODEL_CHECKS:
+    checks = {"provenance": CHECKS, "model": MODEL_CHECKS, "tools": TOOL_CHECKS}[args.mode]
+    for fn in checks:
         name = f"{args.mode}: {fn.__name__}"
         try:
             fn(t)
