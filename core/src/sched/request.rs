@@ -74,6 +74,12 @@ pub enum AdmissionError {
         pages_needed: u64,
         pages_total: u32,
     },
+    /// More stop tokens than a request may carry between workers (`wire::STOP_TOKENS_MAX`):
+    /// refused here, as every peer would refuse it, rather than accepted and lost in transfer.
+    TooManyStopTokens {
+        count: usize,
+        max: usize,
+    },
 }
 
 impl fmt::Display for AdmissionError {
@@ -93,6 +99,9 @@ impl fmt::Display for AdmissionError {
             }
             AdmissionError::NeverFits { pages_needed, pages_total } => {
                 write!(f, "request needs {pages_needed} KV pages, the pool has {pages_total}")
+            }
+            AdmissionError::TooManyStopTokens { count, max } => {
+                write!(f, "{count} stop tokens, at most {max}")
             }
         }
     }

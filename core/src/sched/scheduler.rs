@@ -211,6 +211,10 @@ impl Scheduler {
         if req.max_tokens == 0 {
             return Err(AdmissionError::ZeroMaxTokens);
         }
+        let max = crate::wire::STOP_TOKENS_MAX;
+        if req.stop_token_ids.len() > max {
+            return Err(AdmissionError::TooManyStopTokens { count: req.stop_token_ids.len(), max });
+        }
         let prompt_tokens = u32::try_from(req.prompt.len()).unwrap_or(u32::MAX);
         if prompt_tokens >= self.config.request_tokens_max {
             return Err(AdmissionError::PromptTooLong {

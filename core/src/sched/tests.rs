@@ -422,3 +422,17 @@ fn a_failed_step_ends_its_requests_frees_their_pages_and_others_go_on() {
         assert_eq!(h.sched.requests_held(), 0);
     }
 }
+
+#[test]
+fn stop_tokens_are_bounded_as_the_wire_bounds_them() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 32));
+    let max = crate::wire::STOP_TOKENS_MAX;
+    let mut req = request(1, prompt(1, 3), 2);
+    req.stop_token_ids = vec![5; max + 1];
+    assert_eq!(
+        h.submit(req.clone()),
+        Err(AdmissionError::TooManyStopTokens { count: max + 1, max })
+    );
+    req.stop_token_ids.truncate(max);
+    h.submit(req).unwrap();
+}

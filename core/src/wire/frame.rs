@@ -19,8 +19,11 @@ pub const STOP_TOKENS_MAX: usize = 64;
 pub const PAGES_MAX: usize = 1 << 22;
 const HEADER_BYTES: usize = 4;
 
-/// Encodes an envelope as one frame, appended to `out`.
-pub fn encode_frame(envelope: &Envelope, out: Vec<u8>) -> Vec<u8> {
+/// Encodes an envelope as one frame, appended to `out`. Refuses what every peer's decoder would
+/// refuse, so that a bound broken here is a clear error at the sender, not a dropped link at the
+/// receiver.
+pub fn encode_frame(envelope: &Envelope, out: Vec<u8>) -> Result<Vec<u8>, WireError> {
+    check_bounds(&envelope.body)?;
     let mut w = Writer::with_buffer(out);
     let start = w.len();
     w.u32_fixed(0);
@@ -30,9 +33,39 @@ pub fn encode_frame(envelope: &Envelope, out: Vec<u8>) -> Vec<u8> {
     endpoint(&mut w, envelope.to);
     body(&mut w, &envelope.body);
     let len = w.len() - start - HEADER_BYTES;
-    debug_assert!(len <= FRAME_BYTES_MAX, "encoded a frame over FRAME_BYTES_MAX");
+    if len > FRAME_BYTES_MAX {
+        return Err(WireError::TooLong {
+            what: "frame",
+            len: len as u64,
+            max: FRAME_BYTES_MAX as u64,
+        });
+    }
     w.patch_u32_fixed(start, len as u32);
-    w.into_bytes()
+    Ok(w.into_bytes())
+}
+
+/// The bounds `decode_frame` holds a message's sequences to.
+fn check_bounds(message: &Message) -> Result<(), WireError> {
+    let bound = |what: &'static str, len: usize, max: usize| {
+        if len > max {
+            Err(WireError::TooLong { what, len: len as u64, max: max as u64 })
+        } else {
+            Ok(())
+        }
+    };
+    let spec = |request: &RequestSpec| {
+        bound("prompt", request.prompt.len(), PROMPT_TOKENS_MAX)?;
+        bound("stop tokens", request.stop_token_ids.len(), STOP_TOKENS_MAX)
+    };
+    match message {
+        Message::Reserve { request, .. } => spec(request),
+        Message::Prepare { request, pages, .. } => {
+            spec(request)?;
+            bound("pages", pages.len(), PAGES_MAX)
+        }
+        Message::KvWrite { data, .. } => bound("kv data", data.len(), FRAME_BYTES_MAX),
+        _ => Ok(()),
+    }
 }
 
 /// How many bytes the frame at the start of `buf` takes, once its length prefix has arrived;

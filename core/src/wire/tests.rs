@@ -109,14 +109,14 @@ fn envelope() -> impl Strategy<Value = Envelope> {
 proptest! {
     #[test]
     fn every_message_round_trips(envelope in envelope()) {
-        let frame = encode_frame(&envelope, Vec::new());
+        let frame = encode_frame(&envelope, Vec::new()).unwrap();
         prop_assert_eq!(frame_len(&frame), Ok(Some(frame.len())));
         prop_assert_eq!(decode_frame(&frame), Ok(envelope));
     }
 
     #[test]
     fn every_truncation_is_an_error(envelope in envelope()) {
-        let frame = encode_frame(&envelope, Vec::new());
+        let frame = encode_frame(&envelope, Vec::new()).unwrap();
         for cut in 0..frame.len() {
             prop_assert!(decode_frame(&frame[..cut]).is_err(), "a frame cut at {} decoded", cut);
         }
@@ -132,7 +132,7 @@ proptest! {
     fn frames_split_a_stream(envelopes in prop::collection::vec(envelope(), 1..5)) {
         let mut stream = Vec::new();
         for e in &envelopes {
-            stream = encode_frame(e, stream);
+            stream = encode_frame(e, stream).unwrap();
         }
         let mut decoded = Vec::new();
         let mut rest = stream.as_slice();
@@ -160,12 +160,15 @@ fn sample() -> Envelope {
 #[test]
 fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
-    assert_eq!(encode_frame(&sample(), Vec::new()), vec![9, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4, 5]);
+    assert_eq!(
+        encode_frame(&sample(), Vec::new()).unwrap(),
+        vec![9, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4, 5]
+    );
 }
 
 #[test]
 fn other_versions_and_kinds_are_refused() {
-    let mut frame = encode_frame(&sample(), Vec::new());
+    let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame[4] = 2;
     assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 2, supported: 1 }));
     frame[4] = 1;
@@ -199,7 +202,25 @@ fn huge_lengths_are_refused_before_allocating() {
 
 #[test]
 fn a_length_that_disagrees_with_the_frame_is_refused() {
-    let mut frame = encode_frame(&sample(), Vec::new());
+    let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame.push(0);
     assert!(matches!(decode_frame(&frame), Err(WireError::Invalid { what: "frame length", .. })));
+}
+
+#[test]
+fn encode_refuses_what_every_decoder_refuses() {
+    let key = TransferKey { transfer: TransferId(1), epoch: Epoch(0) };
+    let mut request = RequestSpec::new(RequestId(1), vec![1, 2], 4);
+    request.stop_token_ids = vec![7; STOP_TOKENS_MAX + 1];
+    let prefill = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+    let envelope = |request: RequestSpec| Envelope {
+        from: prefill,
+        to: prefill,
+        body: Message::Reserve { key, request, prefill },
+    };
+    let err = encode_frame(&envelope(request.clone()), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::TooLong { what: "stop tokens", .. }), "{err}");
+    request.stop_token_ids.truncate(STOP_TOKENS_MAX);
+    let frame = encode_frame(&envelope(request.clone()), Vec::new()).unwrap();
+    assert_eq!(decode_frame(&frame).unwrap(), envelope(request));
 }
