@@ -60,19 +60,7 @@ async fn stream_equals_whole_and_a_crowd_equals_each_alone() {
         let crowd = TestServer::provenance(mode, slow_steps()).await;
         let tasks: Vec<_> = expected
             .iter()
-            .map(|(body, _)| {
-                let (addr, body) = (crowd.addr, body.clone());
-                tokio::spawn(async move {
-                    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
-                    let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
-                    c.post("/v1/completions", &body.to_string())
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap()
-                })
-            })
+            .map(|(body, _)| crowd.post_in_task("/v1/completions", body.clone()))
             .collect();
         for (task, (_, text)) in tasks.into_iter().zip(&expected) {
             let body: Value = task.await.unwrap();

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::generation::{Generation, Next};
+use super::generation::{Generation, Next, Piece};
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{parse_body, sse_response, start, usage};
 use super::{AppState, logprobs};
@@ -240,19 +240,8 @@ impl Output {
 }
 
 async fn whole(mut out: Output) -> Response {
-    let (mut text, mut tokens, mut lps) = (String::new(), Vec::new(), Vec::new());
-    let finish = loop {
-        match out.generation.next().await {
-            Next::Piece(p) => {
-                text.push_str(&p.text);
-                tokens.extend(p.tokens);
-                lps.extend(p.logprobs);
-            }
-            Next::Done(finish) => break finish,
-        }
-    };
-    let finish = match finish {
-        Ok(finish) => finish,
+    let (Piece { text, tokens, logprobs: lps }, finish) = match out.generation.collect().await {
+        Ok(whole) => whole,
         Err(e) => return e.into_response(),
     };
     let (content, calls) = match &out.tools {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::generation::{Finish, Generation, Next};
+use super::generation::{Finish, Generation, Next, Piece};
 use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
 use super::respond::{parse_body, sse_response, start, usage};
 use super::{AppState, logprobs};
@@ -125,19 +125,8 @@ impl Output {
 }
 
 async fn whole(mut out: Output) -> Response {
-    let (mut text, mut tokens, mut lps) = (String::new(), Vec::new(), Vec::new());
-    let finish = loop {
-        match out.generation.next().await {
-            Next::Piece(p) => {
-                text.push_str(&p.text);
-                tokens.extend(p.tokens);
-                lps.extend(p.logprobs);
-            }
-            Next::Done(finish) => break finish,
-        }
-    };
-    let finish = match finish {
-        Ok(finish) => finish,
+    let (Piece { text, tokens, logprobs: lps }, finish) = match out.generation.collect().await {
+        Ok(whole) => whole,
         Err(e) => return e.into_response(),
     };
     out.text_len = text.len();

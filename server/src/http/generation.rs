@@ -82,6 +82,21 @@ impl Generation {
         }
     }
 
+    /// All of the output at once, for a response that is not streamed.
+    pub async fn collect(&mut self) -> Result<(Piece, Finish), ApiError> {
+        let mut whole = Piece::default();
+        loop {
+            match self.next().await {
+                Next::Piece(p) => {
+                    whole.text.push_str(&p.text);
+                    whole.tokens.extend(p.tokens);
+                    whole.logprobs.extend(p.logprobs);
+                }
+                Next::Done(finish) => return finish.map(|finish| (whole, finish)),
+            }
+        }
+    }
+
     /// The engine's id of the request.
     pub fn request_id(&self) -> RequestId {
         self.id

@@ -146,6 +146,17 @@ impl TestServer {
         events.iter().map(|e| serde_json::from_str(e).unwrap()).collect()
     }
 
+    /// POSTs JSON from a task of its own, on a connection of its own: many of these at once
+    /// make a crowd. The task yields the body as JSON.
+    pub fn post_in_task(&self, path: &'static str, body: Value) -> JoinHandle<Value> {
+        let addr = self.addr;
+        tokio::spawn(async move {
+            let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut c = Connection::new(io).await.unwrap();
+            c.post(path, &body.to_string()).await.unwrap().json().await.unwrap()
+        })
+    }
+
     pub async fn get(&self, path: &str) -> (u16, String) {
         let mut c = self.connect().await;
         let response = c.get(path).await.unwrap();
