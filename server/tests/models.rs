@@ -53,9 +53,13 @@ async fn cpu_server(model: Arc<Model>, mode: StepMode) -> TestServer {
 }
 
 fn tiny_model() -> Arc<Model> {
+    // A folder per call: tests run in parallel, and one removing its folder must not pull the
+    // model from under another that is loading it.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let variant = tiny::variants().into_iter().next().unwrap();
     let dir: PathBuf =
-        std::env::temp_dir().join(format!("lockstep-server-tiny-{}", std::process::id()));
+        std::env::temp_dir().join(format!("lockstep-server-tiny-{}-{call}", std::process::id()));
     variant.write(&dir);
     let model = Model::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
@@ -91,22 +95,8 @@ async fn stream_equals_whole(server: &TestServer, max_tokens: u32) {
         assert_eq!(streamed_text(&events), text, "{q}: streamed differs from whole");
         whole.push(text);
     }
-    let tasks: Vec<_> = questions
-        .iter()
-        .map(|q| {
-            let (addr, body) = (server.addr, chat(q));
-            tokio::spawn(async move {
-                let io = tokio::net::TcpStream::connect(addr).await.unwrap();
-                let mut c = lockstep_server::client::Connection::new(io).await.unwrap();
-                c.post("/v1/chat/completions", &body.to_string())
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap()
-            })
-        })
-        .collect();
+    let tasks: Vec<_> =
+        questions.iter().map(|q| server.post_in_task("/v1/chat/completions", chat(q))).collect();
     for (task, expected) in tasks.into_iter().zip(&whole) {
         let out: Value = task.await.unwrap();
         assert_eq!(
