@@ -127,7 +127,7 @@ impl DecodeSide {
             return;
         }
         let from = envelope.from;
-        let key = envelope.body.key();
+        let Some(key) = envelope.body.key() else { return };
         let Some(transfer) = self.transfers.get(&key.transfer) else {
             self.handle_unknown(from, envelope.body, pool, now);
             return;
@@ -174,7 +174,7 @@ impl DecodeSide {
     /// A transfer the decode side does not hold: a new `Reserve`, or a late message for one that
     /// ended. A heartbeat is never granted here: the answer is always `Abort`.
     fn handle_unknown(&mut self, from: Endpoint, body: Message, pool: &mut PagePool, now: Time) {
-        let key = body.key();
+        let Some(key) = body.key() else { return };
         let completed =
             self.ended.iter().find(|(k, _)| k.transfer == key.transfer).map(|(_, done)| *done);
         match body {

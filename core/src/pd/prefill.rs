@@ -162,7 +162,7 @@ impl PrefillSide {
             return;
         }
         let from = envelope.from;
-        let key = envelope.body.key();
+        let Some(key) = envelope.body.key() else { return };
         let Some(transfer) = self.transfers.get(&key.transfer) else {
             if let Message::Prepare { request, cached_tokens, page_tokens, pages, .. } =
                 envelope.body

@@ -8,7 +8,7 @@
 
 use super::codec::{Reader, WireError, Writer};
 use super::messages::*;
-use crate::sched::RequestId;
+use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
 pub const WIRE_VERSION: u8 = 1;
@@ -17,6 +17,8 @@ pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
 pub const STOP_TOKENS_MAX: usize = 64;
 pub const PAGES_MAX: usize = 1 << 22;
+/// Output tokens in one `Tokens` message: a step's worth, with room to spare.
+pub const TOKENS_PER_MESSAGE_MAX: usize = 1 << 16;
 const HEADER_BYTES: usize = 4;
 
 /// Encodes an envelope as one frame, appended to `out`. Refuses what every peer's decoder would
@@ -64,6 +66,7 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
             bound("pages", pages.len(), PAGES_MAX)
         }
         Message::KvWrite { data, .. } => bound("kv data", data.len(), FRAME_BYTES_MAX),
+        Message::Tokens { tokens, .. } => bound("tokens", tokens.len(), TOKENS_PER_MESSAGE_MAX),
         _ => Ok(()),
     }
 }
@@ -117,12 +120,30 @@ fn kind(message: &Message) -> u8 {
         Message::AbortAck { .. } => 8,
         Message::Outcome { .. } => 9,
         Message::KvWrite { .. } => 10,
+        Message::Hello { .. } => 11,
+        Message::LinkRefused { .. } => 12,
+        Message::Ping { .. } => 13,
+        Message::Pong { .. } => 14,
+        Message::Tokens { .. } => 15,
+        Message::Cancel { .. } => 16,
     }
 }
 
 fn body(w: &mut Writer, message: &Message) {
-    transfer_key(w, message.key());
+    if let Some(key) = message.key() {
+        transfer_key(w, key);
+    }
     match message {
+        Message::Hello { identity } => link_identity(w, identity),
+        Message::LinkRefused { mismatch } => w.u8(link_mismatch(*mismatch)),
+        Message::Ping { nonce } | Message::Pong { nonce } => w.u64(*nonce),
+        Message::Tokens { request, index, tokens, finish, .. } => {
+            w.u64(request.0);
+            w.u32(*index);
+            w.u32s(tokens);
+            finish_reason(w, *finish);
+        }
+        Message::Cancel { request, .. } => w.u64(request.0),
         Message::Reserve { request, prefill, .. } => {
             request_spec(w, request);
             endpoint(w, *prefill);
@@ -161,6 +182,13 @@ fn body(w: &mut Writer, message: &Message) {
 }
 
 fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
+    match kind {
+        11 => return Ok(Message::Hello { identity: read_link_identity(r)? }),
+        12 => return Ok(Message::LinkRefused { mismatch: read_link_mismatch(r.u8("mismatch")?)? }),
+        13 => return Ok(Message::Ping { nonce: r.u64("nonce")? }),
+        14 => return Ok(Message::Pong { nonce: r.u64("nonce")? }),
+        _ => {}
+    }
     let key = read_transfer_key(r)?;
     Ok(match kind {
         1 => Message::Reserve { key, request: read_request_spec(r)?, prefill: read_endpoint(r)? },
@@ -202,6 +230,14 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             let data = r.bytes("kv data", FRAME_BYTES_MAX)?.to_vec();
             Message::KvWrite { key, page, first_token, data }
         }
+        15 => Message::Tokens {
+            key,
+            request: RequestId(r.u64("request id")?),
+            index: r.u32("token index")?,
+            tokens: r.u32s("tokens", TOKENS_PER_MESSAGE_MAX)?,
+            finish: read_finish_reason(r)?,
+        },
+        16 => Message::Cancel { key, request: RequestId(r.u64("request id")?) },
         other => return Err(WireError::UnknownKind(other)),
     })
 }
@@ -289,4 +325,91 @@ fn read_abort_reason(code: u8) -> Result<AbortReason, WireError> {
         6 => AbortReason::PeerRestarted,
         value => return Err(WireError::Invalid { what: "abort reason", value: u64::from(value) }),
     })
+}
+
+fn link_identity(w: &mut Writer, identity: &LinkIdentity) {
+    w.u8(match identity.role {
+        Role::Router => 1,
+        Role::Prefill => 2,
+        Role::Decode => 3,
+    });
+    w.u32(identity.page_tokens);
+    w.u32(identity.kv_layout.layers);
+    w.u32(identity.kv_layout.kv_heads);
+    w.u32(identity.kv_layout.head_dim);
+    w.u32(identity.kv_layout.element_bytes);
+    w.u64(identity.model);
+}
+
+fn read_link_identity(r: &mut Reader<'_>) -> Result<LinkIdentity, WireError> {
+    let role = match r.u8("role")? {
+        1 => Role::Router,
+        2 => Role::Prefill,
+        3 => Role::Decode,
+        value => return Err(WireError::Invalid { what: "role", value: u64::from(value) }),
+    };
+    Ok(LinkIdentity {
+        role,
+        page_tokens: r.u32("page tokens")?,
+        kv_layout: KvLayout {
+            layers: r.u32("layers")?,
+            kv_heads: r.u32("kv heads")?,
+            head_dim: r.u32("head dim")?,
+            element_bytes: r.u32("element bytes")?,
+        },
+        model: r.u64("model")?,
+    })
+}
+
+fn link_mismatch(mismatch: LinkMismatch) -> u8 {
+    match mismatch {
+        LinkMismatch::Roles => 1,
+        LinkMismatch::PageTokens => 2,
+        LinkMismatch::KvLayout => 3,
+        LinkMismatch::Model => 4,
+    }
+}
+
+fn read_link_mismatch(code: u8) -> Result<LinkMismatch, WireError> {
+    Ok(match code {
+        1 => LinkMismatch::Roles,
+        2 => LinkMismatch::PageTokens,
+        3 => LinkMismatch::KvLayout,
+        4 => LinkMismatch::Model,
+        value => return Err(WireError::Invalid { what: "link mismatch", value: u64::from(value) }),
+    })
+}
+
+/// `0` for none, else a code and, for the two reasons that name a token, the token.
+fn finish_reason(w: &mut Writer, finish: Option<FinishReason>) {
+    match finish {
+        None => w.u8(0),
+        Some(FinishReason::Length) => w.u8(1),
+        Some(FinishReason::ContextLength) => w.u8(2),
+        Some(FinishReason::EndOfSequence(token)) => {
+            w.u8(3);
+            w.u32(token);
+        }
+        Some(FinishReason::StopToken(token)) => {
+            w.u8(4);
+            w.u32(token);
+        }
+        Some(FinishReason::Aborted) => w.u8(5),
+        Some(FinishReason::QueueTimeout) => w.u8(6),
+        Some(FinishReason::StepFailed) => w.u8(7),
+    }
+}
+
+fn read_finish_reason(r: &mut Reader<'_>) -> Result<Option<FinishReason>, WireError> {
+    Ok(Some(match r.u8("finish reason")? {
+        0 => return Ok(None),
+        1 => FinishReason::Length,
+        2 => FinishReason::ContextLength,
+        3 => FinishReason::EndOfSequence(r.u32("eos token")?),
+        4 => FinishReason::StopToken(r.u32("stop token")?),
+        5 => FinishReason::Aborted,
+        6 => FinishReason::QueueTimeout,
+        7 => FinishReason::StepFailed,
+        value => return Err(WireError::Invalid { what: "finish reason", value: u64::from(value) }),
+    }))
 }

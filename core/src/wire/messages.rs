@@ -1,7 +1,7 @@
 //! The messages of the prefill-to-decode transfer protocol and of the router (DESIGN.md
 //! section 3, "pd"), as plain data. `frame.rs` turns them into bytes and back.
 
-use crate::sched::RequestId;
+use crate::sched::{FinishReason, RequestId};
 
 /// A worker (router, prefill or decode) in a deployment.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -103,10 +103,71 @@ pub enum AbortReason {
     PeerRestarted,
 }
 
+/// What a worker does in a deployment.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Role {
+    Router,
+    Prefill,
+    Decode,
+}
+
+/// How a worker lays out a page of KV in memory. Two workers exchange KV only if theirs are
+/// equal: a page written in one layout and read in another is garbage that decodes without error.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct KvLayout {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Bytes per element (2 for f16/bf16, 4 for f32).
+    pub element_bytes: u32,
+}
+
+/// What a worker tells a peer when a link opens, so that a mismatch refuses the link instead of
+/// copying KV the receiver reads wrongly.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LinkIdentity {
+    pub role: Role,
+    pub page_tokens: u32,
+    pub kv_layout: KvLayout,
+    /// A fingerprint of the model's weights and tokenizer: the same prompt must mean the same KV.
+    pub model: u64,
+}
+
+/// Why a link was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LinkMismatch {
+    /// The two roles never talk to each other (two routers, two decode workers).
+    Roles,
+    PageTokens,
+    KvLayout,
+    Model,
+}
+
 #[derive(Clone, PartialEq, Debug)]
 pub enum Message {
+    /// Either end of a link, first thing: who I am (the envelope names my incarnation) and what
+    /// my KV looks like.
+    Hello {
+        identity: LinkIdentity,
+    },
+    /// The answer to a `Hello` whose identity does not match: the link closes.
+    LinkRefused {
+        mismatch: LinkMismatch,
+    },
+    /// Link liveness: answered by `Pong` with the same nonce. A link that hears nothing for a
+    /// bound is dead.
+    Ping {
+        nonce: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
     /// Router → decode: take this request, whose prefill runs on `prefill`.
-    Reserve { key: TransferKey, request: RequestSpec, prefill: Endpoint },
+    Reserve {
+        key: TransferKey,
+        request: RequestSpec,
+        prefill: Endpoint,
+    },
     /// Decode → prefill: compute the request and write the KV of positions from
     /// `cached_tokens` on into these pages (the first `cached_tokens` are cached on the decode
     /// side already). No write is allowed before a `LeaseGrant`; `lease_ms` is how long each
@@ -122,29 +183,76 @@ pub enum Message {
     /// Prefill → decode: asks for write permission (a lease). The prefill side remembers when it
     /// sent heartbeat `seq`; the grant that answers it runs from that moment, which is no later
     /// than the decode side's own start of the lease.
-    Heartbeat { key: TransferKey, seq: u32 },
+    Heartbeat {
+        key: TransferKey,
+        seq: u32,
+    },
     /// Decode → prefill: writes are allowed for `lease_ms` from when heartbeat `seq` was sent.
-    LeaseGrant { key: TransferKey, seq: u32, lease_ms: u32 },
+    LeaseGrant {
+        key: TransferKey,
+        seq: u32,
+        lease_ms: u32,
+    },
     /// Prefill → decode: every page is written and every write has completed; here is the first
     /// output token.
-    Done { key: TransferKey, first_token: u32, pages_written: u32 },
+    Done {
+        key: TransferKey,
+        first_token: u32,
+        pages_written: u32,
+    },
     /// Decode → prefill: `Done` received; the prefill side may let go.
-    DoneAck { key: TransferKey },
+    DoneAck {
+        key: TransferKey,
+    },
     /// Any side → its peer: end the transfer.
-    Abort { key: TransferKey, reason: AbortReason },
+    Abort {
+        key: TransferKey,
+        reason: AbortReason,
+    },
     /// Reply to `Abort`. From the prefill side it also says "drained": no write of mine to this
     /// transfer will land any more.
-    AbortAck { key: TransferKey },
+    AbortAck {
+        key: TransferKey,
+    },
     /// Decode → router: the transfer ended; `failure` is `None` when the request now decodes.
-    Outcome { key: TransferKey, failure: Option<AbortReason> },
+    Outcome {
+        key: TransferKey,
+        failure: Option<AbortReason>,
+    },
     /// Prefill → decode memory, one-sided: KV bytes for a page, landing whatever the receiver's
     /// state (as an RDMA write does). Never handled by the decode state machine.
-    KvWrite { key: TransferKey, page: PageSlot, first_token: u32, data: Vec<u8> },
+    KvWrite {
+        key: TransferKey,
+        page: PageSlot,
+        first_token: u32,
+        data: Vec<u8>,
+    },
+    /// Decode → router: output tokens of a request the transfer handed over, numbered from the
+    /// first output token (which the prefill side sampled) so that a gap is seen; `finish` ends
+    /// the request.
+    Tokens {
+        key: TransferKey,
+        request: RequestId,
+        index: u32,
+        tokens: Vec<u32>,
+        finish: Option<FinishReason>,
+    },
+    /// Router → decode: stop generating this request (the client went away, or the router
+    /// follows another transfer of it). Answered by nothing: tokens that still come get another.
+    Cancel {
+        key: TransferKey,
+        request: RequestId,
+    },
 }
 
 impl Message {
-    pub fn key(&self) -> TransferKey {
-        match self {
+    /// The transfer the message is about; `None` for the link's own messages.
+    pub fn key(&self) -> Option<TransferKey> {
+        Some(match self {
+            Message::Hello { .. }
+            | Message::LinkRefused { .. }
+            | Message::Ping { .. }
+            | Message::Pong { .. } => return None,
             Message::Reserve { key, .. }
             | Message::Prepare { key, .. }
             | Message::Heartbeat { key, .. }
@@ -154,8 +262,10 @@ impl Message {
             | Message::Abort { key, .. }
             | Message::AbortAck { key }
             | Message::Outcome { key, .. }
-            | Message::KvWrite { key, .. } => *key,
-        }
+            | Message::KvWrite { key, .. }
+            | Message::Tokens { key, .. }
+            | Message::Cancel { key, .. } => *key,
+        })
     }
 }
 

@@ -4,13 +4,15 @@
 
 mod codec;
 mod frame;
+mod link;
 mod messages;
 
 pub use codec::{Reader, WireError, Writer};
 pub use frame::{
-    FRAME_BYTES_MAX, PAGES_MAX, PROMPT_TOKENS_MAX, STOP_TOKENS_MAX, WIRE_VERSION, decode_frame,
-    encode_frame, frame_len,
+    FRAME_BYTES_MAX, PAGES_MAX, PROMPT_TOKENS_MAX, STOP_TOKENS_MAX, TOKENS_PER_MESSAGE_MAX,
+    WIRE_VERSION, decode_frame, encode_frame, frame_len,
 };
+pub use link::check_link;
 pub use messages::*;
 
 #[cfg(test)]

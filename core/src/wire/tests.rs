@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::sched::RequestId;
+use crate::sched::{FinishReason, RequestId};
 
 fn endpoint() -> impl Strategy<Value = Endpoint> {
     (any::<u32>(), any::<u64>())
@@ -64,8 +64,64 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
         )
 }
 
+fn identity() -> impl Strategy<Value = LinkIdentity> {
+    (
+        prop_oneof![Just(Role::Router), Just(Role::Prefill), Just(Role::Decode)],
+        any::<u32>(),
+        (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()),
+        any::<u64>(),
+    )
+        .prop_map(|(role, page_tokens, (layers, kv_heads, head_dim, element_bytes), model)| {
+            LinkIdentity {
+                role,
+                page_tokens,
+                kv_layout: KvLayout { layers, kv_heads, head_dim, element_bytes },
+                model,
+            }
+        })
+}
+
+fn finish() -> impl Strategy<Value = Option<FinishReason>> {
+    prop::option::of(prop_oneof![
+        Just(FinishReason::Length),
+        Just(FinishReason::ContextLength),
+        any::<u32>().prop_map(FinishReason::EndOfSequence),
+        any::<u32>().prop_map(FinishReason::StopToken),
+        Just(FinishReason::Aborted),
+        Just(FinishReason::QueueTimeout),
+        Just(FinishReason::StepFailed),
+    ])
+}
+
+/// The link's own messages and those about a request after its transfer.
+fn link_or_request_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        identity().prop_map(|identity| Message::Hello { identity }),
+        prop_oneof![
+            Just(LinkMismatch::Roles),
+            Just(LinkMismatch::PageTokens),
+            Just(LinkMismatch::KvLayout),
+            Just(LinkMismatch::Model),
+        ]
+        .prop_map(|mismatch| Message::LinkRefused { mismatch }),
+        any::<u64>().prop_map(|nonce| Message::Ping { nonce }),
+        any::<u64>().prop_map(|nonce| Message::Pong { nonce }),
+        (key(), any::<u64>(), any::<u32>(), prop::collection::vec(any::<u32>(), 0..40), finish())
+            .prop_map(|(key, request, index, tokens, finish)| Message::Tokens {
+                key,
+                request: RequestId(request),
+                index,
+                tokens,
+                finish,
+            }),
+        (key(), any::<u64>())
+            .prop_map(|(key, request)| Message::Cancel { key, request: RequestId(request) }),
+    ]
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        link_or_request_message(),
         (key(), spec(), endpoint()).prop_map(|(key, request, prefill)| Message::Reserve {
             key,
             request,
