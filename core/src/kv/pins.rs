@@ -100,14 +100,15 @@ impl PinTable {
         Some(())
     }
 
+    /// The earliest expiry; pins that never expire (`Time::MAX`) are never due.
     pub(crate) fn next_expiry(&self) -> Option<Time> {
-        self.by_expiry.first().map(|(t, _, _)| *t)
+        self.by_expiry.first().map(|(t, _, _)| *t).filter(|&t| t != Time::MAX)
     }
 
     /// The live pin that expires first, if it has expired by `now`.
     pub(crate) fn first_expired(&self, now: Time) -> Option<PinId> {
         let &(expires_at, _, slot) = self.by_expiry.first()?;
-        if expires_at > now {
+        if expires_at > now || expires_at == Time::MAX {
             return None;
         }
         match self.slots[slot as usize] {

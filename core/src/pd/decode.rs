@@ -140,7 +140,7 @@ impl DecodeSide {
             return;
         }
         match envelope.body {
-            Message::Heartbeat { seq, .. } => self.on_heartbeat(key, seq, pool, now),
+            Message::Heartbeat { seq, .. } => self.on_heartbeat(key, seq, now),
             Message::Done { first_token, pages_written, .. } => {
                 self.on_done(key, first_token, pages_written, pool)
             }
@@ -224,10 +224,12 @@ impl DecodeSide {
             "the last prompt page is never shared, so a hand-off is never empty"
         );
         let lease_until = now.saturating_add(self.config.lease + self.config.write_flight_max);
-        let pin_until = self.pin_until(lease_until);
         let mut reserved = Vec::with_capacity(needed);
+        // The lease is tracked here alone: the pin never expires on the pool's clock, so the
+        // order in which a driver fires the two machines' timers cannot free a page under a
+        // write, nor leave this side holding a pin the pool already dropped.
         let pin = match pool.allocate_many(needed as u32, &mut reserved) {
-            Ok(()) => pool.pin_many(&reserved, pin_until).ok(),
+            Ok(()) => pool.pin_many(&reserved, Time::MAX).ok(),
             Err(_) => None,
         };
         let Some(pin) = pin else {
@@ -266,7 +268,7 @@ impl DecodeSide {
         );
     }
 
-    fn on_heartbeat(&mut self, key: TransferKey, seq: u32, pool: &mut PagePool, now: Time) {
+    fn on_heartbeat(&mut self, key: TransferKey, seq: u32, now: Time) {
         let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
         if transfer.phase == Phase::Draining {
             // Ended: never a new lease. Say so again, in case the first Abort was lost.
@@ -279,9 +281,6 @@ impl DecodeSide {
             self.leases.remove(&(transfer.lease_until, key.transfer));
             self.leases.insert((until, key.transfer));
             transfer.lease_until = until;
-            let pin_until = until.saturating_add(self.config.write_flight_max);
-            pool.extend_pin(transfer.pin, pin_until)
-                .expect("a reserved page's pin outlives its lease");
         }
         let (prefill, lease_ms) =
             (transfer.prefill, u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX));
@@ -312,7 +311,7 @@ impl DecodeSide {
         let mut transfer = self.transfers.remove(&key.transfer).expect("looked up above");
         self.leases.remove(&(transfer.lease_until, key.transfer));
         // Writes are over: the pages are ordinary request pages from here on.
-        pool.unpin(transfer.pin).expect("a reserved page's pin outlives its lease");
+        pool.unpin(transfer.pin).expect("a transfer's pin is released by the transfer alone");
         let page_tokens = pool.page_tokens();
         let computed_tokens = transfer.request.prompt.len() as u32;
         debug_assert!(transfer.cached.len() as u32 * page_tokens <= computed_tokens);
@@ -388,19 +387,12 @@ impl DecodeSide {
         self.outputs.push_back(DecodeOutput::Ended { key, reason });
     }
 
-    /// The pool's own expiry of a reserved page's pin: a backstop one write flight after the
-    /// lease, so that it never fires before this side's lease handling, whichever the driver
-    /// runs first.
-    fn pin_until(&self, lease_until: Time) -> Time {
-        lease_until.saturating_add(self.config.write_flight_max)
-    }
-
     /// Lets go of a transfer's pages and forgets it. Only once no write can land.
     fn release(&mut self, id: TransferId, pool: &mut PagePool) {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
-        pool.unpin(transfer.pin).expect("a reserved page's pin outlives its lease");
+        pool.unpin(transfer.pin).expect("a transfer's pin is released by the transfer alone");
         for page in transfer.cached.into_iter().chain(transfer.reserved) {
             pool.release(page).expect("a transfer's page reference is live");
         }

@@ -353,7 +353,6 @@ fn leak_when_the_peer_is_silent_by_hand() {
     let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
     rig.side.leases.remove(&(t.lease_until, TransferId(1)));
     t.lease_until = Time::MAX;
-    rig.pool.extend_pin(t.pin, Time::MAX).unwrap();
     rig.side.leases.insert((Time::MAX, TransferId(1)));
     assert!(!ends_within(&mut rig, 100 * (LEASE_MS + FLIGHT_MS)), "the wedge went unnoticed");
 }
@@ -411,5 +410,35 @@ impl Rig {
         let mut rig = Rig::new();
         rig.reserve(id, prompt_len);
         rig
+    }
+}
+
+/// The lease is tracked once, by this side: however late the driver runs the pool's timers, and
+/// before or after this side's, the reserved pages stay pinned until the lease ends here, and
+/// the heartbeat, `Done` and the release that follow find the pin where they left it.
+#[test]
+fn the_pools_timers_never_end_a_lease_whatever_the_order() {
+    for pool_first in [true, false] {
+        let mut rig = Rig::new();
+        rig.reserve(1, 10);
+        rig.reserve(2, 10);
+        let late = rig.now.saturating_add(Duration::from_millis(1000 * (LEASE_MS + FLIGHT_MS)));
+        rig.pool.handle_timeout(late);
+        assert_eq!(rig.pool.poll_expired(), None, "the pool expired a transfer's pin");
+        assert_eq!(rig.pool.next_timeout(), None, "a transfer's pin set a pool timer");
+        rig.drain();
+        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+        let out = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+        assert!(out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
+        // Transfer 2 ends on its lease, the pool's timers run before or after this side's.
+        rig.now = late;
+        if pool_first {
+            rig.pool.handle_timeout(rig.now);
+        }
+        rig.side.handle_timeout(&mut rig.pool, rig.now);
+        rig.pool.handle_timeout(rig.now);
+        let out = rig.drain();
+        assert_eq!(terminals(&out), 1);
+        assert_eq!(rig.side.transfers_live(), 0);
     }
 }

@@ -212,9 +212,10 @@ impl PrefillSide {
             return;
         }
         // Pin what the writes will read, so the prefill scheduler may finish or preempt the
-        // request meanwhile without freeing it under a write.
-        let backstop = t.deadline.saturating_add(self.config.write_flight_max);
-        let Ok(pin) = pool.pin_many(&sources[first_page..prompt_pages], backstop) else {
+        // request meanwhile without freeing it under a write. Released by this side alone (its
+        // deadline and drain bound every transfer), never by the pool's clock: a pin the pool
+        // expired while a write still reads the page would let the page be reused under it.
+        let Ok(pin) = pool.pin_many(&sources[first_page..prompt_pages], Time::MAX) else {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
             return;
         };
@@ -445,8 +446,7 @@ impl PrefillSide {
     fn forget(&mut self, key: TransferKey, pool: &mut PagePool) {
         let t = self.transfers.remove(&key.transfer).expect("forgetting a live transfer");
         if let Some(pin) = t.source_pin {
-            // The backstop expiry is a write flight past the deadline; it may have passed.
-            let _ = pool.unpin(pin);
+            pool.unpin(pin).expect("a transfer's pin is released by the transfer alone");
         }
     }
 
