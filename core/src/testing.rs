@@ -166,6 +166,9 @@ impl Harness {
                     );
                 }
                 SchedEvent::Preempted { .. } => self.preemptions += 1,
+                SchedEvent::PagesKept { request } => {
+                    panic!("{request} kept its pages: the harness never asks for that")
+                }
             }
         }
     }

@@ -127,7 +127,7 @@ pub fn run(options: &Options) -> Result<(), String> {
                     }
                 }
                 SchedEvent::Finished { request, .. } => executor.end_request(request),
-                SchedEvent::Preempted { .. } => {}
+                SchedEvent::Preempted { .. } | SchedEvent::PagesKept { .. } => {}
             }
         }
     }

@@ -4,9 +4,11 @@
 //! does not belong to the request, or was not completely written, changes its output.
 
 mod executor;
+mod page_store;
 mod provenance;
 mod sampling;
 
 pub use executor::{ExecError, Executor};
+pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;
 pub use sampling::{Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};

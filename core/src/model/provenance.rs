@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
+use super::{ExecError, Executor, PageStore, Sampler, SamplingSpec, TokenLogprobs, logprobs};
 use crate::kv::PoolConfig;
 use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
@@ -107,7 +107,44 @@ impl Executor for ProvenanceModel {
     }
 }
 
+/// A page is its positions' KV values, each 8 bytes little-endian: what a transfer moves.
+impl PageStore for ProvenanceModel {
+    fn page_bytes(&self) -> usize {
+        self.page_tokens as usize * 8
+    }
+
+    fn read_page(&self, page: u32, out: &mut Vec<u8>) -> Result<(), ExecError> {
+        let values = self.page_values(page)?;
+        out.extend(self.kv[values].iter().flat_map(|v| v.to_le_bytes()));
+        Ok(())
+    }
+
+    fn write_page(&mut self, page: u32, data: &[u8]) -> Result<(), ExecError> {
+        if data.len() != self.page_bytes() {
+            return Err(ExecError(format!(
+                "page {page}: {} bytes written, a page is {}",
+                data.len(),
+                self.page_bytes()
+            )));
+        }
+        let values = self.page_values(page)?;
+        for (value, bytes) in self.kv[values].iter_mut().zip(data.chunks_exact(8)) {
+            *value = u64::from_le_bytes(bytes.try_into().expect("chunks of 8"));
+        }
+        Ok(())
+    }
+}
+
 impl ProvenanceModel {
+    fn page_values(&self, page: u32) -> Result<std::ops::Range<usize>, ExecError> {
+        let start = page as usize * self.page_tokens as usize;
+        let end = start + self.page_tokens as usize;
+        if end > self.kv.len() {
+            return Err(ExecError(format!("page {page} is outside the store")));
+        }
+        Ok(start..end)
+    }
+
     /// The token sampled after `len` positions, with its log-probabilities if asked for. The
     /// logits come from a digest of every KV value read through the page table: `CANDIDATES`
     /// consecutive token ids from a point the digest picks, each with a logit the digest draws.

@@ -120,7 +120,7 @@ impl Scheduler {
         r.id
     }
 
-    fn stop_reason(&self, entry: u32, token: u32) -> Option<FinishReason> {
+    pub(crate) fn stop_reason(&self, entry: u32, token: u32) -> Option<FinishReason> {
         let r = self.entry(entry);
         if !r.ignore_eos && self.config.eos_token_ids.contains(&token) {
             Some(FinishReason::EndOfSequence(token))

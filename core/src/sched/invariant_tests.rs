@@ -12,6 +12,7 @@
 //! | running order sorted | "running order is not sorted" | `the_running_order_is_not_sorted` |
 //! | entries accounted | "{n} requests + {m} free entries != {total}" | `an_entry_is_lost` |
 //! | queue deadlines | "{n} waiting, {m} queue deadlines" | `a_queue_deadline_is_lost` |
+//! | kept pages bounded, of ended requests | "{n} kept page sets, or one of a request still held" | `hand_over_tests.rs`: `pages_kept_for_a_request_still_held_are_caught` |
 //! | `check_requests` | | |
 //! | free slot in range | "free slot {slot} out of range" | `a_free_slot_is_out_of_range` |
 //! | free slot once | "slot {slot} is free twice" | `a_slot_is_free_twice` |
@@ -21,6 +22,8 @@
 //! | waiting holds nothing | "{id} waits holding {n} pages, {m} computed" | `a_waiting_request_holds_computed_positions` |
 //! | waiting has no step | "{id} waits with {n} steps in flight" | `a_waiting_request_has_a_step_in_flight` |
 //! | running is in the running order only | "{id} is running but not (only) in the running order" | `a_running_request_is_out_of_the_running_order` |
+//! | reserved is unordered | "{id} is reserved but ordered: …" | `hand_over_tests.rs`: `a_reserved_request_in_an_order_is_caught` |
+//! | reserved holds nothing | "{id} is reserved holding {n} pages, …" | `hand_over_tests.rs`: `a_reserved_request_holding_pages_is_caught` |
 //! | draining is unordered | "{id} is draining but still ordered" | `a_draining_request_is_still_ordered` |
 //! | draining has a step | "{id} drains with no step in flight" | `a_draining_request_has_no_step_in_flight` |
 //! | one holder per slot | "{id}'s slot {slot} is out of range, free, or held twice" | `a_slot_is_out_of_range_free_or_held_twice` (all three ways) |
@@ -36,8 +39,9 @@
 //! | orders name their requests | "an order names entry {entry}, which holds another request or none" | `an_order_names_no_request` |
 //! | `check_page_references` | | |
 //! | listed pages live | "{id} lists page {page:?}, which was freed or evicted" | `a_listed_page_was_freed` |
-//! | references match listings | "page {page:?} has {n} references but {m} page-table entries" | `a_page_has_a_reference_nobody_lists` |
-//! | reference totals | "the pool counts {n} page references, page tables hold {m}" | `an_unlisted_page_is_referenced` |
+//! | transfers' pages live | "a transfer holds page {page:?}, which was freed or evicted" | `hand_over_tests.rs`: `a_transfers_reference_is_counted_only_when_listed` |
+//! | references match listings | "page {page:?} has {n} references but {m} page-table and transfer entries" | `a_page_has_a_reference_nobody_lists` |
+//! | reference totals | "the pool counts {n} page references, page tables and transfers hold {m}" | `an_unlisted_page_is_referenced` |
 //! | `check_in_flight` | | |
 //! | steps were planned | "step {step:?} in flight was never planned" | `a_step_in_flight_was_never_planned` |
 //! | sampling rows counted | "step {step:?} miscounts its sampling rows" | `a_step_miscounts_its_sampling_rows` |
@@ -318,7 +322,7 @@ fn a_page_has_a_reference_nobody_lists() {
             let page = r(s, 1).pages[0];
             s.pool.retain(page).unwrap();
         },
-        "has 2 references but 1 page-table entries",
+        "has 2 references but 1 page-table and transfer entries",
     );
 }
 
@@ -329,7 +333,7 @@ fn an_unlisted_page_is_referenced() {
         |s| {
             s.pool.allocate().unwrap();
         },
-        "the pool counts 5 page references, page tables hold 4",
+        "the pool counts 5 page references, page tables and transfers hold 4",
     );
 }
 

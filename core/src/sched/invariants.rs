@@ -16,10 +16,19 @@ impl Scheduler {
     /// in flight agree with the steps in flight, which are within the mode's bound; and a
     /// request's counters stay within its tokens, its page table and its limits.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.check_invariants_sharing_pool(&[])
+    }
+
+    /// `check_invariants` where others hold references in this scheduler's pool too (a
+    /// transfer's reserved pages on the decode side): `others` lists each once per reference.
+    pub fn check_invariants_sharing_pool(
+        &self,
+        others: &[crate::kv::PageRef],
+    ) -> Result<(), InvariantViolation> {
         self.pool.check_invariants()?;
         self.check_bounds()?;
         self.check_requests()?;
-        self.check_page_references()?;
+        self.check_page_references(others)?;
         self.check_in_flight()
     }
 
@@ -60,6 +69,13 @@ impl Scheduler {
             self.by_id.len(),
             self.free_entries.len(),
             self.entries.len()
+        );
+        ensure_invariant!(
+            SCHED,
+            self.kept.len() <= self.entries.len()
+                && self.kept.keys().all(|id| !self.by_id.contains_key(id)),
+            "{} kept page sets, or one of a request still held",
+            self.kept.len()
         );
         ensure_invariant!(
             SCHED,
@@ -123,6 +139,21 @@ impl Scheduler {
                     in_running && !in_waiting,
                     "{id} is running but not (only) in the running order"
                 ),
+                Phase::Reserved { .. } => {
+                    ensure_invariant!(
+                        SCHED,
+                        !in_running && !in_waiting,
+                        "{id} is reserved but ordered: it would be scheduled before its KV came"
+                    );
+                    ensure_invariant!(
+                        SCHED,
+                        r.pages.is_empty() && r.computed == 0 && r.in_flight_steps == 0,
+                        "{id} is reserved holding {} pages, {} computed, {} steps in flight",
+                        r.pages.len(),
+                        r.computed,
+                        r.in_flight_steps
+                    );
+                }
                 Phase::Draining { .. } => {
                     ensure_invariant!(
                         SCHED,
@@ -219,20 +250,33 @@ impl Scheduler {
     /// Each page reference in the pool belongs to one page-table entry of a held request: a page
     /// freed while a request still lists it, or listed by a request that dropped its reference, is
     /// caught here.
-    fn check_page_references(&self) -> Result<(), InvariantViolation> {
+    fn check_page_references(
+        &self,
+        others: &[crate::kv::PageRef],
+    ) -> Result<(), InvariantViolation> {
         let mut refs = vec![0u32; self.pool.pages_total() as usize];
         let mut listed = Vec::new();
-        for r in self.entries.iter().flatten() {
-            for &page in &r.pages {
+        let held = self.entries.iter().flatten().map(|r| (r.id, &r.pages));
+        let kept = self.kept.iter().map(|(&id, pages)| (id, pages));
+        for (id, pages) in held.chain(kept) {
+            for &page in pages {
                 ensure_invariant!(
                     SCHED,
                     self.pool.is_live(page),
-                    "{} lists page {page:?}, which was freed or evicted",
-                    r.id
+                    "{id} lists page {page:?}, which was freed or evicted"
                 );
                 refs[page.index() as usize] += 1;
                 listed.push(page);
             }
+        }
+        for &page in others {
+            ensure_invariant!(
+                SCHED,
+                self.pool.is_live(page),
+                "a transfer holds page {page:?}, which was freed or evicted"
+            );
+            refs[page.index() as usize] += 1;
+            listed.push(page);
         }
         let mut total = 0u64;
         for page in listed {
@@ -241,7 +285,7 @@ impl Scheduler {
             ensure_invariant!(
                 SCHED,
                 held == counted,
-                "page {page:?} has {held} references but {counted} page-table entries"
+                "page {page:?} has {held} references but {counted} page-table and transfer entries"
             );
         }
         for &count in &refs {
@@ -251,7 +295,7 @@ impl Scheduler {
         ensure_invariant!(
             SCHED,
             pool_total == total,
-            "the pool counts {pool_total} page references, page tables hold {total}"
+            "the pool counts {pool_total} page references, page tables and transfers hold {total}"
         );
         Ok(())
     }

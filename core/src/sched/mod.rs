@@ -20,6 +20,7 @@
 
 mod apply;
 mod config;
+mod hand_over;
 mod invariants;
 mod plan;
 mod planner;
@@ -27,6 +28,7 @@ mod request;
 mod scheduler;
 
 pub use config::{SchedConfig, SchedConfigError, StepMode};
+pub use hand_over::HandOverError;
 pub use plan::{
     Bucket, InputToken, PageTables, RecentSamples, RowPlan, StepId, StepOutputs, StepPlan,
 };
@@ -35,6 +37,8 @@ pub use scheduler::{AbortError, ApplyError, SchedEvent, Scheduler};
 
 #[cfg(test)]
 mod bug_classes;
+#[cfg(test)]
+mod hand_over_tests;
 #[cfg(test)]
 mod invariant_tests;
 #[cfg(test)]

@@ -80,6 +80,10 @@ pub enum AdmissionError {
         count: usize,
         max: usize,
     },
+    /// Every batch slot is held: a hand-over could not be reserved one (`Scheduler::reserve`).
+    NoSlot {
+        running_max: u32,
+    },
 }
 
 impl fmt::Display for AdmissionError {
@@ -103,6 +107,9 @@ impl fmt::Display for AdmissionError {
             AdmissionError::TooManyStopTokens { count, max } => {
                 write!(f, "{count} stop tokens, at most {max}")
             }
+            AdmissionError::NoSlot { running_max } => {
+                write!(f, "all {running_max} batch slots are held")
+            }
         }
     }
 }
@@ -119,6 +126,10 @@ pub(crate) enum Phase {
     /// Preempted or ended while steps in flight still read or write its pages: it keeps its slot
     /// and pages, is never scheduled, and leaves this phase when the last such step is applied.
     Draining { slot: u32, then: AfterDrain },
+    /// Decode side of a transfer: its prompt's KV is on its way from a prefill worker. Holds a
+    /// slot (so the hand-over always finds one) and no page; never scheduled. Leaves for
+    /// `Running` on `hand_over`, or is forgotten on `cancel_reservation`.
+    Reserved { slot: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +180,9 @@ pub(crate) struct Request {
     pub(crate) preemptions: u32,
     /// Its row in the step being planned, while planning.
     pub(crate) draft_row: Option<u32>,
+    /// Prefill side of a transfer: when it ends, its pages are kept for the transfer to pin
+    /// (`Scheduler::take_kept_pages`) instead of released.
+    pub(crate) keeps_pages: bool,
 }
 
 impl Request {
@@ -195,6 +209,7 @@ impl Request {
             last_sample: None,
             preemptions: 0,
             draft_row: None,
+            keeps_pages: false,
         }
     }
 
@@ -215,7 +230,9 @@ impl Request {
     pub(crate) fn slot(&self) -> Option<u32> {
         match self.phase {
             Phase::Waiting => None,
-            Phase::Running { slot } | Phase::Draining { slot, .. } => Some(slot),
+            Phase::Running { slot } | Phase::Draining { slot, .. } | Phase::Reserved { slot } => {
+                Some(slot)
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use super::request::{
     AdmissionError, AfterDrain, FinishReason, NewRequest, OrderKey, Phase, Request, RequestId,
 };
 use crate::Time;
-use crate::kv::PagePool;
+use crate::kv::{PagePool, PageRef};
 
 /// What the scheduler tells its driver. Drained with `poll_event` after every input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +21,9 @@ pub enum SchedEvent {
     /// The request lost its pages to a higher-order one and will recompute; its tokens so far
     /// stand.
     Preempted { request: RequestId },
+    /// A request submitted with `submit_keeping_pages` ended and no step touches its pages any
+    /// more: take them with `take_kept_pages`. After its `Finished`.
+    PagesKept { request: RequestId },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +108,9 @@ pub struct Scheduler {
     /// prefix-cache queries and hits), since the start.
     pub(crate) prefix_tokens_queried: u64,
     pub(crate) prefix_tokens_hit: u64,
+    /// Pages of ended requests that keep them, until the caller takes them: still references
+    /// this scheduler holds.
+    pub(crate) kept: BTreeMap<RequestId, Vec<PageRef>>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -139,6 +145,7 @@ impl Scheduler {
             draft: Vec::with_capacity(config.step_tokens_max as usize),
             prefix_tokens_queried: 0,
             prefix_tokens_hit: 0,
+            kept: BTreeMap::new(),
             config,
         })
     }
@@ -149,6 +156,12 @@ impl Scheduler {
 
     pub fn pool(&self) -> &PagePool {
         &self.pool
+    }
+
+    /// The pool, for a transfer sharing it on the same worker (`core::node`): what the transfer
+    /// takes it holds, and the node's check counts it (`check_invariants_sharing_pool`).
+    pub(crate) fn pool_mut(&mut self) -> &mut PagePool {
+        &mut self.pool
     }
 
     pub fn waiting_count(&self) -> usize {
@@ -199,11 +212,16 @@ impl Scheduler {
     }
 
     fn check_admissible(&self, req: &NewRequest) -> Result<(), AdmissionError> {
-        if self.by_id.contains_key(&req.id) {
-            return Err(AdmissionError::DuplicateId(req.id));
-        }
         if self.waiting.len() >= self.config.waiting_max as usize {
             return Err(AdmissionError::QueueFull { waiting_max: self.config.waiting_max });
+        }
+        self.check_request(req)
+    }
+
+    /// What makes a request acceptable whatever queue it goes to.
+    pub(crate) fn check_request(&self, req: &NewRequest) -> Result<(), AdmissionError> {
+        if self.by_id.contains_key(&req.id) || self.kept.contains_key(&req.id) {
+            return Err(AdmissionError::DuplicateId(req.id));
         }
         if req.prompt.is_empty() {
             return Err(AdmissionError::EmptyPrompt);
@@ -325,6 +343,8 @@ impl Scheduler {
     pub(crate) fn finish(&mut self, entry: u32, reason: FinishReason) {
         let r = self.entry(entry);
         let (id, output_tokens, phase) = (r.id, r.output_len(), r.phase);
+        // First, so that a `PagesKept` the release below reports comes after it.
+        self.events.push_back(SchedEvent::Finished { request: id, reason, output_tokens });
         match phase {
             Phase::Waiting => {
                 self.dequeue(entry);
@@ -338,8 +358,11 @@ impl Scheduler {
                 self.entry_mut(entry).phase = Phase::Draining { slot, then: AfterDrain::Remove };
             }
             Phase::Draining { then: AfterDrain::Remove, .. } => unreachable!("{id} finished twice"),
+            Phase::Reserved { slot } => {
+                self.free_slots.push(slot);
+                self.remove(entry);
+            }
         }
-        self.events.push_back(SchedEvent::Finished { request: id, reason, output_tokens });
     }
 
     /// Preempts a running request by recompute: its pages go (now or after its steps in flight),
@@ -365,7 +388,7 @@ impl Scheduler {
             self.entry_mut(entry).phase = Phase::Draining { slot, then };
             return false;
         }
-        self.release_resources(entry, slot);
+        self.release_resources(entry, slot, then);
         if then == AfterDrain::Remove {
             self.remove(entry);
         }
@@ -377,20 +400,26 @@ impl Scheduler {
         let Phase::Draining { slot, then } = self.entry(entry).phase else {
             return;
         };
-        self.release_resources(entry, slot);
+        self.release_resources(entry, slot, then);
         match then {
             AfterDrain::Requeue => self.enqueue(entry, now),
             AfterDrain::Remove => self.remove(entry),
         }
     }
 
-    fn release_resources(&mut self, entry: u32, slot: u32) {
+    fn release_resources(&mut self, entry: u32, slot: u32, then: AfterDrain) {
         let r = self.entries[entry as usize].as_mut().expect("a live entry number names a request");
         debug_assert_eq!(
             r.in_flight_steps, 0,
             "{} released while a step in flight touches it",
             r.id
         );
+        if then == AfterDrain::Remove && r.keeps_pages {
+            // Its prompt's KV is what a transfer sends: the references stay ours until the
+            // caller takes them, so the pages are never freed before the transfer pins them.
+            self.kept.insert(r.id, std::mem::take(&mut r.pages));
+            self.events.push_back(SchedEvent::PagesKept { request: r.id });
+        }
         for page in r.pages.drain(..) {
             if let Err(e) = self.pool.release(page) {
                 panic!("{} held page {page:?} it could not release: {e}", r.id);

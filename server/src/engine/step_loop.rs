@@ -297,6 +297,8 @@ impl<R: StepRunner> Engine<R> {
                     live.span.in_scope(|| tracing::debug!("preempted"));
                 }
             }
+            // A single process submits no request that keeps its pages.
+            SchedEvent::PagesKept { .. } => {}
         }
     }
 

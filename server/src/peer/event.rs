@@ -1,0 +1,20 @@
+//! What the transport tells its owner, in one bounded channel.
+
+use lockstep_core::wire::{Endpoint, Envelope};
+
+use super::error::LinkError;
+
+/// Events leave in the order the link table changed: a link's `Up` comes before anything it
+/// received, and its `Down` after; when a newer link takes a worker's place, the old one's `Down`
+/// comes before the new one's `Up`, and nothing the old one receives after that is delivered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PeerEvent {
+    /// A link opened. A worker that restarted shows up with a higher incarnation: whatever the
+    /// owner held for its earlier life is gone.
+    Up { peer: Endpoint },
+    /// The link to `peer` ended. The dialing side redials with backoff.
+    Down { peer: Endpoint, reason: LinkError },
+    /// An envelope of the protocol (`Message::key()` is `Some`) from the live incarnation of a
+    /// peer, addressed to this worker's incarnation.
+    Received(Envelope),
+}
