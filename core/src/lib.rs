@@ -13,6 +13,7 @@
 pub mod invariant;
 pub mod kv;
 pub mod model;
+pub mod node;
 pub mod pd;
 pub mod sched;
 #[cfg(any(test, feature = "testing"))]

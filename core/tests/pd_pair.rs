@@ -92,6 +92,7 @@ struct Pair {
     router_at: Endpoint,
     router: Router,
     router_ends: BTreeMap<RequestId, u32>,
+    router_decoding: std::collections::BTreeSet<RequestId>,
     prefill_at: Endpoint,
     decode_at: Endpoint,
     prefill: PrefillSide,
@@ -151,11 +152,14 @@ impl Pair {
                     outcome_timeout: Duration::from_millis(DEADLINE_MS + LEASE_MS + 4 * FLIGHT_MS),
                     requests_max: 8,
                     retries_max: 1,
+                    // This pair has no decode scheduler: nothing streams tokens.
+                    decode_idle_timeout: Duration::from_secs(3600),
                 },
                 vec![prefill_at],
                 vec![decode_at],
             ),
             router_ends: BTreeMap::new(),
+            router_decoding: std::collections::BTreeSet::new(),
             prefill_at,
             decode_at,
             prefill: PrefillSide::new(prefill_at, prefill_config()),
@@ -370,8 +374,17 @@ impl Pair {
         while let Some(output) = self.router.poll_output() {
             match output {
                 RouterOutput::Send(envelope) => self.network.push_back(envelope),
-                RouterOutput::Decoding { request, .. } | RouterOutput::Failed { request, .. } => {
+                RouterOutput::Decoding { request, .. } => {
                     *self.router_ends.entry(request).or_default() += 1;
+                    self.router_decoding.insert(request);
+                }
+                // A decoding request's end (a client abort) ends the decoding, not the transfer.
+                RouterOutput::Failed { request, .. } if self.router_decoding.remove(&request) => {}
+                RouterOutput::Failed { request, .. } => {
+                    *self.router_ends.entry(request).or_default() += 1;
+                }
+                RouterOutput::Tokens { request, .. } | RouterOutput::Finished { request, .. } => {
+                    panic!("{request}: tokens in a pair with no decode scheduler")
                 }
             }
         }
@@ -415,8 +428,14 @@ impl Pair {
                 }
                 self.network.push_back(envelope);
             }
-            DecodeOutput::Ready { key, pages, .. } => {
+            DecodeOutput::Ready { key, router, pages, .. } => {
                 *self.decode_terminals.entry(key).or_default() += 1;
+                // This driver's scheduler always accepts: success goes to the router now.
+                self.network.push_back(Envelope {
+                    from: self.decode_at,
+                    to: router,
+                    body: Message::Outcome { key, failure: None },
+                });
                 // Fail closed: every page the transfer was told to write holds its write.
                 let written = &self.prepared[&key.transfer];
                 let cached = pages.len() - written.len();
@@ -546,8 +565,10 @@ fn the_oracle_catches_decoding_from_unwritten_pages() {
         .collect();
     pair.on_decode_output(DecodeOutput::Ready {
         key,
+        router: pair.router_at,
         request: spec(1, 10),
         pages,
+        cached_pages: 0,
         computed_tokens: 10,
         first_token: 1,
     });

@@ -41,6 +41,7 @@ fuzz_target!(|ops: Vec<Op>| {
         outcome_timeout: Duration::from_millis(100),
         requests_max: 4,
         retries_max: 2,
+        decode_idle_timeout: Duration::from_millis(300),
     };
     let mut router =
         Router::new(ME, config, vec![endpoint(0, 0)], vec![endpoint(1, 0), endpoint(2, 0)]);

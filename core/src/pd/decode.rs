@@ -36,11 +36,16 @@ pub struct DecodeConfig {
 pub enum DecodeOutput {
     Send(Envelope),
     /// The KV arrived whole: the scheduler takes the request with these page references (they
-    /// move; the transfer holds none any more) and `computed_tokens` positions already computed.
+    /// move; the transfer holds none any more), of which the first `cached_pages` came from this
+    /// side's prefix cache, and `computed_tokens` positions already computed. The driver then
+    /// tells `router` the outcome (`Message::Outcome`): success only once the scheduler accepted
+    /// the request, so the router never counts on a request nobody decodes.
     Ready {
         key: TransferKey,
+        router: Endpoint,
         request: RequestSpec,
         pages: Vec<PageRef>,
+        cached_pages: u32,
         computed_tokens: u32,
         first_token: u32,
     },
@@ -123,13 +128,51 @@ impl DecodeSide {
     /// Handles one envelope from the network. Envelopes for another incarnation of this worker,
     /// from an older incarnation of a peer, or about another epoch are dropped.
     pub fn handle_envelope(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time) {
+        self.handle(envelope, pool, now, true);
+    }
+
+    /// As `handle_envelope`, for a `Reserve` the driver's scheduler refused (no batch slot): it is
+    /// answered with a failed `Outcome`, and counted as seen so that a late duplicate is dropped.
+    pub fn refuse_reserve(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time) {
+        self.handle(envelope, pool, now, false);
+    }
+
+    /// Whether a transfer with this id is live (reserved, or draining).
+    pub fn holds(&self, transfer: TransferId) -> bool {
+        self.transfers.contains_key(&transfer)
+    }
+
+    /// Whether a one-sided write of `key` into `page` may land now: the page is still reserved by
+    /// that transfer. Checked by the data plane before a write lands, as RDMA checks a memory
+    /// key: once the transfer let go of its pages (they may be reused), a late write is dropped.
+    pub fn write_allowed(&self, key: TransferKey, page: PageSlot) -> bool {
+        self.transfers.get(&key.transfer).is_some_and(|t| {
+            t.key == key
+                && t.reserved
+                    .iter()
+                    .any(|p| p.index() == page.index && p.generation() == page.generation)
+        })
+    }
+
+    /// Every page reference the transfers hold, once per reference: what the scheduler's page
+    /// accounting counts besides its own.
+    pub fn page_refs(&self) -> impl Iterator<Item = PageRef> + '_ {
+        self.transfers.values().flat_map(|t| t.cached.iter().chain(&t.reserved).copied())
+    }
+
+    /// Pins the transfers hold in the pool: one each.
+    pub fn pins_held(&self) -> usize {
+        self.transfers.len()
+    }
+
+    fn handle(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time, admit: bool) {
         if envelope.to != self.me || !self.note_peer(envelope.from, pool, now) {
             return;
         }
         let from = envelope.from;
         let Some(key) = envelope.body.key() else { return };
         let Some(transfer) = self.transfers.get(&key.transfer) else {
-            self.handle_unknown(from, envelope.body, pool, now);
+            self.handle_unknown(from, envelope.body, pool, now, admit);
             return;
         };
         let expected = match envelope.body {
@@ -173,7 +216,14 @@ impl DecodeSide {
 
     /// A transfer the decode side does not hold: a new `Reserve`, or a late message for one that
     /// ended. A heartbeat is never granted here: the answer is always `Abort`.
-    fn handle_unknown(&mut self, from: Endpoint, body: Message, pool: &mut PagePool, now: Time) {
+    fn handle_unknown(
+        &mut self,
+        from: Endpoint,
+        body: Message,
+        pool: &mut PagePool,
+        now: Time,
+        admit: bool,
+    ) {
         let Some(key) = body.key() else { return };
         let completed =
             self.ended.iter().find(|(k, _)| k.transfer == key.transfer).map(|(_, done)| *done);
@@ -183,7 +233,12 @@ impl DecodeSide {
                     return;
                 }
                 self.reserved_up_to.insert(from, key.transfer);
-                self.on_reserve(from, key, request, prefill, pool, now);
+                if admit {
+                    self.on_reserve(from, key, request, prefill, pool, now);
+                } else {
+                    let failure = Some(AbortReason::DecodeFailed);
+                    self.send(from, Message::Outcome { key, failure });
+                }
             }
             Message::Done { .. } if completed == Some(true) => {
                 self.send(from, Message::DoneAck { key })
@@ -315,15 +370,17 @@ impl DecodeSide {
         let page_tokens = pool.page_tokens();
         let computed_tokens = transfer.request.prompt.len() as u32;
         debug_assert!(transfer.cached.len() as u32 * page_tokens <= computed_tokens);
+        let cached_pages = transfer.cached.len() as u32;
         let mut pages = transfer.cached;
         pages.append(&mut transfer.reserved);
         self.send(prefill, Message::DoneAck { key });
-        self.send(transfer.router, Message::Outcome { key, failure: None });
         self.remember(key, true);
         self.outputs.push_back(DecodeOutput::Ready {
             key,
+            router: transfer.router,
             request: transfer.request,
             pages,
+            cached_pages,
             computed_tokens,
             first_token,
         });

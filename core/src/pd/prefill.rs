@@ -140,6 +140,18 @@ impl PrefillSide {
         self.transfers.len()
     }
 
+    /// Pins the transfers hold in the pool: one each once its KV is computed.
+    pub fn pins_held(&self) -> usize {
+        self.transfers.values().filter(|t| t.source_pin.is_some()).count()
+    }
+
+    /// Whether the transfer is live and waiting for its computation.
+    pub fn is_computing(&self, key: TransferKey) -> bool {
+        self.transfers
+            .get(&key.transfer)
+            .is_some_and(|t| t.key == key && t.phase == Phase::Computing)
+    }
+
     pub fn poll_output(&mut self) -> Option<PrefillOutput> {
         self.outputs.pop_front()
     }
@@ -172,6 +184,12 @@ impl PrefillSide {
                     return;
                 }
                 self.prepared_up_to.insert(from, key.transfer);
+                if page_tokens != pool.page_tokens() {
+                    // Pages of another size: every write would put KV at the wrong positions.
+                    // The link's handshake refuses such a peer; this is the second line.
+                    self.send(from, Message::Abort { key, reason: AbortReason::PrefillFailed });
+                    return;
+                }
                 self.on_prepare(from, key, request, cached_tokens, page_tokens, pages, now);
             } else if let Message::Abort { .. } = envelope.body {
                 self.send(from, Message::AbortAck { key });

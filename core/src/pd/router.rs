@@ -2,7 +2,13 @@
 //! request, allocates transfer ids that are never reused, retries a failed transfer as a new one,
 //! and ends every request exactly once: decoding, or failed with a reason.
 //!
-//! Per request: `Reserving → (Decoding | Failed)`, with retries as fresh transfers in between.
+//! Per request: `Reserving → (Decoding | Failed)`, with retries as fresh transfers in between;
+//! then `Decoding → (Finished | Failed)`: the decode worker streams the request's tokens
+//! (`Message::Tokens`, numbered), and the router passes them on in order, cancels the decoding
+//! when the client goes away, and fails the request when the stream breaks (a gap, silence past
+//! `decode_idle_timeout`, the worker lost or restarted). Tokens of any transfer of the request
+//! other than the one it follows are answered with `Cancel`: a request whose success message was
+//! lost and that was retried elsewhere is never decoded twice for the client.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -11,7 +17,7 @@ use std::time::Duration;
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
-use crate::sched::RequestId;
+use crate::sched::{FinishReason, RequestId};
 use crate::wire::{
     AbortReason, Endpoint, Envelope, Epoch, Message, RequestSpec, TransferId, TransferKey,
 };
@@ -26,6 +32,9 @@ pub struct RouterConfig {
     pub requests_max: u32,
     /// Fresh transfers tried after the first fails.
     pub retries_max: u32,
+    /// How long a decoding request may go without a `Tokens` message before the router gives up
+    /// on it. Longer than any stall a healthy decode worker has (a long queue, preemption).
+    pub decode_idle_timeout: Duration,
 }
 
 /// What the router asks its driver to do. Drained with `poll_output` after every input.
@@ -38,7 +47,18 @@ pub enum RouterOutput {
         key: TransferKey,
         decode: Endpoint,
     },
-    /// The request could not be handed to a decode worker.
+    /// The next output tokens of a decoding request, in order, each once.
+    Tokens {
+        request: RequestId,
+        tokens: Vec<u32>,
+    },
+    /// The decoding request ended; nothing about it follows.
+    Finished {
+        request: RequestId,
+        reason: FinishReason,
+    },
+    /// The request could not be handed to a decode worker, or its decoding broke off (after
+    /// `Decoding` and perhaps some `Tokens`). Nothing about it follows.
     Failed {
         request: RequestId,
         reason: AbortReason,
@@ -47,13 +67,13 @@ pub enum RouterOutput {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RouterError {
-    /// `requests_max` requests are in transfer: try later (HTTP 429/503).
+    /// `requests_max` requests are in transfer or decoding: try later (HTTP 429/503).
     Busy,
-    /// A request with this id is in transfer.
+    /// A request with this id is in transfer or decoding.
     DuplicateRequest(RequestId),
     /// No prefill or no decode worker is configured.
     NoWorkers,
-    /// No such request in transfer: never submitted, or already decoding or failed.
+    /// No such request: never submitted, or already ended.
     UnknownRequest(RequestId),
 }
 
@@ -63,7 +83,7 @@ impl fmt::Display for RouterError {
             RouterError::Busy => write!(f, "too many requests in transfer"),
             RouterError::DuplicateRequest(id) => write!(f, "request {id} is already in transfer"),
             RouterError::NoWorkers => write!(f, "no prefill or decode worker"),
-            RouterError::UnknownRequest(id) => write!(f, "request {id} is not in transfer"),
+            RouterError::UnknownRequest(id) => write!(f, "request {id} is not in flight"),
         }
     }
 }
@@ -80,6 +100,17 @@ struct Transfer {
     attempt: u32,
 }
 
+/// A request whose KV is on a decode worker, which streams its tokens.
+#[derive(Clone, Debug)]
+struct Decoding {
+    key: TransferKey,
+    decode: Endpoint,
+    /// Index of the next output token expected.
+    next_index: u32,
+    /// When the stream counts as broken unless a `Tokens` message comes first.
+    idle_deadline: Time,
+}
+
 #[derive(Clone, Debug)]
 pub struct Router {
     me: Endpoint,
@@ -90,6 +121,8 @@ pub struct Router {
     transfers: BTreeMap<TransferId, Transfer>,
     by_request: BTreeMap<RequestId, TransferId>,
     deadlines: BTreeSet<(Time, TransferId)>,
+    decoding: BTreeMap<RequestId, Decoding>,
+    idle_deadlines: BTreeSet<(Time, RequestId)>,
     outputs: VecDeque<RouterOutput>,
 }
 
@@ -113,6 +146,8 @@ impl Router {
             transfers: BTreeMap::new(),
             by_request: BTreeMap::new(),
             deadlines: BTreeSet::new(),
+            decoding: BTreeMap::new(),
+            idle_deadlines: BTreeSet::new(),
             outputs: VecDeque::new(),
         }
     }
@@ -121,20 +156,29 @@ impl Router {
         self.by_request.len()
     }
 
+    pub fn requests_decoding(&self) -> usize {
+        self.decoding.len()
+    }
+
     pub fn poll_output(&mut self) -> Option<RouterOutput> {
         self.outputs.pop_front()
     }
 
     pub fn next_timeout(&self) -> Option<Time> {
-        self.deadlines.first().map(|(t, _)| *t)
+        let transfer = self.deadlines.first().map(|(t, _)| *t);
+        let idle = self.idle_deadlines.first().map(|(t, _)| *t);
+        match (transfer, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Starts moving a request's KV to a decode worker.
     pub fn submit(&mut self, request: RequestSpec, now: Time) -> Result<TransferKey, RouterError> {
-        if self.by_request.contains_key(&request.id) {
+        if self.by_request.contains_key(&request.id) || self.decoding.contains_key(&request.id) {
             return Err(RouterError::DuplicateRequest(request.id));
         }
-        if self.by_request.len() >= self.config.requests_max as usize {
+        if self.by_request.len() + self.decoding.len() >= self.config.requests_max as usize {
             return Err(RouterError::Busy);
         }
         if self.prefills.is_empty() || self.decodes.is_empty() {
@@ -145,6 +189,11 @@ impl Router {
 
     /// The client went away: the request fails now, and the decode side is told to let go.
     pub fn abort(&mut self, request: RequestId, _now: Time) -> Result<(), RouterError> {
+        if let Some(d) = self.forget_decoding(request) {
+            self.send(d.decode, Message::Cancel { key: d.key, request });
+            self.outputs.push_back(RouterOutput::Failed { request, reason: AbortReason::Client });
+            return Ok(());
+        }
         let Some(&id) = self.by_request.get(&request) else {
             return Err(RouterError::UnknownRequest(request));
         };
@@ -178,28 +227,128 @@ impl Router {
         for id in lost {
             self.fail_or_retry(id, AbortReason::PeerRestarted, now);
         }
+        self.fail_decoding_on(
+            |d| d.worker == worker.worker && d.incarnation < worker.incarnation,
+            AbortReason::PeerRestarted,
+        );
+    }
+
+    /// The link to a worker broke (its transport gave up on it): what was on the way through it
+    /// is lost. Transfers that involve it are retried elsewhere or fail; requests decoding there
+    /// fail, since their streams have a hole.
+    pub fn handle_worker_down(&mut self, worker: crate::wire::WorkerId, now: Time) {
+        let lost: Vec<TransferId> = self
+            .transfers
+            .values()
+            .filter(|t| t.decode.worker == worker || t.prefill.worker == worker)
+            .map(|t| t.key.transfer)
+            .collect();
+        for id in lost {
+            let (decode, key) = (self.transfers[&id].decode, self.transfers[&id].key);
+            if decode.worker != worker {
+                self.send(decode, Message::Abort { key, reason: AbortReason::Router });
+            }
+            self.fail_or_retry(id, AbortReason::PeerRestarted, now);
+        }
+        self.fail_decoding_on(|d| d.worker == worker, AbortReason::PeerRestarted);
+    }
+
+    fn fail_decoding_on(&mut self, on: impl Fn(Endpoint) -> bool, reason: AbortReason) {
+        let lost: Vec<RequestId> =
+            self.decoding.iter().filter(|(_, d)| on(d.decode)).map(|(&r, _)| r).collect();
+        for request in lost {
+            let d = self.forget_decoding(request).expect("listed above");
+            self.send(d.decode, Message::Cancel { key: d.key, request });
+            self.outputs.push_back(RouterOutput::Failed { request, reason });
+        }
     }
 
     pub fn handle_envelope(&mut self, envelope: Envelope, now: Time) {
         if envelope.to != self.me {
             return;
         }
-        let Message::Outcome { key, failure } = envelope.body else { return };
-        let Some(t) = self.transfers.get(&key.transfer) else { return };
-        if t.key != key || t.decode != envelope.from {
+        let from = envelope.from;
+        match envelope.body {
+            Message::Outcome { key, failure } => {
+                let Some(t) = self.transfers.get(&key.transfer) else { return };
+                if t.key != key || t.decode != from {
+                    return;
+                }
+                match failure {
+                    None => self.start_decoding(key, now),
+                    Some(reason) => self.fail_or_retry(key.transfer, reason, now),
+                }
+            }
+            Message::Tokens { key, request, index, tokens, finish } => {
+                self.on_tokens(from, key, request, index, tokens, finish, now)
+            }
+            _ => {}
+        }
+    }
+
+    fn start_decoding(&mut self, key: TransferKey, now: Time) {
+        let t = self.forget(key.transfer);
+        let request = t.request.id;
+        let idle_deadline = now.saturating_add(self.config.decode_idle_timeout);
+        self.decoding
+            .insert(request, Decoding { key, decode: t.decode, next_index: 0, idle_deadline });
+        self.idle_deadlines.insert((idle_deadline, request));
+        self.outputs.push_back(RouterOutput::Decoding { request, key, decode: t.decode });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_tokens(
+        &mut self,
+        from: Endpoint,
+        key: TransferKey,
+        request: RequestId,
+        index: u32,
+        tokens: Vec<u32>,
+        finish: Option<FinishReason>,
+        now: Time,
+    ) {
+        // Tokens before the transfer's success: its `Outcome` was lost or overtaken. The stream
+        // is as good a proof that the decode worker took the request.
+        let current = self.by_request.get(&request).map(|id| &self.transfers[id]);
+        if current.is_some_and(|t| t.key == key && t.decode == from) {
+            self.start_decoding(key, now);
+        }
+        let Some(d) = self.decoding.get_mut(&request).filter(|d| d.key == key && d.decode == from)
+        else {
+            // Another attempt of the request, or one that ended here: that worker stops.
+            if finish.is_none() {
+                self.send(from, Message::Cancel { key, request });
+            }
+            return;
+        };
+        let end = index.checked_add(tokens.len() as u32);
+        if index > d.next_index || end.is_none() {
+            // A hole: a message was lost with a broken link. Never pass on a stream with a gap.
+            let d = self.forget_decoding(request).expect("looked up above");
+            self.send(d.decode, Message::Cancel { key, request });
+            let reason = AbortReason::Router;
+            self.outputs.push_back(RouterOutput::Failed { request, reason });
             return;
         }
-        match failure {
-            None => {
-                let t = self.forget(key.transfer);
-                self.outputs.push_back(RouterOutput::Decoding {
-                    request: t.request.id,
-                    key,
-                    decode: t.decode,
-                });
-            }
-            Some(reason) => self.fail_or_retry(key.transfer, reason, now),
+        // Tokens already passed on (a duplicate) are skipped.
+        let fresh = tokens[(d.next_index - index) as usize..].to_vec();
+        d.next_index += fresh.len() as u32;
+        self.idle_deadlines.remove(&(d.idle_deadline, request));
+        d.idle_deadline = now.saturating_add(self.config.decode_idle_timeout);
+        self.idle_deadlines.insert((d.idle_deadline, request));
+        if !fresh.is_empty() {
+            self.outputs.push_back(RouterOutput::Tokens { request, tokens: fresh });
         }
+        if let Some(reason) = finish {
+            self.forget_decoding(request);
+            self.outputs.push_back(RouterOutput::Finished { request, reason });
+        }
+    }
+
+    fn forget_decoding(&mut self, request: RequestId) -> Option<Decoding> {
+        let d = self.decoding.remove(&request)?;
+        self.idle_deadlines.remove(&(d.idle_deadline, request));
+        Some(d)
     }
 
     /// Gives up on transfers that heard no `Outcome` in time: the decode side is told to let go
@@ -216,13 +365,29 @@ impl Router {
             self.send(decode, Message::Abort { key, reason: AbortReason::Router });
             self.fail_or_retry(id, AbortReason::Timeout, now);
         }
+        while let Some(&(deadline, request)) = self.idle_deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            let d =
+                self.forget_decoding(request).expect("an idle deadline names a decoding request");
+            self.send(d.decode, Message::Cancel { key: d.key, request });
+            let reason = AbortReason::Timeout;
+            self.outputs.push_back(RouterOutput::Failed { request, reason });
+        }
     }
 
     fn start(&mut self, request: RequestSpec, attempt: u32, now: Time) -> TransferKey {
         let key = TransferKey { transfer: TransferId(self.next_transfer), epoch: Epoch(attempt) };
         self.next_transfer += 1;
-        let prefill = least_loaded(&self.prefills, &self.transfers, |t| t.prefill, attempt);
-        let decode = least_loaded(&self.decodes, &self.transfers, |t| t.decode, attempt);
+        let prefill = least_loaded(&self.prefills, attempt, |w| {
+            self.transfers.values().filter(|t| t.prefill.worker == w.worker).count()
+        });
+        // A decode worker's load is what it decodes as well as what it receives.
+        let decode = least_loaded(&self.decodes, attempt, |w| {
+            self.transfers.values().filter(|t| t.decode.worker == w.worker).count()
+                + self.decoding.values().filter(|d| d.decode.worker == w.worker).count()
+        });
         let deadline = now.saturating_add(self.config.outcome_timeout);
         self.send(decode, Message::Reserve { key, request: request.clone(), prefill });
         self.by_request.insert(request.id, key.transfer);
@@ -273,9 +438,29 @@ impl Router {
         );
         ensure_invariant!(
             PD,
-            self.transfers.len() <= self.config.requests_max as usize,
-            "{} transfers over the bound",
-            self.transfers.len()
+            self.idle_deadlines.len() == self.decoding.len(),
+            "{} idle deadlines for {} decoding requests",
+            self.idle_deadlines.len(),
+            self.decoding.len()
+        );
+        for (request, d) in &self.decoding {
+            ensure_invariant!(
+                PD,
+                !self.by_request.contains_key(request),
+                "{request} is decoding and in transfer at once"
+            );
+            ensure_invariant!(
+                PD,
+                self.idle_deadlines.contains(&(d.idle_deadline, *request)),
+                "{request} is missing from the idle deadlines"
+            );
+        }
+        ensure_invariant!(
+            PD,
+            self.transfers.len() + self.decoding.len() <= self.config.requests_max as usize,
+            "{} transfers and {} decoding over the bound",
+            self.transfers.len(),
+            self.decoding.len()
         );
         let first = self.me.incarnation.0 << Self::ID_BITS;
         for (&id, t) in &self.transfers {
@@ -308,18 +493,13 @@ impl Router {
     }
 }
 
-/// The worker with the fewest live transfers; ties go to the lowest in the list, rotated by the
-/// attempt number so that a retry prefers another worker.
-fn least_loaded(
-    workers: &[Endpoint],
-    transfers: &BTreeMap<TransferId, Transfer>,
-    of: impl Fn(&Transfer) -> Endpoint,
-    attempt: u32,
-) -> Endpoint {
+/// The worker with the least `load`; ties go to the lowest in the list, rotated by the attempt
+/// number so that a retry prefers another worker.
+fn least_loaded(workers: &[Endpoint], attempt: u32, load: impl Fn(&Endpoint) -> usize) -> Endpoint {
     let n = workers.len();
     (0..n)
         .map(|i| workers[(i + attempt as usize) % n])
-        .min_by_key(|w| transfers.values().filter(|t| of(t).worker == w.worker).count())
+        .min_by_key(load)
         .expect("workers were checked to be there")
 }
 

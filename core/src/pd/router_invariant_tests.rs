@@ -6,7 +6,10 @@
 //! |---|---|---|
 //! | requests match transfers | "{n} requests for {m} transfers" | `a_request_loses_its_transfer` |
 //! | deadlines match transfers | "{n} deadlines for {m} transfers" | `a_deadline_is_lost` |
-//! | transfers bounded | "{n} transfers over the bound" | `more_transfers_than_requests_max` |
+//! | idle deadlines indexed | "{n} idle deadlines for {m} decoding requests" | `an_idle_deadline_is_lost` |
+//! | decoding is not in transfer | "{id} is decoding and in transfer at once" | `a_request_decodes_and_transfers_at_once` |
+//! | each decoding request's deadline | "{id} is missing from the idle deadlines" | `a_decoding_request_misses_its_idle_deadline` |
+//! | transfers bounded | "{n} transfers and {m} decoding over the bound" | `more_transfers_than_requests_max` |
 //! | filed under its id | "transfer {id:?} filed under another id" | `a_transfer_is_filed_under_another_id` |
 //! | ids of this incarnation | "transfer {id:?} outside this incarnation's ids" | `an_id_is_not_below_the_next_one` |
 //! | request maps back | "{request} does not map to its transfer {id:?}" | `a_request_maps_to_another_transfer` |
@@ -32,6 +35,7 @@ fn legit() -> Router {
         outcome_timeout: Duration::from_millis(500),
         requests_max: 2,
         retries_max: 1,
+        decode_idle_timeout: Duration::from_secs(5),
     };
     let mut r = Router::new(ME, config, vec![P], vec![D1, D2]);
     let first = r.submit(RequestSpec::new(RequestId(1), vec![1, 2, 3], 4), Time::ZERO).unwrap();
@@ -90,7 +94,7 @@ fn more_transfers_than_requests_max() {
             r.deadlines.insert((t.deadline, t.key.transfer));
             r.transfers.insert(t.key.transfer, t);
         },
-        "3 transfers over the bound",
+        "3 transfers and 0 decoding over the bound",
     );
 }
 
@@ -138,5 +142,54 @@ fn an_attempt_exceeds_retries_max() {
     fires(
         |r| r.transfers.get_mut(&id(2)).unwrap().attempt = 2,
         &format!("transfer {:?} is attempt 2 of 1", id(2)),
+    );
+}
+
+// --- the decoding requests ---
+
+fn decoding(r: &mut Router) {
+    let key = r.transfers[&id(2)].key;
+    r.handle_envelope(
+        Envelope { from: D1, to: ME, body: Message::Outcome { key, failure: None } },
+        Time::from_millis(2),
+    );
+    while r.poll_output().is_some() {}
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn an_idle_deadline_is_lost() {
+    fires(
+        |r| {
+            decoding(r);
+            r.idle_deadlines.clear();
+        },
+        "0 idle deadlines for 1 decoding requests",
+    );
+}
+
+#[test]
+fn a_request_decodes_and_transfers_at_once() {
+    fires(
+        |r| {
+            let key = r.transfers[&id(1)].key;
+            let idle_deadline = Time::from_millis(9);
+            r.decoding
+                .insert(RequestId(2), Decoding { key, decode: D1, next_index: 0, idle_deadline });
+            r.idle_deadlines.insert((idle_deadline, RequestId(2)));
+        },
+        "req-2 is decoding and in transfer at once",
+    );
+}
+
+#[test]
+fn a_decoding_request_misses_its_idle_deadline() {
+    fires(
+        |r| {
+            decoding(r);
+            let (t, req) = r.idle_deadlines.pop_first().unwrap();
+            r.idle_deadlines.insert((t.saturating_add(Duration::from_millis(1)), req));
+        },
+        "req-1 is missing from the idle deadlines",
     );
 }

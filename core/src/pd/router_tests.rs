@@ -9,8 +9,12 @@ const D1: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1)
 const D2: Endpoint = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
 
 fn router(retries_max: u32) -> Router {
-    let config =
-        RouterConfig { outcome_timeout: Duration::from_millis(500), requests_max: 2, retries_max };
+    let config = RouterConfig {
+        outcome_timeout: Duration::from_millis(500),
+        requests_max: 2,
+        retries_max,
+        decode_idle_timeout: Duration::from_secs(5),
+    };
     Router::new(ME, config, vec![P1], vec![D1, D2])
 }
 
@@ -61,6 +65,10 @@ fn ids_are_never_reused_and_belong_to_the_incarnation() {
     let mut r = router(0);
     let k1 = r.submit(spec(1), Time::ZERO).unwrap();
     r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
+    let finish = Some(FinishReason::Length);
+    let tokens =
+        Message::Tokens { key: k1, request: RequestId(1), index: 0, tokens: vec![5], finish };
+    r.handle_envelope(Envelope { from: D1, to: ME, body: tokens }, Time::ZERO);
     let k2 = r.submit(spec(1), Time::ZERO).unwrap();
     assert!(k2.transfer > k1.transfer);
     assert_eq!(k1.transfer.0 >> 40, 3);
@@ -153,4 +161,165 @@ fn a_restarted_decode_worker_loses_its_transfers_to_a_retry() {
     // By hand: a request mapped to a transfer that is gone.
     r.transfers.clear();
     assert!(r.check_invariants().is_err());
+}
+
+// --- after the hand-over: the token stream ---
+
+fn tokens(
+    from: Endpoint,
+    key: TransferKey,
+    index: u32,
+    t: &[u32],
+    finish: Option<FinishReason>,
+) -> Envelope {
+    let body = Message::Tokens { key, request: RequestId(1), index, tokens: t.to_vec(), finish };
+    Envelope { from, to: ME, body }
+}
+
+fn decoding_router() -> (Router, TransferKey) {
+    let mut r = router(1);
+    let key = r.submit(spec(1), Time::ZERO).unwrap();
+    r.handle_envelope(outcome(D1, key, None), Time::ZERO);
+    drain(&mut r);
+    (r, key)
+}
+
+fn cancel(to: Endpoint, key: TransferKey) -> RouterOutput {
+    RouterOutput::Send(Envelope {
+        from: ME,
+        to,
+        body: Message::Cancel { key, request: RequestId(1) },
+    })
+}
+
+#[test]
+fn tokens_pass_on_in_order_once_and_the_finish_ends_the_request() {
+    let (mut r, key) = decoding_router();
+    r.handle_envelope(tokens(D1, key, 0, &[7, 8], None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![7, 8] }]
+    );
+    // A duplicate of what passed, with one more: only the new token goes on.
+    r.handle_envelope(tokens(D1, key, 0, &[7, 8, 9], None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![9] }]
+    );
+    r.handle_envelope(tokens(D1, key, 3, &[4], Some(FinishReason::Length)), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            RouterOutput::Tokens { request: RequestId(1), tokens: vec![4] },
+            RouterOutput::Finished { request: RequestId(1), reason: FinishReason::Length }
+        ]
+    );
+    assert_eq!(r.requests_decoding(), 0);
+    // A late copy of the stream is told to stop, and ends nothing twice.
+    r.handle_envelope(tokens(D1, key, 1, &[8], None), Time::ZERO);
+    assert_eq!(drain(&mut r), vec![cancel(D1, key)]);
+}
+
+#[test]
+fn tokens_that_overtake_the_outcome_prove_the_hand_over() {
+    let mut r = router(1);
+    let key = r.submit(spec(1), Time::ZERO).unwrap();
+    drain(&mut r);
+    r.handle_envelope(tokens(D1, key, 0, &[7], None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            RouterOutput::Decoding { request: RequestId(1), key, decode: D1 },
+            RouterOutput::Tokens { request: RequestId(1), tokens: vec![7] }
+        ]
+    );
+    r.handle_envelope(outcome(D1, key, None), Time::ZERO);
+    assert!(drain(&mut r).is_empty(), "the late Outcome starts nothing twice");
+}
+
+/// The incident's shape: the success message is lost, the router retries elsewhere, and the first
+/// decode worker decodes anyway. Its tokens never reach the client, and it is told to stop.
+#[test]
+fn a_retried_request_is_never_decoded_twice_for_the_client() {
+    let mut r = router(1);
+    let first = r.submit(spec(1), Time::ZERO).unwrap();
+    drain(&mut r);
+    r.handle_timeout(Time::from_millis(500));
+    let out = drain(&mut r);
+    let retry = reserve_to(&out);
+    assert_eq!(retry.len(), 1);
+    let (to, second) = retry[0];
+    assert_eq!(to, D2, "the retry goes to the other decode worker");
+    r.handle_envelope(tokens(D1, first, 0, &[7, 8], None), Time::from_millis(501));
+    assert_eq!(drain(&mut r), vec![cancel(D1, first)]);
+    r.handle_envelope(outcome(D2, second, None), Time::from_millis(502));
+    r.handle_envelope(tokens(D2, second, 0, &[7], None), Time::from_millis(502));
+    let out = drain(&mut r);
+    assert_eq!(out.last(), Some(&RouterOutput::Tokens { request: RequestId(1), tokens: vec![7] }));
+    r.handle_envelope(tokens(D1, first, 2, &[9], None), Time::from_millis(503));
+    assert_eq!(drain(&mut r), vec![cancel(D1, first)]);
+}
+
+#[test]
+fn a_gap_in_the_stream_fails_the_request_and_stops_the_worker() {
+    let (mut r, key) = decoding_router();
+    r.handle_envelope(tokens(D1, key, 2, &[9], None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            cancel(D1, key),
+            RouterOutput::Failed { request: RequestId(1), reason: AbortReason::Router }
+        ]
+    );
+}
+
+#[test]
+fn silence_while_decoding_fails_the_request() {
+    let (mut r, key) = decoding_router();
+    r.handle_envelope(tokens(D1, key, 0, &[7], None), Time::from_millis(1_000));
+    drain(&mut r);
+    assert_eq!(r.next_timeout(), Some(Time::from_millis(6_000)));
+    r.handle_timeout(Time::from_millis(5_999));
+    assert!(drain(&mut r).is_empty());
+    r.handle_timeout(Time::from_millis(6_000));
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            cancel(D1, key),
+            RouterOutput::Failed { request: RequestId(1), reason: AbortReason::Timeout }
+        ]
+    );
+}
+
+#[test]
+fn a_client_abort_while_decoding_reaches_the_decode_worker() {
+    let (mut r, key) = decoding_router();
+    r.abort(RequestId(1), Time::ZERO).unwrap();
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            cancel(D1, key),
+            RouterOutput::Failed { request: RequestId(1), reason: AbortReason::Client }
+        ]
+    );
+    assert_eq!(r.abort(RequestId(1), Time::ZERO), Err(RouterError::UnknownRequest(RequestId(1))));
+}
+
+#[test]
+fn a_worker_lost_fails_what_decodes_there_and_retries_what_transfers_through_it() {
+    let (mut r, _) = decoding_router();
+    let second = r.submit(spec(2), Time::ZERO).unwrap();
+    let out = drain(&mut r);
+    assert_eq!(reserve_to(&out), vec![(D2, second)]);
+    r.handle_worker_down(D1.worker, Time::ZERO);
+    let out = drain(&mut r);
+    assert!(out.contains(&RouterOutput::Failed {
+        request: RequestId(1),
+        reason: AbortReason::PeerRestarted
+    }));
+    assert_eq!(r.requests_in_transfer(), 1, "request 2 goes on: it does not use D1");
+    r.handle_worker_down(D2.worker, Time::ZERO);
+    let out = drain(&mut r);
+    let retried = reserve_to(&out);
+    assert_eq!(retried.len(), 1, "request 2 is retried: {out:?}");
 }

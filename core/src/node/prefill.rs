@@ -1,0 +1,270 @@
+//! The prefill worker: computes each transfer's prompt as a one-token request of its scheduler,
+//! keeps the prompt's pages until the protocol side has pinned them, and lets the driver write
+//! them to the decode side.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{local_id, new_request, sampling_spec};
+use crate::Time;
+use crate::ensure_invariant;
+use crate::invariant::InvariantViolation;
+use crate::kv::PageRef;
+use crate::model::SamplingSpec;
+use crate::pd::{PrefillConfig, PrefillOutput, PrefillSide};
+use crate::sched::{
+    ApplyError, NewRequest, RequestId, SchedConfig, SchedConfigError, SchedEvent, Scheduler,
+    StepId, StepOutputs, StepPlan,
+};
+use crate::wire::{Endpoint, Envelope, PageSlot, TransferKey};
+
+/// What the prefill node asks its driver to do. Drained with `poll_output` after every input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PrefillNodeOutput {
+    Send(Envelope),
+    /// Tell the executor how `request` samples, before the first plan naming it.
+    Start {
+        request: RequestId,
+        spec: SamplingSpec,
+    },
+    /// The executor may forget `request` once the steps already launched have run.
+    End {
+        request: RequestId,
+    },
+    /// Read page `source` from the executor's store and write it one-sided into the decode
+    /// side's `page`; report with `handle_write_completion(key, ordinal, ..)`.
+    Write {
+        key: TransferKey,
+        to: Endpoint,
+        ordinal: u32,
+        source: PageRef,
+        page: PageSlot,
+        first_token: u32,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Computation {
+    key: TransferKey,
+    first_token: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PrefillNode {
+    sched: Scheduler,
+    side: PrefillSide,
+    /// Prompts being computed, by the scheduler's id (`local_id`).
+    computing: BTreeMap<RequestId, Computation>,
+    outputs: VecDeque<PrefillNodeOutput>,
+}
+
+impl PrefillNode {
+    pub fn new(
+        me: Endpoint,
+        sched: SchedConfig,
+        pd: PrefillConfig,
+    ) -> Result<PrefillNode, SchedConfigError> {
+        if sched.pool.pins_max < pd.transfers_max {
+            return Err(SchedConfigError::new(format!(
+                "pins_max {} is below transfers_max {}: a transfer pins its pages",
+                sched.pool.pins_max, pd.transfers_max
+            )));
+        }
+        Ok(PrefillNode {
+            sched: Scheduler::new(sched)?,
+            side: PrefillSide::new(me, pd),
+            computing: BTreeMap::new(),
+            outputs: VecDeque::new(),
+        })
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    pub fn side(&self) -> &PrefillSide {
+        &self.side
+    }
+
+    pub fn poll_output(&mut self) -> Option<PrefillNodeOutput> {
+        self.outputs.pop_front()
+    }
+
+    pub fn handle_envelope(&mut self, envelope: Envelope, now: Time) {
+        self.side.handle_envelope(envelope, self.sched.pool_mut(), now);
+        self.after_input(now);
+    }
+
+    /// A write issued earlier completed (`landed`) or failed.
+    pub fn handle_write_completion(
+        &mut self,
+        key: TransferKey,
+        ordinal: u32,
+        landed: bool,
+        now: Time,
+    ) {
+        self.side.handle_write_completion(key, ordinal, landed, self.sched.pool_mut(), now);
+        self.after_input(now);
+    }
+
+    pub fn plan_step(&mut self, now: Time) -> Option<StepPlan> {
+        let plan = self.sched.plan_step(now);
+        self.after_input(now);
+        plan
+    }
+
+    pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
+        let result = self.sched.apply_outputs(outputs, now);
+        self.after_input(now);
+        result
+    }
+
+    pub fn fail_step(&mut self, step: StepId, now: Time) -> Result<(), ApplyError> {
+        let result = self.sched.fail_step(step, now);
+        self.after_input(now);
+        result
+    }
+
+    pub fn next_timeout(&self) -> Option<Time> {
+        match (self.side.next_timeout(), self.sched.next_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The protocol side's heartbeats, drains and deadlines first, then the scheduler's queue
+    /// deadlines.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.side.handle_timeout(self.sched.pool_mut(), now);
+        self.after_input(now);
+        self.sched.handle_timeout(now);
+        self.after_input(now);
+    }
+
+    fn after_input(&mut self, now: Time) {
+        // Each side's outputs can feed the other (a cancel aborts a request; a request's end
+        // completes a computation), so go round until both are quiet.
+        loop {
+            let pd = self.after_pd(now);
+            let sched = self.after_sched(now);
+            if !pd && !sched {
+                break;
+            }
+        }
+    }
+
+    fn after_pd(&mut self, now: Time) -> bool {
+        let mut any = false;
+        while let Some(output) = self.side.poll_output() {
+            any = true;
+            match output {
+                PrefillOutput::Send(envelope) => {
+                    self.outputs.push_back(PrefillNodeOutput::Send(envelope))
+                }
+                PrefillOutput::Compute { key, request } => {
+                    // One token: the first output token, sampled where the prompt's KV is. Stop
+                    // conditions are the decode side's to apply.
+                    let prompt = NewRequest {
+                        max_tokens: 1,
+                        stop_token_ids: Vec::new(),
+                        ignore_eos: true,
+                        ..new_request(key, &request)
+                    };
+                    let id = prompt.id;
+                    match self.sched.submit_keeping_pages(prompt, now) {
+                        Ok(()) => {
+                            let spec = sampling_spec(&request);
+                            self.outputs.push_back(PrefillNodeOutput::Start { request: id, spec });
+                            self.computing.insert(id, Computation { key, first_token: None });
+                        }
+                        Err(_) => self.side.handle_compute_failed(key, self.sched.pool_mut(), now),
+                    }
+                }
+                PrefillOutput::Cancel { key } => {
+                    let id = local_id(key);
+                    if self.computing.get(&id).is_some_and(|c| c.key == key) {
+                        // Its pages come back through `PagesKept`, and are released there.
+                        let _ = self.sched.abort(id, now);
+                    }
+                }
+                PrefillOutput::Write { key, to, ordinal, source, page, first_token } => {
+                    self.outputs.push_back(PrefillNodeOutput::Write {
+                        key,
+                        to,
+                        ordinal,
+                        source,
+                        page,
+                        first_token,
+                    })
+                }
+                PrefillOutput::Ended { .. } => {}
+            }
+        }
+        any
+    }
+
+    fn after_sched(&mut self, now: Time) -> bool {
+        let mut any = false;
+        while let Some(event) = self.sched.poll_event() {
+            any = true;
+            match event {
+                SchedEvent::Token { request, token } => {
+                    if let Some(c) = self.computing.get_mut(&request) {
+                        c.first_token = Some(token);
+                    }
+                }
+                SchedEvent::Finished { request, .. } => {
+                    self.outputs.push_back(PrefillNodeOutput::End { request })
+                }
+                SchedEvent::PagesKept { request } => self.hand_pages_over(request, now),
+                SchedEvent::Preempted { .. } => {}
+            }
+        }
+        any
+    }
+
+    /// The prompt's pages, kept by the scheduler: pinned by the transfer if its KV is complete
+    /// and it still wants it, then let go of by the scheduler.
+    fn hand_pages_over(&mut self, request: RequestId, now: Time) {
+        let pages = self.sched.take_kept_pages(request).unwrap_or_default();
+        if let Some(c) = self.computing.remove(&request) {
+            let pool = self.sched.pool_mut();
+            match c.first_token {
+                Some(token) if self.side.is_computing(c.key) => {
+                    self.side.handle_computed(c.key, token, &pages, pool, now)
+                }
+                _ => self.side.handle_compute_failed(c.key, pool, now),
+            }
+        }
+        for page in pages {
+            self.sched.pool_mut().release(page).expect("kept pages are held");
+        }
+    }
+
+    /// Each part's checks, then across them: the pool's pins are the transfers'; every prompt
+    /// being computed is a request the scheduler holds, for a transfer that waits for it.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        const NODE: &str = "node-prefill";
+        self.sched.check_invariants()?;
+        self.side.check_invariants(self.sched.pool())?;
+        let pins = self.sched.pool().pins_live_count() as usize;
+        ensure_invariant!(
+            NODE,
+            pins == self.side.pins_held(),
+            "the pool holds {pins} pins, the transfers {}",
+            self.side.pins_held()
+        );
+        for (&id, c) in &self.computing {
+            ensure_invariant!(
+                NODE,
+                id == local_id(c.key),
+                "computation {id} filed under another id"
+            );
+            ensure_invariant!(
+                NODE,
+                self.sched.request_tokens(id).is_some(),
+                "computation {id} has no request in the scheduler: its transfer would wait forever"
+            );
+        }
+        Ok(())
+    }
+}
