@@ -6,6 +6,7 @@
 //!   `/health`, `/metrics`, `/openapi.json`), served from any `axum::serve::Listener`: tokio's
 //!   `TcpListener` in production, turmoil's in the simulator.
 //! - `text`: incremental detokenization and stop strings; `tool_calls`: tool-call parsing.
+//! - `peer`: links between workers carrying `wire` envelopes, over any stream (turmoil's too).
 //!
 //! Nothing here reads a clock other than tokio's, spawns a blocking task, or branches on being
 //! simulated: the simulator runs this same code. Binary: `lockstep`.
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod peer;
 pub mod serve;
 pub mod text;
 pub mod tool_calls;

@@ -6,9 +6,7 @@ use std::time::Duration;
 use lockstep_core::wire::{Endpoint, FRAME_BYTES_MAX, LinkIdentity, WorkerId};
 
 use super::framed::LENGTH_PREFIX_BYTES;
-
-/// Below this a `Hello` (at most about 80 bytes with the widest varints) might not fit.
-const FRAME_BYTES_MIN: usize = 256;
+use super::handshake::HELLO_FRAME_BYTES_MAX as FRAME_BYTES_MIN;
 
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
@@ -106,7 +104,9 @@ impl PeerConfig {
         }
         let frame_max = FRAME_BYTES_MAX + LENGTH_PREFIX_BYTES;
         if self.frame_bytes_max < FRAME_BYTES_MIN || self.frame_bytes_max > frame_max {
-            return Err(ConfigError(format!("frame_bytes_max must be within {FRAME_BYTES_MIN}..={frame_max}")));
+            return Err(ConfigError(format!(
+                "frame_bytes_max must be within {FRAME_BYTES_MIN}..={frame_max}"
+            )));
         }
         self.check_dial()
     }
@@ -137,3 +137,36 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use lockstep_core::wire::{Incarnation, KvLayout, Role};
+
+    use super::*;
+
+    fn config() -> PeerConfig {
+        let me = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+        let kv_layout = KvLayout { layers: 1, kv_heads: 1, head_dim: 8, element_bytes: 2 };
+        let identity = LinkIdentity { role: Role::Prefill, page_tokens: 16, kv_layout, model: 7 };
+        PeerConfig::new(me, identity, vec![(WorkerId(2), "10.0.0.2:7000".into())])
+    }
+
+    #[test]
+    fn the_defaults_pass_and_each_broken_bound_is_refused() {
+        assert_eq!(config().check(), Ok(()));
+        let broken: [fn(&mut PeerConfig); 7] = [
+            |c| c.dead_after = c.ping_interval,
+            |c| c.backoff_max = c.backoff_min / 2,
+            |c| c.hello_timeout = Duration::ZERO,
+            |c| c.send_queue_max = 0,
+            |c| c.frame_bytes_max = FRAME_BYTES_MAX + LENGTH_PREFIX_BYTES + 1,
+            |c| c.dial.push((WorkerId(1), "self".into())),
+            |c| c.dial.push((WorkerId(2), "again".into())),
+        ];
+        for (i, breaks) in broken.iter().enumerate() {
+            let mut config = config();
+            breaks(&mut config);
+            assert!(config.check().is_err(), "case {i} passed");
+        }
+    }
+}

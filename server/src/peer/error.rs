@@ -70,7 +70,11 @@ impl fmt::Display for LinkError {
             LinkError::Duplicate => write!(f, "a link to that incarnation already exists"),
             LinkError::TooManyPeers => write!(f, "too many peers"),
             LinkError::Superseded { by } => {
-                write!(f, "superseded by incarnation {} of worker {}", by.incarnation.0, by.worker.0)
+                write!(
+                    f,
+                    "superseded by incarnation {} of worker {}",
+                    by.incarnation.0, by.worker.0
+                )
             }
         }
     }
@@ -112,7 +116,9 @@ impl fmt::Display for SendError {
                 to.incarnation.0, to.worker.0, live.incarnation.0
             ),
             SendError::LinkClosed => write!(f, "the link closed"),
-            SendError::NotFromMe { from } => write!(f, "from worker {}, not this one", from.worker.0),
+            SendError::NotFromMe { from } => {
+                write!(f, "from worker {}, not this one", from.worker.0)
+            }
             SendError::LinkMessage => write!(f, "link messages are the transport's own"),
             SendError::Encode(e) => write!(f, "encode: {e}"),
             SendError::TooLarge { bytes, max } => {

@@ -34,6 +34,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader { io, buf: Vec::new(), filled: 0, frame_bytes_max, frame_started: None }
     }
 
+    /// Changes the bound on frames read from now on (the handshake reads with a small one).
+    pub fn set_frame_bytes_max(&mut self, frame_bytes_max: usize) {
+        self.frame_bytes_max = frame_bytes_max;
+    }
+
     /// The next whole frame and its size in bytes. Fails when no byte arrives for
     /// `silence_max`, when a frame is not whole `frame_time_max` after its first byte, at the
     /// end of the stream, and on a frame over the bound or one that does not decode.

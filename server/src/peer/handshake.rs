@@ -8,8 +8,13 @@
 //! (the acceptor ignores the `to` of a `Hello`). The acceptor's `Hello` names the dialer exactly.
 //! The acceptor answers only after its own table accepts the peer, so a stale incarnation never
 //! sees the link open.
+//!
+//! Until the peer is known, frames are bounded by `HELLO_FRAME_BYTES_MAX`: a stranger's length
+//! prefix must not make us allocate a full frame's buffer, per connection we are still vetting.
 
-use lockstep_core::wire::{Endpoint, Envelope, Incarnation, Message, WorkerId, check_link};
+use lockstep_core::wire::{
+    Endpoint, Envelope, Incarnation, LinkMismatch, Message, WorkerId, check_link, encode_frame,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::timeout;
 
@@ -17,6 +22,10 @@ use super::error::LinkError;
 use super::framed::{FrameReader, write_frame};
 use super::shared::Shared;
 use super::stats::PeerStats;
+
+/// The largest frame read before the handshake ends: a `Hello` or `LinkRefused` with the widest
+/// varints is under 100 bytes.
+pub(crate) const HELLO_FRAME_BYTES_MAX: usize = 256;
 
 /// The dialer's half: `Hello` to `expected`, then its answer. The peer's endpoint on success.
 pub(crate) async fn dialer<R, W>(
@@ -71,7 +80,8 @@ where
     }
     // The dialer of an accepted link is the peer.
     shared.admits(peer, peer.worker)?;
-    write_link_message(shared, writer, peer, Message::Hello { identity: shared.config.identity }).await?;
+    write_link_message(shared, writer, peer, Message::Hello { identity: shared.config.identity })
+        .await?;
     Ok(peer)
 }
 
@@ -96,7 +106,7 @@ async fn refuse<W: AsyncWrite + Unpin>(
     shared: &Shared,
     writer: &mut W,
     to: Endpoint,
-    mismatch: lockstep_core::wire::LinkMismatch,
+    mismatch: LinkMismatch,
 ) {
     let _ = write_link_message(shared, writer, to, Message::LinkRefused { mismatch }).await;
 }
@@ -109,8 +119,7 @@ pub(crate) async fn write_link_message<W: AsyncWrite + Unpin>(
     body: Message,
 ) -> Result<(), LinkError> {
     let envelope = Envelope { from: shared.config.me, to, body };
-    let frame = lockstep_core::wire::encode_frame(&envelope, Vec::new())
-        .map_err(LinkError::BadFrame)?;
+    let frame = encode_frame(&envelope, Vec::new()).map_err(LinkError::BadFrame)?;
     write_frame(writer, &frame, shared.config.io_timeout).await?;
     PeerStats::bump(&shared.stats.frames_sent);
     PeerStats::add(&shared.stats.bytes_sent, frame.len());

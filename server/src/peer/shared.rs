@@ -82,9 +82,16 @@ impl Shared {
             PeerStats::bump(&self.stats.links_superseded);
             let old_peer = old.peer;
             drop(old);
-            tracing::info!(worker = peer.worker.0, old = old_peer.incarnation.0, "peer link superseded");
-            self.emit(PeerEvent::Down { peer: old_peer, reason: LinkError::Superseded { by: peer } })
-                .await;
+            tracing::info!(
+                worker = peer.worker.0,
+                old = old_peer.incarnation.0,
+                "peer link superseded"
+            );
+            self.emit(PeerEvent::Down {
+                peer: old_peer,
+                reason: LinkError::Superseded { by: peer },
+            })
+            .await;
         }
         PeerStats::bump(&self.stats.links_opened);
         tracing::info!(worker = peer.worker.0, incarnation = peer.incarnation.0, "peer link up");

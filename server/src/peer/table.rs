@@ -150,9 +150,15 @@ mod tests {
     fn for_one_incarnation_a_redial_supersedes_and_the_lower_dialer_wins_a_cross_dial() {
         let newest = Some(Incarnation(1));
         // The same end redialed: it saw the old link die.
-        assert_eq!(verdict(newest, Some((at(2, 1), WorkerId(2))), at(2, 1), WorkerId(2)), Verdict::Supersede);
+        assert_eq!(
+            verdict(newest, Some((at(2, 1), WorkerId(2))), at(2, 1), WorkerId(2)),
+            Verdict::Supersede
+        );
         // Worker 1 and worker 2 dialed each other: both keep worker 1's link.
-        assert_eq!(verdict(newest, Some((at(2, 1), WorkerId(2))), at(2, 1), WorkerId(1)), Verdict::Supersede);
+        assert_eq!(
+            verdict(newest, Some((at(2, 1), WorkerId(2))), at(2, 1), WorkerId(1)),
+            Verdict::Supersede
+        );
         assert_eq!(
             verdict(newest, Some((at(2, 1), WorkerId(1))), at(2, 1), WorkerId(2)),
             Verdict::Refuse(LinkError::Duplicate)
@@ -164,7 +170,13 @@ mod tests {
         let (sender, _queue) = super::super::outbound::channel(1, 1);
         let mut table = LinkTable::new(1);
         let (closer, _closed) = oneshot::channel();
-        let link = LiveLink { id: LinkId(1), peer: at(2, 1), dialer: WorkerId(1), sender, _closer: closer };
+        let link = LiveLink {
+            id: LinkId(1),
+            peer: at(2, 1),
+            dialer: WorkerId(1),
+            sender,
+            _closer: closer,
+        };
         assert!(table.open(link).expect("room for one").is_none());
         assert_eq!(table.verdict(at(3, 1), WorkerId(1)), Verdict::Refuse(LinkError::TooManyPeers));
         assert!(table.close(WorkerId(2), LinkId(7)).is_none(), "another link's close is ignored");
