@@ -1,10 +1,13 @@
-//! turmoil's TCP listener as an `axum::serve::Listener`: the one adapter between the server's
-//! app and the simulated network. Everything above it is the production code.
+//! turmoil's TCP as the server's network: its listener as an `axum::serve::Listener` (the HTTP
+//! app and the peer transport accept through it) and its connect as a `peer::Dial`. These are
+//! the only adapters between the server and the simulated network; everything above them is the
+//! production code.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::serve::Listener;
+use lockstep_server::peer::Dial;
 
 pub struct TurmoilListener(pub turmoil::net::TcpListener);
 
@@ -36,5 +39,18 @@ impl Listener for TurmoilListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         self.0.local_addr()
+    }
+}
+
+/// turmoil's connect as the peer transport's dialer. Addresses are `"host:port"`, the host a
+/// name given to `Sim::host`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurmoilDial;
+
+impl Dial for TurmoilDial {
+    type Io = turmoil::net::TcpStream;
+
+    async fn dial(&self, addr: &str) -> std::io::Result<Self::Io> {
+        turmoil::net::TcpStream::connect(addr).await
     }
 }
