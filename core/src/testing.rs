@@ -13,6 +13,10 @@ use crate::sched::{
     StepMode, StepOutputs,
 };
 
+mod cluster;
+
+pub use cluster::{Cluster, ClusterConfig, ClusterOp, DECODE, End, FlyingWrite, PREFILL, ROUTER};
+
 pub const VOCAB_SIZE: u32 = 97;
 
 /// A small configuration that exercises chunking, preemption and the cache.

@@ -42,6 +42,9 @@ fuzz_target!(|ops: Vec<Op>| {
         requests_max: 4,
         retries_max: 2,
         decode_idle_timeout: Duration::from_millis(300),
+        decode_slots: 2,
+        queue_wait_max: Duration::from_millis(400),
+        busy_backoff: Duration::from_millis(5),
     };
     let mut router =
         Router::new(ME, config, vec![endpoint(0, 0)], vec![endpoint(1, 0), endpoint(2, 0)]);

@@ -236,7 +236,7 @@ impl DecodeSide {
                 if admit {
                     self.on_reserve(from, key, request, prefill, pool, now);
                 } else {
-                    let failure = Some(AbortReason::DecodeFailed);
+                    let failure = Some(AbortReason::DecodeBusy);
                     self.send(from, Message::Outcome { key, failure });
                 }
             }
@@ -260,8 +260,12 @@ impl DecodeSide {
         pool: &mut PagePool,
         now: Time,
     ) {
-        if self.transfers.len() >= self.config.transfers_max as usize || request.prompt.is_empty() {
+        if request.prompt.is_empty() {
             self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeFailed) });
+            return;
+        }
+        if self.transfers.len() >= self.config.transfers_max as usize {
+            self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeBusy) });
             return;
         }
         let page_tokens = pool.page_tokens() as usize;
@@ -291,7 +295,7 @@ impl DecodeSide {
             for page in cached.into_iter().chain(reserved) {
                 pool.release(page).expect("a page taken a moment ago is held");
             }
-            self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeFailed) });
+            self.send(router, Message::Outcome { key, failure: Some(AbortReason::DecodeBusy) });
             return;
         };
         let prepare = Message::Prepare {

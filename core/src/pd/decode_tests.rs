@@ -319,7 +319,7 @@ fn refusals_when_full_or_out_of_pages() {
     let out = rig.deliver(R, Message::Reserve { key: key(3), request: spec(3, 4), prefill: P });
     assert_eq!(
         sent(&out),
-        vec![(R, Message::Outcome { key: key(3), failure: Some(AbortReason::DecodeFailed) })]
+        vec![(R, Message::Outcome { key: key(3), failure: Some(AbortReason::DecodeBusy) })]
     );
     assert_eq!(rig.pool.held_count(), 8);
 }

@@ -35,6 +35,13 @@ pub struct RouterConfig {
     /// How long a decoding request may go without a `Tokens` message before the router gives up
     /// on it. Longer than any stall a healthy decode worker has (a long queue, preemption).
     pub decode_idle_timeout: Duration,
+    /// Requests each decode worker takes at once (its batch slots): beyond it, requests wait at
+    /// the router rather than be refused by the worker.
+    pub decode_slots: u32,
+    /// How long a request may wait at the router for a decode worker with room.
+    pub queue_wait_max: Duration,
+    /// How long a request refused by a busy decode worker waits before it is sent again.
+    pub busy_backoff: Duration,
 }
 
 /// What the router asks its driver to do. Drained with `poll_output` after every input.
@@ -100,6 +107,17 @@ struct Transfer {
     attempt: u32,
 }
 
+/// A request waiting at the router for a decode worker with room.
+#[derive(Clone, Debug)]
+struct Queued {
+    request: RequestSpec,
+    attempt: u32,
+    /// Not sent before then (a busy worker's back-off).
+    not_before: Time,
+    /// Fails if still waiting then.
+    deadline: Time,
+}
+
 /// A request whose KV is on a decode worker, which streams its tokens.
 #[derive(Clone, Debug)]
 struct Decoding {
@@ -123,6 +141,8 @@ pub struct Router {
     deadlines: BTreeSet<(Time, TransferId)>,
     decoding: BTreeMap<RequestId, Decoding>,
     idle_deadlines: BTreeSet<(Time, RequestId)>,
+    /// In arrival order; bounded with the rest by `requests_max`.
+    queue: VecDeque<Queued>,
     outputs: VecDeque<RouterOutput>,
 }
 
@@ -148,6 +168,7 @@ impl Router {
             deadlines: BTreeSet::new(),
             decoding: BTreeMap::new(),
             idle_deadlines: BTreeSet::new(),
+            queue: VecDeque::new(),
             outputs: VecDeque::new(),
         }
     }
@@ -160,6 +181,16 @@ impl Router {
         self.decoding.len()
     }
 
+    /// Requests waiting at the router for a decode worker with room.
+    pub fn requests_queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The transfer a request in transfer is in now.
+    pub fn transfer_of(&self, request: RequestId) -> Option<TransferKey> {
+        self.by_request.get(&request).map(|id| self.transfers[id].key)
+    }
+
     pub fn poll_output(&mut self) -> Option<RouterOutput> {
         self.outputs.pop_front()
     }
@@ -167,29 +198,83 @@ impl Router {
     pub fn next_timeout(&self) -> Option<Time> {
         let transfer = self.deadlines.first().map(|(t, _)| *t);
         let idle = self.idle_deadlines.first().map(|(t, _)| *t);
-        match (transfer, idle) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // A queued request is due at its deadline, or when its back-off ends if a worker has
+        // room then (else it waits for an end, which is an input, not a timer).
+        let room = self.decode_with_room(0).is_some();
+        let queued = self
+            .queue
+            .iter()
+            .map(|q| if room { q.not_before.min(q.deadline) } else { q.deadline })
+            .min();
+        [transfer, idle, queued].into_iter().flatten().min()
     }
 
     /// Starts moving a request's KV to a decode worker.
-    pub fn submit(&mut self, request: RequestSpec, now: Time) -> Result<TransferKey, RouterError> {
-        if self.by_request.contains_key(&request.id) || self.decoding.contains_key(&request.id) {
+    /// Accepts a request: it goes to a prefill and a decode worker now if a decode worker has
+    /// room, else it waits here (`requests_queued`).
+    pub fn submit(&mut self, request: RequestSpec, now: Time) -> Result<(), RouterError> {
+        if self.by_request.contains_key(&request.id)
+            || self.decoding.contains_key(&request.id)
+            || self.queue.iter().any(|q| q.request.id == request.id)
+        {
             return Err(RouterError::DuplicateRequest(request.id));
         }
-        if self.by_request.len() + self.decoding.len() >= self.config.requests_max as usize {
+        if self.requests_held() >= self.config.requests_max as usize {
             return Err(RouterError::Busy);
         }
         if self.prefills.is_empty() || self.decodes.is_empty() {
             return Err(RouterError::NoWorkers);
         }
-        Ok(self.start(request, 0, now))
+        let deadline = now.saturating_add(self.config.queue_wait_max);
+        self.queue.push_back(Queued { request, attempt: 0, not_before: now, deadline });
+        self.pump(now);
+        Ok(())
+    }
+
+    fn requests_held(&self) -> usize {
+        self.by_request.len() + self.decoding.len() + self.queue.len()
+    }
+
+    /// Starts queued requests, oldest first, while a decode worker has room; fails those that
+    /// waited too long.
+    fn pump(&mut self, now: Time) {
+        while let Some(at) = self.queue.iter().position(|q| q.deadline <= now) {
+            let q = self.queue.remove(at).expect("found above");
+            let reason = AbortReason::Timeout;
+            self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
+        }
+        while self.decode_with_room(0).is_some() {
+            let Some(at) = self.queue.iter().position(|q| q.not_before <= now) else { break };
+            let q = self.queue.remove(at).expect("found above");
+            self.start(q.request, q.attempt, now);
+        }
+    }
+
+    /// A decode worker's load: what it receives and what it decodes.
+    fn decode_load(&self, worker: &Endpoint) -> usize {
+        self.transfers.values().filter(|t| t.decode.worker == worker.worker).count()
+            + self.decoding.values().filter(|d| d.decode.worker == worker.worker).count()
+    }
+
+    /// The least loaded decode worker below `decode_slots`; ties as in `least_loaded`.
+    fn decode_with_room(&self, attempt: u32) -> Option<Endpoint> {
+        let slots = self.config.decode_slots as usize;
+        let n = self.decodes.len();
+        (0..n)
+            .map(|i| self.decodes[(i + attempt as usize) % n])
+            .filter(|w| self.decode_load(w) < slots)
+            .min_by_key(|w| self.decode_load(w))
     }
 
     /// The client went away: the request fails now, and the decode side is told to let go.
-    pub fn abort(&mut self, request: RequestId, _now: Time) -> Result<(), RouterError> {
+    pub fn abort(&mut self, request: RequestId, now: Time) -> Result<(), RouterError> {
+        if let Some(at) = self.queue.iter().position(|q| q.request.id == request) {
+            self.queue.remove(at);
+            self.outputs.push_back(RouterOutput::Failed { request, reason: AbortReason::Client });
+            return Ok(());
+        }
         if let Some(d) = self.forget_decoding(request) {
+            self.pump(now);
             self.send(d.decode, Message::Cancel { key: d.key, request });
             self.outputs.push_back(RouterOutput::Failed { request, reason: AbortReason::Client });
             return Ok(());
@@ -200,6 +285,7 @@ impl Router {
         let t = self.forget(id);
         self.send(t.decode, Message::Abort { key: t.key, reason: AbortReason::Client });
         self.outputs.push_back(RouterOutput::Failed { request, reason: AbortReason::Client });
+        self.pump(now);
         Ok(())
     }
 
@@ -231,6 +317,7 @@ impl Router {
             |d| d.worker == worker.worker && d.incarnation < worker.incarnation,
             AbortReason::PeerRestarted,
         );
+        self.pump(now);
     }
 
     /// The link to a worker broke (its transport gave up on it): what was on the way through it
@@ -251,6 +338,7 @@ impl Router {
             self.fail_or_retry(id, AbortReason::PeerRestarted, now);
         }
         self.fail_decoding_on(|d| d.worker == worker, AbortReason::PeerRestarted);
+        self.pump(now);
     }
 
     fn fail_decoding_on(&mut self, on: impl Fn(Endpoint) -> bool, reason: AbortReason) {
@@ -328,6 +416,7 @@ impl Router {
             self.send(d.decode, Message::Cancel { key, request });
             let reason = AbortReason::Router;
             self.outputs.push_back(RouterOutput::Failed { request, reason });
+            self.pump(now);
             return;
         }
         // Tokens already passed on (a duplicate) are skipped.
@@ -342,6 +431,7 @@ impl Router {
         if let Some(reason) = finish {
             self.forget_decoding(request);
             self.outputs.push_back(RouterOutput::Finished { request, reason });
+            self.pump(now);
         }
     }
 
@@ -375,6 +465,7 @@ impl Router {
             let reason = AbortReason::Timeout;
             self.outputs.push_back(RouterOutput::Failed { request, reason });
         }
+        self.pump(now);
     }
 
     fn start(&mut self, request: RequestSpec, attempt: u32, now: Time) -> TransferKey {
@@ -383,11 +474,9 @@ impl Router {
         let prefill = least_loaded(&self.prefills, attempt, |w| {
             self.transfers.values().filter(|t| t.prefill.worker == w.worker).count()
         });
-        // A decode worker's load is what it decodes as well as what it receives.
-        let decode = least_loaded(&self.decodes, attempt, |w| {
-            self.transfers.values().filter(|t| t.decode.worker == w.worker).count()
-                + self.decoding.values().filter(|d| d.decode.worker == w.worker).count()
-        });
+        let decode = self
+            .decode_with_room(attempt)
+            .unwrap_or_else(|| least_loaded(&self.decodes, attempt, |w| self.decode_load(w)));
         let deadline = now.saturating_add(self.config.outcome_timeout);
         self.send(decode, Message::Reserve { key, request: request.clone(), prefill });
         self.by_request.insert(request.id, key.transfer);
@@ -399,11 +488,20 @@ impl Router {
 
     fn fail_or_retry(&mut self, id: TransferId, reason: AbortReason, now: Time) {
         let t = self.forget(id);
-        if t.attempt < self.config.retries_max && reason != AbortReason::Client {
-            self.start(t.request, t.attempt + 1, now);
+        let deadline = now.saturating_add(self.config.queue_wait_max);
+        if reason == AbortReason::DecodeBusy {
+            // Not a failure of the request: it waits (within its deadline) and goes again after
+            // a back-off, once a worker has room. The attempt is not used up.
+            let not_before = now.saturating_add(self.config.busy_backoff);
+            let (request, attempt) = (t.request, t.attempt);
+            self.queue.push_back(Queued { request, attempt, not_before, deadline });
+        } else if t.attempt < self.config.retries_max && reason != AbortReason::Client {
+            let (request, attempt) = (t.request, t.attempt + 1);
+            self.queue.push_back(Queued { request, attempt, not_before: now, deadline });
         } else {
             self.outputs.push_back(RouterOutput::Failed { request: t.request.id, reason });
         }
+        self.pump(now);
     }
 
     fn forget(&mut self, id: TransferId) -> Transfer {
@@ -443,6 +541,23 @@ impl Router {
             self.idle_deadlines.len(),
             self.decoding.len()
         );
+        for (i, q) in self.queue.iter().enumerate() {
+            let id = q.request.id;
+            ensure_invariant!(
+                PD,
+                !self.by_request.contains_key(&id)
+                    && !self.decoding.contains_key(&id)
+                    && self.queue.iter().skip(i + 1).all(|other| other.request.id != id),
+                "{id} is queued and in flight, or queued twice"
+            );
+            ensure_invariant!(
+                PD,
+                q.attempt <= self.config.retries_max,
+                "{id} is queued for attempt {} of {}",
+                q.attempt,
+                self.config.retries_max
+            );
+        }
         for (request, d) in &self.decoding {
             ensure_invariant!(
                 PD,
@@ -457,10 +572,11 @@ impl Router {
         }
         ensure_invariant!(
             PD,
-            self.transfers.len() + self.decoding.len() <= self.config.requests_max as usize,
-            "{} transfers and {} decoding over the bound",
+            self.requests_held() <= self.config.requests_max as usize,
+            "{} transfers, {} decoding and {} queued over the bound",
             self.transfers.len(),
-            self.decoding.len()
+            self.decoding.len(),
+            self.queue.len()
         );
         let first = self.me.incarnation.0 << Self::ID_BITS;
         for (&id, t) in &self.transfers {

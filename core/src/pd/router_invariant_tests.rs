@@ -9,7 +9,9 @@
 //! | idle deadlines indexed | "{n} idle deadlines for {m} decoding requests" | `an_idle_deadline_is_lost` |
 //! | decoding is not in transfer | "{id} is decoding and in transfer at once" | `a_request_decodes_and_transfers_at_once` |
 //! | each decoding request's deadline | "{id} is missing from the idle deadlines" | `a_decoding_request_misses_its_idle_deadline` |
-//! | transfers bounded | "{n} transfers and {m} decoding over the bound" | `more_transfers_than_requests_max` |
+//! | queued once, not in flight | "{id} is queued and in flight, or queued twice" | `a_request_is_queued_and_in_transfer` |
+//! | queued attempts bounded | "{id} is queued for attempt {n} of {m}" | `a_queued_attempt_is_over_the_bound` |
+//! | transfers bounded | "{n} transfers, {m} decoding and {q} queued over the bound" | `more_transfers_than_requests_max` |
 //! | filed under its id | "transfer {id:?} filed under another id" | `a_transfer_is_filed_under_another_id` |
 //! | ids of this incarnation | "transfer {id:?} outside this incarnation's ids" | `an_id_is_not_below_the_next_one` |
 //! | request maps back | "{request} does not map to its transfer {id:?}" | `a_request_maps_to_another_transfer` |
@@ -36,9 +38,13 @@ fn legit() -> Router {
         requests_max: 2,
         retries_max: 1,
         decode_idle_timeout: Duration::from_secs(5),
+        decode_slots: 8,
+        queue_wait_max: Duration::from_secs(5),
+        busy_backoff: Duration::from_millis(5),
     };
     let mut r = Router::new(ME, config, vec![P], vec![D1, D2]);
-    let first = r.submit(RequestSpec::new(RequestId(1), vec![1, 2, 3], 4), Time::ZERO).unwrap();
+    r.submit(RequestSpec::new(RequestId(1), vec![1, 2, 3], 4), Time::ZERO).unwrap();
+    let first = r.transfer_of(RequestId(1)).unwrap();
     r.submit(RequestSpec::new(RequestId(2), vec![4, 5, 6], 4), Time::ZERO).unwrap();
     let failure = Some(AbortReason::DecodeFailed);
     let outcome = Envelope { from: D1, to: ME, body: Message::Outcome { key: first, failure } };
@@ -94,7 +100,7 @@ fn more_transfers_than_requests_max() {
             r.deadlines.insert((t.deadline, t.key.transfer));
             r.transfers.insert(t.key.transfer, t);
         },
-        "3 transfers and 0 decoding over the bound",
+        "3 transfers, 0 decoding and 0 queued over the bound",
     );
 }
 
@@ -191,5 +197,26 @@ fn a_decoding_request_misses_its_idle_deadline() {
             r.idle_deadlines.insert((t.saturating_add(Duration::from_millis(1)), req));
         },
         "req-1 is missing from the idle deadlines",
+    );
+}
+
+fn queued(request: u64, attempt: u32) -> Queued {
+    let spec = RequestSpec::new(RequestId(request), vec![1, 2, 3], 4);
+    Queued { request: spec, attempt, not_before: Time::ZERO, deadline: Time::from_millis(9) }
+}
+
+#[test]
+fn a_request_is_queued_and_in_transfer() {
+    fires(|r| r.queue.push_back(queued(2, 0)), "req-2 is queued and in flight, or queued twice");
+}
+
+#[test]
+fn a_queued_attempt_is_over_the_bound() {
+    fires(
+        |r| {
+            r.forget(id(1));
+            r.queue.push_back(queued(2, 7));
+        },
+        "req-2 is queued for attempt 7 of 1",
     );
 }

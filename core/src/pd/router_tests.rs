@@ -14,6 +14,9 @@ fn router(retries_max: u32) -> Router {
         requests_max: 2,
         retries_max,
         decode_idle_timeout: Duration::from_secs(5),
+        decode_slots: 8,
+        queue_wait_max: Duration::from_secs(5),
+        busy_backoff: Duration::from_millis(5),
     };
     Router::new(ME, config, vec![P1], vec![D1, D2])
 }
@@ -45,8 +48,10 @@ fn outcome(from: Endpoint, key: TransferKey, failure: Option<AbortReason>) -> En
 #[test]
 fn requests_spread_over_decode_workers_and_end_once() {
     let mut r = router(0);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
-    let k2 = r.submit(spec(2), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
+    r.submit(spec(2), Time::ZERO).unwrap();
+    let k2 = r.transfer_of(RequestId(2)).unwrap();
     let out = drain(&mut r);
     assert_eq!(reserve_to(&out), vec![(D1, k1), (D2, k2)], "the least loaded decode worker first");
     assert_eq!(r.submit(spec(3), Time::ZERO), Err(RouterError::Busy));
@@ -63,13 +68,15 @@ fn requests_spread_over_decode_workers_and_end_once() {
 #[test]
 fn ids_are_never_reused_and_belong_to_the_incarnation() {
     let mut r = router(0);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
     r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
     let finish = Some(FinishReason::Length);
     let tokens =
         Message::Tokens { key: k1, request: RequestId(1), index: 0, tokens: vec![5], finish };
     r.handle_envelope(Envelope { from: D1, to: ME, body: tokens }, Time::ZERO);
-    let k2 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k2 = r.transfer_of(RequestId(1)).unwrap();
     assert!(k2.transfer > k1.transfer);
     assert_eq!(k1.transfer.0 >> 40, 3);
     let reborn = Router::new(
@@ -87,7 +94,8 @@ fn ids_are_never_reused_and_belong_to_the_incarnation() {
 #[test]
 fn a_failed_transfer_is_retried_as_a_new_one_elsewhere() {
     let mut r = router(1);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     r.handle_envelope(outcome(D1, k1, Some(AbortReason::DecodeFailed)), Time::ZERO);
     let out = drain(&mut r);
@@ -106,7 +114,8 @@ fn a_failed_transfer_is_retried_as_a_new_one_elsewhere() {
 #[test]
 fn silence_ends_in_a_timeout_and_an_abort_to_the_decode_side() {
     let mut r = router(0);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     assert_eq!(r.next_timeout(), Some(Time::from_millis(500)));
     r.handle_timeout(Time::from_millis(499));
@@ -128,7 +137,8 @@ fn silence_ends_in_a_timeout_and_an_abort_to_the_decode_side() {
 #[test]
 fn a_client_abort_ends_the_request_at_once_and_tells_the_decode_side() {
     let mut r = router(3);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     r.abort(RequestId(1), Time::ZERO).unwrap();
     let out = drain(&mut r);
@@ -148,7 +158,8 @@ fn a_client_abort_ends_the_request_at_once_and_tells_the_decode_side() {
 #[test]
 fn a_restarted_decode_worker_loses_its_transfers_to_a_retry() {
     let mut r = router(1);
-    let k1 = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     let reborn = Endpoint { incarnation: Incarnation(2), ..D1 };
     r.handle_worker_restart(reborn, Time::ZERO);
@@ -178,7 +189,8 @@ fn tokens(
 
 fn decoding_router() -> (Router, TransferKey) {
     let mut r = router(1);
-    let key = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let key = r.transfer_of(RequestId(1)).unwrap();
     r.handle_envelope(outcome(D1, key, None), Time::ZERO);
     drain(&mut r);
     (r, key)
@@ -223,7 +235,8 @@ fn tokens_pass_on_in_order_once_and_the_finish_ends_the_request() {
 #[test]
 fn tokens_that_overtake_the_outcome_prove_the_hand_over() {
     let mut r = router(1);
-    let key = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let key = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     r.handle_envelope(tokens(D1, key, 0, &[7], None), Time::ZERO);
     assert_eq!(
@@ -242,7 +255,8 @@ fn tokens_that_overtake_the_outcome_prove_the_hand_over() {
 #[test]
 fn a_retried_request_is_never_decoded_twice_for_the_client() {
     let mut r = router(1);
-    let first = r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let first = r.transfer_of(RequestId(1)).unwrap();
     drain(&mut r);
     r.handle_timeout(Time::from_millis(500));
     let out = drain(&mut r);
@@ -308,7 +322,8 @@ fn a_client_abort_while_decoding_reaches_the_decode_worker() {
 #[test]
 fn a_worker_lost_fails_what_decodes_there_and_retries_what_transfers_through_it() {
     let (mut r, _) = decoding_router();
-    let second = r.submit(spec(2), Time::ZERO).unwrap();
+    r.submit(spec(2), Time::ZERO).unwrap();
+    let second = r.transfer_of(RequestId(2)).unwrap();
     let out = drain(&mut r);
     assert_eq!(reserve_to(&out), vec![(D2, second)]);
     r.handle_worker_down(D1.worker, Time::ZERO);
@@ -322,4 +337,72 @@ fn a_worker_lost_fails_what_decodes_there_and_retries_what_transfers_through_it(
     let out = drain(&mut r);
     let retried = reserve_to(&out);
     assert_eq!(retried.len(), 1, "request 2 is retried: {out:?}");
+}
+
+// --- waiting at the router ---
+
+fn small_router(decode_slots: u32) -> Router {
+    let config = RouterConfig {
+        outcome_timeout: Duration::from_millis(500),
+        requests_max: 4,
+        retries_max: 0,
+        decode_idle_timeout: Duration::from_secs(5),
+        decode_slots,
+        queue_wait_max: Duration::from_millis(100),
+        busy_backoff: Duration::from_millis(5),
+    };
+    Router::new(ME, config, vec![P1], vec![D1])
+}
+
+#[test]
+fn requests_beyond_the_decode_workers_room_wait_and_go_when_one_ends() {
+    let mut r = small_router(1);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(2), Time::ZERO).unwrap();
+    let out = drain(&mut r);
+    assert_eq!(reserve_to(&out).len(), 1);
+    assert_eq!((r.requests_in_transfer(), r.requests_queued()), (1, 1));
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
+    r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
+    assert_eq!(r.requests_queued(), 1, "still decoding: no room");
+    r.handle_envelope(tokens(D1, k1, 0, &[5], Some(FinishReason::Length)), Time::from_millis(1));
+    let out = drain(&mut r);
+    assert_eq!(reserve_to(&out).len(), 1, "the end made room: {out:?}");
+    assert_eq!(r.requests_queued(), 0);
+}
+
+#[test]
+fn a_request_waits_at_most_queue_wait_max_and_a_queued_abort_ends_it() {
+    let mut r = small_router(1);
+    for id in 1..=3 {
+        r.submit(spec(id), Time::ZERO).unwrap();
+    }
+    drain(&mut r);
+    r.abort(RequestId(3), Time::ZERO).unwrap();
+    assert_eq!(
+        drain(&mut r),
+        vec![RouterOutput::Failed { request: RequestId(3), reason: AbortReason::Client }]
+    );
+    assert_eq!(r.next_timeout(), Some(Time::from_millis(100)));
+    r.handle_timeout(Time::from_millis(100));
+    let out = drain(&mut r);
+    assert!(
+        out.contains(&RouterOutput::Failed { request: RequestId(2), reason: AbortReason::Timeout })
+    );
+}
+
+#[test]
+fn a_busy_refusal_backs_off_and_keeps_its_attempt() {
+    let mut r = small_router(2);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
+    drain(&mut r);
+    r.handle_envelope(outcome(D1, k1, Some(AbortReason::DecodeBusy)), Time::ZERO);
+    assert!(drain(&mut r).is_empty(), "not sent again before the back-off");
+    assert_eq!(r.next_timeout(), Some(Time::from_millis(5)));
+    r.handle_timeout(Time::from_millis(5));
+    let out = drain(&mut r);
+    let again = reserve_to(&out);
+    assert_eq!(again.len(), 1, "retries_max is 0, yet a busy worker is tried again");
+    assert_eq!(again[0].1.epoch, k1.epoch, "the attempt was not used up");
 }

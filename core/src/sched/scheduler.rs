@@ -348,6 +348,11 @@ impl Scheduler {
         match phase {
             Phase::Waiting => {
                 self.dequeue(entry);
+                if self.entry(entry).keeps_pages {
+                    // Nothing to keep, but the caller waits for this event all the same.
+                    self.kept.insert(id, Vec::new());
+                    self.events.push_back(SchedEvent::PagesKept { request: id });
+                }
                 self.remove(entry);
             }
             Phase::Running { slot } => {

@@ -312,6 +312,7 @@ fn abort_reason(reason: AbortReason) -> u8 {
         AbortReason::DecodeFailed => 4,
         AbortReason::Timeout => 5,
         AbortReason::PeerRestarted => 6,
+        AbortReason::DecodeBusy => 7,
     }
 }
 
@@ -323,6 +324,7 @@ fn read_abort_reason(code: u8) -> Result<AbortReason, WireError> {
         4 => AbortReason::DecodeFailed,
         5 => AbortReason::Timeout,
         6 => AbortReason::PeerRestarted,
+        7 => AbortReason::DecodeBusy,
         value => return Err(WireError::Invalid { what: "abort reason", value: u64::from(value) }),
     })
 }

@@ -101,6 +101,8 @@ pub enum AbortReason {
     Timeout,
     /// The peer came back as a new incarnation: whatever the old one held is gone.
     PeerRestarted,
+    /// The decode worker had no batch slot, page or transfer place free: try again later.
+    DecodeBusy,
 }
 
 /// What a worker does in a deployment.

@@ -27,6 +27,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
         Just(AbortReason::DecodeFailed),
         Just(AbortReason::Timeout),
         Just(AbortReason::PeerRestarted),
+        Just(AbortReason::DecodeBusy),
     ]
 }
 
