@@ -243,7 +243,7 @@ impl Router {
             let reason = AbortReason::Timeout;
             self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
         }
-        while self.decode_with_room(0).is_some() {
+        while !self.prefills.is_empty() && self.decode_with_room(0).is_some() {
             let Some(at) = self.queue.iter().position(|q| q.not_before <= now) else { break };
             let q = self.queue.remove(at).expect("found above");
             self.start(q.request, q.attempt, now);
@@ -320,10 +320,42 @@ impl Router {
         self.pump(now);
     }
 
+    /// A link to a worker opened: it is paired from now on. A newer incarnation of a known worker
+    /// is a restart (`handle_worker_restart`). Workers are kept in id order, so pairing does not
+    /// depend on the order links came up in.
+    pub fn handle_worker_up(&mut self, worker: Endpoint, role: crate::wire::Role, now: Time) {
+        let known =
+            self.prefills.iter().chain(&self.decodes).find(|w| w.worker == worker.worker).copied();
+        match known {
+            Some(k) if k.incarnation < worker.incarnation => {
+                self.handle_worker_restart(worker, now)
+            }
+            Some(_) => {}
+            None => {
+                let list = match role {
+                    crate::wire::Role::Prefill => &mut self.prefills,
+                    crate::wire::Role::Decode => &mut self.decodes,
+                    crate::wire::Role::Router => return,
+                };
+                let at = list.partition_point(|w| w.worker < worker.worker);
+                list.insert(at, worker);
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The paired workers: prefill, then decode.
+    pub fn workers(&self) -> (&[Endpoint], &[Endpoint]) {
+        (&self.prefills, &self.decodes)
+    }
+
     /// The link to a worker broke (its transport gave up on it): what was on the way through it
     /// is lost. Transfers that involve it are retried elsewhere or fail; requests decoding there
     /// fail, since their streams have a hole.
+    /// The worker is no longer paired until it comes up again (`handle_worker_up`).
     pub fn handle_worker_down(&mut self, worker: crate::wire::WorkerId, now: Time) {
+        self.prefills.retain(|w| w.worker != worker);
+        self.decodes.retain(|w| w.worker != worker);
         let lost: Vec<TransferId> = self
             .transfers
             .values()
@@ -420,7 +452,9 @@ impl Router {
             return;
         }
         // Tokens already passed on (a duplicate) are skipped.
-        let fresh = tokens[(d.next_index - index) as usize..].to_vec();
+        // (A late copy may be wholly covered by what passed since.)
+        let seen = ((d.next_index - index) as usize).min(tokens.len());
+        let fresh = tokens[seen..].to_vec();
         d.next_index += fresh.len() as u32;
         self.idle_deadlines.remove(&(d.idle_deadline, request));
         d.idle_deadline = now.saturating_add(self.config.decode_idle_timeout);

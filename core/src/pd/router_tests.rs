@@ -334,9 +334,11 @@ fn a_worker_lost_fails_what_decodes_there_and_retries_what_transfers_through_it(
     }));
     assert_eq!(r.requests_in_transfer(), 1, "request 2 goes on: it does not use D1");
     r.handle_worker_down(D2.worker, Time::ZERO);
+    drain(&mut r);
+    assert_eq!(r.requests_queued(), 1, "request 2 waits for a decode worker to come up");
+    r.handle_worker_up(D2, crate::wire::Role::Decode, Time::ZERO);
     let out = drain(&mut r);
-    let retried = reserve_to(&out);
-    assert_eq!(retried.len(), 1, "request 2 is retried: {out:?}");
+    assert_eq!(reserve_to(&out), vec![(D2, r.transfer_of(RequestId(2)).unwrap())]);
 }
 
 // --- waiting at the router ---
@@ -405,4 +407,35 @@ fn a_busy_refusal_backs_off_and_keeps_its_attempt() {
     let again = reserve_to(&out);
     assert_eq!(again.len(), 1, "retries_max is 0, yet a busy worker is tried again");
     assert_eq!(again[0].1.epoch, k1.epoch, "the attempt was not used up");
+}
+
+#[test]
+fn workers_join_when_their_links_come_up_and_leave_when_they_go_down() {
+    let config = RouterConfig { retries_max: 1, ..small_router(4).config.clone() };
+    let mut r = Router::new(ME, config, vec![], vec![]);
+    assert_eq!(r.submit(spec(1), Time::ZERO), Err(RouterError::NoWorkers));
+    r.handle_worker_up(D2, crate::wire::Role::Decode, Time::ZERO);
+    r.handle_worker_up(D1, crate::wire::Role::Decode, Time::ZERO);
+    r.handle_worker_up(P1, crate::wire::Role::Prefill, Time::ZERO);
+    assert_eq!(r.workers(), (&[P1][..], &[D1, D2][..]), "kept in id order");
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let out = drain(&mut r);
+    assert_eq!(reserve_to(&out).len(), 1);
+    r.handle_worker_down(P1.worker, Time::ZERO);
+    drain(&mut r);
+    assert_eq!(r.requests_queued(), 1, "the retry waits for a prefill worker");
+    let p1_again = Endpoint { incarnation: Incarnation(2), ..P1 };
+    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, Time::from_millis(1));
+    let out = drain(&mut r);
+    assert_eq!(reserve_to(&out).len(), 1, "it goes as soon as one is up: {out:?}");
+}
+
+/// Found by the cluster proptest: a late duplicate wholly covered by what passed since.
+#[test]
+fn a_late_copy_shorter_than_what_passed_is_skipped_without_a_panic() {
+    let (mut r, key) = decoding_router();
+    r.handle_envelope(tokens(D1, key, 0, &[7, 8, 9], None), Time::ZERO);
+    drain(&mut r);
+    r.handle_envelope(tokens(D1, key, 0, &[7], None), Time::ZERO);
+    assert!(drain(&mut r).is_empty());
 }

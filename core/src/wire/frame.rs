@@ -126,6 +126,7 @@ fn kind(message: &Message) -> u8 {
         Message::Pong { .. } => 14,
         Message::Tokens { .. } => 15,
         Message::Cancel { .. } => 16,
+        Message::KvWriteAck { .. } => 17,
     }
 }
 
@@ -144,6 +145,10 @@ fn body(w: &mut Writer, message: &Message) {
             finish_reason(w, *finish);
         }
         Message::Cancel { request, .. } => w.u64(request.0),
+        Message::KvWriteAck { page, landed, .. } => {
+            page_slot(w, *page);
+            w.bool(*landed);
+        }
         Message::Reserve { request, prefill, .. } => {
             request_spec(w, request);
             endpoint(w, *prefill);
@@ -238,6 +243,7 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             finish: read_finish_reason(r)?,
         },
         16 => Message::Cancel { key, request: RequestId(r.u64("request id")?) },
+        17 => Message::KvWriteAck { key, page: read_page_slot(r)?, landed: r.bool("landed")? },
         other => return Err(WireError::UnknownKind(other)),
     })
 }

@@ -229,6 +229,13 @@ pub enum Message {
         first_token: u32,
         data: Vec<u8>,
     },
+    /// Decode memory → prefill: the `KvWrite` into `page` landed, or was dropped (`landed`
+    /// false: the page's transfer let go of it, as a revoked memory key drops an RDMA write).
+    KvWriteAck {
+        key: TransferKey,
+        page: PageSlot,
+        landed: bool,
+    },
     /// Decode → router: output tokens of a request the transfer handed over, numbered from the
     /// first output token (which the prefill side sampled) so that a gap is seen; `finish` ends
     /// the request.
@@ -265,6 +272,7 @@ impl Message {
             | Message::AbortAck { key }
             | Message::Outcome { key, .. }
             | Message::KvWrite { key, .. }
+            | Message::KvWriteAck { key, .. }
             | Message::Tokens { key, .. }
             | Message::Cancel { key, .. } => *key,
         })

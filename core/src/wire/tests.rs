@@ -117,6 +117,11 @@ fn link_or_request_message() -> impl Strategy<Value = Message> {
             }),
         (key(), any::<u64>())
             .prop_map(|(key, request)| Message::Cancel { key, request: RequestId(request) }),
+        (key(), page(), any::<bool>()).prop_map(|(key, page, landed)| Message::KvWriteAck {
+            key,
+            page,
+            landed
+        }),
     ]
 }
 
