@@ -20,6 +20,8 @@ use super::team::{self, Shared};
 use super::{LlamaConfig, LlamaWeights, kernels};
 use crate::gguf::round_to_f16;
 
+mod page_store;
+
 /// The KV of some KV heads for every page of the pool, per layer: `pages * page_tokens`
 /// positions of `heads.len() * head_dim` keys, and as many values, held at half precision (as
 /// f32 values).
@@ -68,6 +70,8 @@ struct Slot {
 pub struct CpuExecutor {
     weights: Arc<LlamaWeights>,
     page_tokens: usize,
+    /// Pages in the pool, each with KV in every shard.
+    pages: usize,
     /// One per team member, each locked by its member for a step.
     kv: Vec<Mutex<KvShard>>,
     tables: PageTables,
@@ -101,6 +105,7 @@ impl CpuExecutor {
         CpuExecutor {
             weights,
             page_tokens: pool.page_tokens as usize,
+            pages: pool.pages_total as usize,
             kv,
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
