@@ -18,6 +18,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod roles;
 pub mod serve;
 pub mod text;
 pub mod tool_calls;

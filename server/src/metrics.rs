@@ -65,6 +65,16 @@ pub struct Metrics {
     pub rejected_queue_full: Counter,
     pub rejected_invalid: Counter,
     pub client_aborts: Counter,
+    // Disaggregated roles: the data plane, the peer links and the router's transfers.
+    pub kv_bytes_sent: Counter,
+    pub kv_bytes_received: Counter,
+    pub kv_writes_dropped: Counter,
+    pub peer_send_failures: Counter,
+    pub transfers_started: Counter,
+    pub transfers_completed: Counter,
+    pub transfers_failed: Counter,
+    pub transfers_timed_out: Counter,
+    pub transfer_seconds: Histogram,
 }
 
 impl Metrics {
@@ -152,6 +162,39 @@ impl Metrics {
                 "lockstep:client_aborts_total",
                 "Requests whose client went away before they finished",
             ),
+            kv_bytes_sent: counter(
+                "lockstep:kv_bytes_sent_total",
+                "KV bytes written to decode workers",
+            ),
+            kv_bytes_received: counter(
+                "lockstep:kv_bytes_received_total",
+                "KV bytes landed in this worker's pages",
+            ),
+            kv_writes_dropped: counter(
+                "lockstep:kv_writes_dropped_total",
+                "KV writes dropped on arrival: their transfer had let go of the page (late)",
+            ),
+            peer_send_failures: counter(
+                "lockstep:peer_send_failures_total",
+                "Messages to a peer the transport could not take (no link, queue full)",
+            ),
+            transfers_started: counter("lockstep:kv_transfers_started_total", "Transfers started"),
+            transfers_completed: counter(
+                "lockstep:kv_transfers_completed_total",
+                "Transfers whose request now decodes",
+            ),
+            transfers_failed: counter(
+                "lockstep:kv_transfers_failed_total",
+                "Requests that failed before decoding, after their last retry",
+            ),
+            transfers_timed_out: counter(
+                "lockstep:kv_transfers_timed_out_total",
+                "Requests that failed before decoding because a wait ran out",
+            ),
+            transfer_seconds: histogram(
+                "lockstep:kv_transfer_duration_seconds",
+                "From a request's arrival at the router to its hand-over to a decode worker",
+            ),
             handle,
         }
     }
@@ -178,12 +221,13 @@ pub fn observe(histogram: &Histogram, d: Duration) {
 }
 
 fn build_recorder() -> PrometheusRecorder {
-    let buckets: [(&str, &[f64]); 5] = [
+    let buckets: [(&str, &[f64]); 6] = [
         ("vllm:time_to_first_token_seconds", &TTFT_BUCKETS),
         ("vllm:inter_token_latency_seconds", &ITL_BUCKETS),
         ("vllm:e2e_request_latency_seconds", &REQUEST_BUCKETS),
         ("vllm:request_queue_time_seconds", &REQUEST_BUCKETS),
         ("lockstep:step_duration_seconds", &STEP_BUCKETS),
+        ("lockstep:kv_transfer_duration_seconds", &TTFT_BUCKETS),
     ];
     let mut builder = PrometheusBuilder::new();
     for (name, values) in buckets {

@@ -36,6 +36,22 @@ pub fn start<R: StepRunner>(
     Ok(Node { state, engine_task })
 }
 
+/// Starts a router's engine (`roles::router`) in front of prefill and decode workers reached
+/// through `transport`, and builds the same app's state around it.
+pub fn start_router(
+    config: crate::roles::router::RouterEngineConfig,
+    transport: crate::peer::Transport,
+    peer_events: tokio::sync::mpsc::Receiver<crate::peer::PeerEvent>,
+    codec: Arc<dyn TextCodec>,
+    app_config: AppConfig,
+) -> Node {
+    let metrics = Arc::new(Metrics::new(&app_config.model_name));
+    let (engine, engine_task) =
+        crate::roles::router::spawn(config, transport, peer_events, metrics.clone());
+    let state = Arc::new(AppState::new(app_config, engine, codec, metrics));
+    Node { state, engine_task }
+}
+
 /// How the node ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drained {

@@ -236,8 +236,16 @@ impl Router {
     }
 
     /// Starts queued requests, oldest first, while a decode worker has room; fails those that
-    /// waited too long.
+    /// waited too long, and all of them when no prefill or no decode worker is up.
     fn pump(&mut self, now: Time) {
+        if self.prefills.is_empty() || self.decodes.is_empty() {
+            // Nothing can move them, and `submit` refuses while it is so: what waits fails now
+            // rather than at its deadline.
+            while let Some(q) = self.queue.pop_front() {
+                let reason = AbortReason::PeerRestarted;
+                self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
+            }
+        }
         while let Some(at) = self.queue.iter().position(|q| q.deadline <= now) {
             let q = self.queue.remove(at).expect("found above");
             let reason = AbortReason::Timeout;

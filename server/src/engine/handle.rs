@@ -42,6 +42,10 @@ pub enum SubmitError {
     ShuttingDown,
     /// The engine did not answer within the bound.
     Timeout,
+    /// A router with no prefill or no decode worker up.
+    NoWorkers,
+    /// The router could not take it for another reason.
+    Unavailable(String),
 }
 
 impl std::fmt::Display for SubmitError {
@@ -51,6 +55,8 @@ impl std::fmt::Display for SubmitError {
             SubmitError::Busy => write!(f, "the engine's inbox is full"),
             SubmitError::ShuttingDown => write!(f, "the server is shutting down"),
             SubmitError::Timeout => write!(f, "the engine did not answer in time"),
+            SubmitError::NoWorkers => write!(f, "no prefill or no decode worker is up"),
+            SubmitError::Unavailable(why) => write!(f, "{why}"),
         }
     }
 }

@@ -22,9 +22,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+pub(crate) use handle::Command;
 pub use handle::{EngineHandle, RequestEvent, RequestStream, SubmitError};
 use lockstep_core::sched::{SchedConfig, SchedConfigError, Scheduler};
-pub use runner::{InlineRunner, StepCost, StepResult, StepRunner, ThreadRunner};
+pub use runner::{
+    InlineRunner, PageRead, PageRunner, StepCost, StepOrRead, StepResult, StepRunner, ThreadRunner,
+};
 pub use stats::EngineStats;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

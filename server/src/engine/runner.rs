@@ -12,7 +12,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::time::Duration;
 
-use lockstep_core::model::{ExecError, Executor, SamplingSpec};
+use lockstep_core::model::{ExecError, Executor, PageStore, SamplingSpec};
 use lockstep_core::sched::{RequestId, StepId, StepOutputs, StepPlan};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,6 +30,40 @@ pub trait StepRunner: Send + 'static {
     /// The oldest launched step, once it is done. Cancel-safe: dropped before it resolves, it
     /// loses nothing, and the next call waits for the same step.
     fn completed(&mut self) -> Pin<Box<dyn Future<Output = StepResult> + Send + '_>>;
+}
+
+/// A page read for the transfer data plane: its tag, and its bytes.
+pub type PageRead = (u64, Result<Vec<u8>, ExecError>);
+
+/// What `PageRunner::step_or_read` found done.
+#[derive(Debug)]
+pub enum StepOrRead {
+    Step(StepResult),
+    Read(PageRead),
+}
+
+/// A runner whose executor's KV pages the transfer data plane reads (prefill side) and writes
+/// (decode side), in order with the steps: a read issued after a step was launched sees its
+/// writes, and a write issued before a step is launched is seen by it.
+pub trait PageRunner: StepRunner {
+    /// Bytes of one page.
+    fn page_bytes(&self) -> usize;
+    /// Queues a read of `page`; the bytes come back from `page_read`, tagged, in issue order.
+    fn read_page(&mut self, tag: u64, page: u32);
+    /// The oldest step launched or the oldest read issued, whichever is done first (one future,
+    /// so a loop can wait for both on one runner). Cancel-safe like `completed`.
+    fn step_or_read(&mut self) -> Pin<Box<dyn Future<Output = StepOrRead> + Send + '_>>;
+    /// Queues a write of `page`, seen by every step launched after it. `data` must be
+    /// `page_bytes()` long (checked here, so a wrong write is refused before it is acknowledged).
+    fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError>;
+}
+
+fn check_page_length(data: &[u8], page_bytes: usize) -> Result<(), ExecError> {
+    if data.len() == page_bytes {
+        Ok(())
+    } else {
+        Err(ExecError(format!("a page write of {} bytes, a page is {page_bytes}", data.len())))
+    }
 }
 
 /// How long a step takes in virtual time: a fixed cost per step plus one per token computed.
@@ -66,11 +100,40 @@ pub struct InlineRunner<E> {
     executor: E,
     cost: StepCost,
     done: VecDeque<(Instant, StepResult)>,
+    reads: VecDeque<PageRead>,
 }
 
 impl<E: Executor + Send + 'static> InlineRunner<E> {
     pub fn new(executor: E, cost: StepCost) -> InlineRunner<E> {
-        InlineRunner { executor, cost, done: VecDeque::new() }
+        InlineRunner { executor, cost, done: VecDeque::new(), reads: VecDeque::new() }
+    }
+}
+
+/// Steps are computed at launch, so a read or write now is in order with them already.
+impl<E: Executor + PageStore + Send + 'static> PageRunner for InlineRunner<E> {
+    fn page_bytes(&self) -> usize {
+        self.executor.page_bytes()
+    }
+
+    fn read_page(&mut self, tag: u64, page: u32) {
+        let mut bytes = Vec::with_capacity(self.executor.page_bytes());
+        let result = self.executor.read_page(page, &mut bytes).map(|()| bytes);
+        self.reads.push_back((tag, result));
+    }
+
+    fn step_or_read(&mut self) -> Pin<Box<dyn Future<Output = StepOrRead> + Send + '_>> {
+        Box::pin(async move {
+            // Reads are done at issue: nothing to wait for.
+            match self.reads.pop_front() {
+                Some(read) => StepOrRead::Read(read),
+                None => StepOrRead::Step(self.completed().await),
+            }
+        })
+    }
+
+    fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError> {
+        check_page_length(&data, self.executor.page_bytes())?;
+        self.executor.write_page(page, &data)
     }
 }
 
@@ -112,6 +175,8 @@ enum Job {
     Start(RequestId, SamplingSpec),
     End(RequestId),
     Step(StepPlan),
+    ReadPage(u64, u32),
+    WritePage(u32, Vec<u8>),
 }
 
 /// Runs the executor on a thread of its own (the CPU executor then fans each step out to its
@@ -121,6 +186,10 @@ pub struct ThreadRunner {
     jobs: std::sync::mpsc::SyncSender<Job>,
     results: mpsc::Receiver<StepResult>,
     launched: usize,
+    reads: mpsc::Receiver<PageRead>,
+    reads_issued: usize,
+    /// `None` when the executor keeps no pages for the data plane.
+    page_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for Job {
@@ -129,6 +198,8 @@ impl std::fmt::Debug for Job {
             Job::Start(id, _) => write!(f, "Start({id})"),
             Job::End(id) => write!(f, "End({id})"),
             Job::Step(plan) => write!(f, "Step({:?})", plan.step),
+            Job::ReadPage(tag, page) => write!(f, "ReadPage({tag}, {page})"),
+            Job::WritePage(page, _) => write!(f, "WritePage({page})"),
         }
     }
 }
@@ -140,14 +211,47 @@ impl ThreadRunner {
         executor: E,
         jobs_max: usize,
     ) -> std::io::Result<ThreadRunner> {
+        Self::spawn_inner(NoPages(executor), jobs_max, None)
+    }
+
+    /// As `spawn`, for an executor whose pages the transfer data plane reads and writes
+    /// (`PageRunner`). `jobs_max` must also hold the page reads and writes in flight.
+    pub fn spawn_with_pages<E: Executor + PageStore + Send + 'static>(
+        executor: E,
+        jobs_max: usize,
+    ) -> std::io::Result<ThreadRunner> {
+        let page_bytes = executor.page_bytes();
+        Self::spawn_inner(executor, jobs_max, Some(page_bytes))
+    }
+
+    fn spawn_inner<E: Executor + PageStore + Send + 'static>(
+        executor: E,
+        jobs_max: usize,
+        page_bytes: Option<usize>,
+    ) -> std::io::Result<ThreadRunner> {
         let (jobs, inbox) = std::sync::mpsc::sync_channel::<Job>(jobs_max);
         let (outbox, results) = mpsc::channel(4);
+        let (read_outbox, reads) = mpsc::channel(jobs_max.max(1));
         std::thread::Builder::new().name("lockstep-executor".into()).spawn(move || {
             let mut executor = executor;
             while let Ok(job) = inbox.recv() {
                 match job {
                     Job::Start(id, spec) => executor.start_request(id, spec),
                     Job::End(id) => executor.end_request(id),
+                    Job::ReadPage(tag, page) => {
+                        let mut bytes = Vec::new();
+                        let result = executor.read_page(page, &mut bytes).map(|()| bytes);
+                        if read_outbox.blocking_send((tag, result)).is_err() {
+                            return;
+                        }
+                    }
+                    Job::WritePage(page, data) => {
+                        if let Err(e) = executor.write_page(page, &data) {
+                            // Refused lengths never get here; a page out of range would be a
+                            // data-plane bug, and the page's request then decodes wrong KV.
+                            tracing::error!(page, error = %e, "a page write failed");
+                        }
+                    }
                     Job::Step(plan) => {
                         let result = execute_catching(&mut executor, &plan);
                         if outbox.blocking_send((plan.step, result)).is_err() {
@@ -157,7 +261,7 @@ impl ThreadRunner {
                 }
             }
         })?;
-        Ok(ThreadRunner { jobs, results, launched: 0 })
+        Ok(ThreadRunner { jobs, results, launched: 0, reads, reads_issued: 0, page_bytes })
     }
 
     fn send(&self, job: Job) {
@@ -201,6 +305,84 @@ impl StepRunner for ThreadRunner {
                 }
             }
         })
+    }
+}
+
+impl PageRunner for ThreadRunner {
+    fn page_bytes(&self) -> usize {
+        self.page_bytes.unwrap_or(0)
+    }
+
+    fn read_page(&mut self, tag: u64, page: u32) {
+        self.reads_issued += 1;
+        self.send(Job::ReadPage(tag, page));
+    }
+
+    fn step_or_read(&mut self) -> Pin<Box<dyn Future<Output = StepOrRead> + Send + '_>> {
+        Box::pin(async move {
+            if self.reads_issued == 0 {
+                return StepOrRead::Step(self.completed().await);
+            }
+            // Both channels are cancel-safe: whichever loses the race keeps its message.
+            let ThreadRunner { reads, reads_issued, launched, results, .. } = self;
+            tokio::select! {
+                biased;
+                step = results.recv(), if *launched > 0 => {
+                    *launched -= 1;
+                    StepOrRead::Step(step.unwrap_or((
+                        StepId(u64::MAX),
+                        Err(ExecError("the executor thread is gone".into())),
+                    )))
+                }
+                read = reads.recv() => {
+                    *reads_issued -= 1;
+                    StepOrRead::Read(read.unwrap_or((
+                        u64::MAX,
+                        Err(ExecError("the executor thread is gone".into())),
+                    )))
+                }
+            }
+        })
+    }
+
+    fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError> {
+        let Some(page_bytes) = self.page_bytes else {
+            return Err(ExecError("this executor keeps no pages for transfers".into()));
+        };
+        check_page_length(&data, page_bytes)?;
+        self.send(Job::WritePage(page, data));
+        Ok(())
+    }
+}
+
+/// An executor without a page store, run by a `ThreadRunner` that never reads or writes pages.
+struct NoPages<E>(E);
+
+impl<E: Executor> Executor for NoPages<E> {
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.0.start_request(request, spec);
+    }
+
+    fn end_request(&mut self, request: RequestId) {
+        self.0.end_request(request);
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
+        self.0.execute(plan)
+    }
+}
+
+impl<E> PageStore for NoPages<E> {
+    fn page_bytes(&self) -> usize {
+        0
+    }
+
+    fn read_page(&self, page: u32, _out: &mut Vec<u8>) -> Result<(), ExecError> {
+        Err(ExecError(format!("page {page}: this executor keeps no pages for transfers")))
+    }
+
+    fn write_page(&mut self, page: u32, _data: &[u8]) -> Result<(), ExecError> {
+        Err(ExecError(format!("page {page}: this executor keeps no pages for transfers")))
     }
 }
 

@@ -116,6 +116,9 @@ fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
         }
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down", retry),
         SubmitError::Timeout => ApiError::unavailable("the engine did not answer in time", retry),
+        SubmitError::NoWorkers | SubmitError::Unavailable(_) => {
+            ApiError::unavailable(format!("{e}"), retry)
+        }
     }
 }
 

@@ -54,9 +54,14 @@ impl TestServer {
         codec: Arc<dyn TextCodec>,
         app: AppConfig,
     ) -> TestServer {
+        let node = node::start(engine, runner, codec, app).unwrap();
+        Self::serve(node).await
+    }
+
+    /// Serves a node that is already started (a single engine or a router) on a free port.
+    pub async fn serve(node: node::Node) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let node = node::start(engine, runner, codec, app).unwrap();
         let state = node.state.clone();
         let (shutdown, signal) = oneshot::channel::<()>();
         let served = tokio::spawn(async move {

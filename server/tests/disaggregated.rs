@@ -1,0 +1,279 @@
+//! Router + prefill worker + decode worker on 127.0.0.1, each with its own transport, engine and
+//! provenance model, talking over real TCP: what goes through them equals what one process
+//! gives; concurrent multi-turn sessions with shared prefixes equal their runs one at a time;
+//! clients that leave mid-transfer leave nothing held on either worker; a decode worker killed
+//! mid-transfer ends every request within the bound and the prefill side's pages come back.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestServer, VOCAB, sched_config};
+use lockstep_core::model::ProvenanceModel;
+use lockstep_core::node::{DecodeNode, PrefillNode};
+use lockstep_core::pd::{DecodeConfig, PrefillConfig, RouterConfig};
+use lockstep_core::sched::{SchedConfig, StepMode};
+use lockstep_core::wire::{Endpoint, Incarnation, KvLayout, LinkIdentity, Role, WorkerId};
+use lockstep_server::engine::{EngineStats, InlineRunner, StepCost};
+use lockstep_server::http::AppConfig;
+use lockstep_server::metrics::Metrics;
+use lockstep_server::node;
+use lockstep_server::peer::{PeerConfig, TcpDial, Transport};
+use lockstep_server::roles::router::RouterEngineConfig;
+use lockstep_server::roles::spawn_worker;
+use lockstep_server::roles::worker::WorkerNode;
+use lockstep_server::text::SyntheticCodec;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+const ROUTER: WorkerId = WorkerId(0);
+const PREFILL: WorkerId = WorkerId(1);
+const DECODE: WorkerId = WorkerId(2);
+
+fn at(worker: WorkerId) -> Endpoint {
+    Endpoint { worker, incarnation: Incarnation(1) }
+}
+
+fn identity(role: Role) -> LinkIdentity {
+    // The provenance model keeps one 8-byte value per position.
+    let kv_layout = KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 };
+    LinkIdentity { role, page_tokens: 4, kv_layout, model: 0x1234 }
+}
+
+fn sched(mode: StepMode) -> SchedConfig {
+    let mut config = sched_config(mode);
+    config.pool.pins_max = 64;
+    config
+}
+
+fn peer(me: WorkerId, role: Role, dial: Vec<(WorkerId, String)>) -> PeerConfig {
+    let mut config = PeerConfig::new(at(me), identity(role), dial);
+    config.ping_interval = Duration::from_millis(50);
+    config.dead_after = Duration::from_millis(300);
+    config.backoff_min = Duration::from_millis(10);
+    config.backoff_max = Duration::from_millis(100);
+    config
+}
+
+const LEASE_MS: u64 = 200;
+
+struct Cluster {
+    router: TestServer,
+    prefill: (JoinHandle<()>, Arc<EngineStats>),
+    decode: (JoinHandle<()>, Arc<EngineStats>),
+}
+
+async fn cluster(mode: StepMode) -> Cluster {
+    let sched = sched(mode);
+    let model = || ProvenanceModel::new(sched.pool, sched.running_max, VOCAB);
+    let metrics = || Arc::new(Metrics::new("test-model"));
+    let decode_config = DecodeConfig {
+        lease: Duration::from_millis(LEASE_MS),
+        write_flight_max: Duration::from_millis(100),
+        transfers_max: 16,
+        prefix_cache: true,
+    };
+    let prefill_config = PrefillConfig {
+        heartbeat_interval: Duration::from_millis(50),
+        write_flight_max: Duration::from_millis(100),
+        transfer_deadline: Duration::from_millis(2_000),
+        done_retransmit: Duration::from_millis(100),
+        transfers_max: 16,
+    };
+
+    let decode_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let decode_addr = decode_listener.local_addr().unwrap().to_string();
+    let node =
+        WorkerNode::Decode(DecodeNode::new(at(DECODE), sched.clone(), decode_config).unwrap());
+    let runner = InlineRunner::new(model(), StepCost::ZERO);
+    let decode = spawn_worker(
+        node,
+        runner,
+        peer(DECODE, Role::Decode, vec![]),
+        TcpDial,
+        decode_listener,
+        true,
+        metrics(),
+    )
+    .unwrap();
+
+    let prefill_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let prefill_addr = prefill_listener.local_addr().unwrap().to_string();
+    let node =
+        WorkerNode::Prefill(PrefillNode::new(at(PREFILL), sched.clone(), prefill_config).unwrap());
+    let runner = InlineRunner::new(model(), StepCost::ZERO);
+    let prefill = spawn_worker(
+        node,
+        runner,
+        peer(PREFILL, Role::Prefill, vec![(DECODE, decode_addr.clone())]),
+        TcpDial,
+        prefill_listener,
+        true,
+        metrics(),
+    )
+    .unwrap();
+
+    let dial = vec![(PREFILL, prefill_addr), (DECODE, decode_addr)];
+    let (transport, events) = Transport::start(peer(ROUTER, Role::Router, dial), TcpDial).unwrap();
+    let config = RouterEngineConfig {
+        router: RouterConfig {
+            outcome_timeout: Duration::from_millis(3_000),
+            requests_max: 256,
+            retries_max: 1,
+            decode_idle_timeout: Duration::from_millis(3_000),
+            decode_slots: sched.running_max,
+            queue_wait_max: Duration::from_secs(20),
+            busy_backoff: Duration::from_millis(5),
+        },
+        workers: BTreeMap::from([(PREFILL, Role::Prefill), (DECODE, Role::Decode)]),
+        inbox_max: 256,
+        submit_wait_max: Duration::from_secs(5),
+        check_invariants: true,
+    };
+    let app = AppConfig::new("test-model", sched.request_tokens_max);
+    let codec = Arc::new(SyntheticCodec::new(VOCAB));
+    let router = TestServer::serve(node::start_router(config, transport, events, codec, app)).await;
+    // Links come up within a few backoffs; until then the router answers 503.
+    for _ in 0..200 {
+        let (status, _) = router.post("/v1/completions", &completion(&[1, 2, 3], 1)).await;
+        if status == 200 {
+            return Cluster { router, prefill, decode };
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the router never paired its workers");
+}
+
+fn completion(prompt: &[u32], max_tokens: u32) -> Value {
+    json!({ "model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 })
+}
+
+fn text(body: &Value) -> String {
+    body["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {body}")).to_owned()
+}
+
+fn prompt(i: u32, len: u32, shared: u32) -> Vec<u32> {
+    (0..len).map(|p| if p < shared { 1 + p % 900 } else { 1 + (p * 7 + i * 131) % 900 }).collect()
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_greedy_output_through_one_process_and_through_router_prefill_and_decode() {
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let single = TestServer::provenance(mode, StepCost::ZERO).await;
+        let c = cluster(mode).await;
+        for i in 0..12 {
+            let body = completion(&prompt(i, 3 + i * 5, if i % 2 == 0 { 8 } else { 0 }), 1 + i % 9);
+            let (s1, alone) = single.post("/v1/completions", &body).await;
+            let (s2, through) = c.router.post("/v1/completions", &body).await;
+            assert_eq!((s1, s2), (200, 200), "{alone} {through}");
+            assert_eq!(text(&through), text(&alone), "{mode:?} request {i}");
+            assert_eq!(through["usage"], alone["usage"]);
+        }
+        let streamed = c.router.stream("/v1/completions", &json!({
+            "model": "test-model", "prompt": prompt(99, 17, 0), "max_tokens": 6, "temperature": 0, "stream": true
+        })).await;
+        let (_, alone) = single.post("/v1/completions", &completion(&prompt(99, 17, 0), 6)).await;
+        assert_eq!(common::streamed_text(&streamed), text(&alone));
+        wait_until("pages held on a worker", || {
+            c.prefill.1.pages_held() == 0 && c.decode.1.requests_held() == 0
+        })
+        .await;
+    }
+}
+
+/// 64 sessions at once, two turns each, every turn's prompt the shared system prefix, the
+/// session's history and a new message: each answer equals the same conversation run one
+/// request at a time through one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_multi_turn_sessions_equal_their_runs_one_at_a_time() {
+    let c = Arc::new(cluster(StepMode::Overlap).await);
+    let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let system: Vec<u32> = (0..12).map(|p| 1 + p).collect();
+    let mut tasks = Vec::new();
+    for session in 0..64u32 {
+        let c = c.clone();
+        let system = system.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut history = system;
+            let mut answers = Vec::new();
+            for turn in 0..2u32 {
+                history.extend((0..3).map(|p| 1 + (session * 17 + turn * 5 + p) % 900));
+                let (status, body) =
+                    c.router.post("/v1/completions", &completion(&history, 4)).await;
+                assert_eq!(status, 200, "{body}");
+                let answer = text(&body);
+                // The answer's tokens go back into the history as the next turn's context.
+                history.extend(answer.split_whitespace().map(|t| t[1..].parse::<u32>().unwrap()));
+                answers.push((history.clone(), answer));
+            }
+            answers
+        }));
+    }
+    for task in tasks {
+        for (history, answer) in task.await.unwrap() {
+            let answer_tokens = answer.split_whitespace().count();
+            let asked = &history[..history.len() - answer_tokens];
+            let (_, alone) = single.post("/v1/completions", &completion(asked, 4)).await;
+            assert_eq!(answer, text(&alone));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_leave_mid_transfer_leave_nothing_held_on_either_worker() {
+    let c = cluster(StepMode::Sync).await;
+    for i in 0..40 {
+        let body = completion(&prompt(i, 40, 0), 60).to_string();
+        let mut conn = c.router.connect().await;
+        let request = conn.post("/v1/completions", &body);
+        // Gone after a moment: some before prefill, some mid-transfer, some while decoding.
+        let _ = tokio::time::timeout(Duration::from_micros(200 * u64::from(i % 7)), request).await;
+    }
+    wait_until("the workers still hold requests or pages", || {
+        c.prefill.1.pages_held() == 0
+            && c.prefill.1.requests_held() == 0
+            && c.decode.1.pages_held() == 0
+            && c.decode.1.requests_held() == 0
+    })
+    .await;
+    let (status, body) = c.router.post("/v1/completions", &completion(&[5, 6, 7], 3)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_decode_worker_ends_every_request_and_the_prefill_side_lets_go() {
+    let c = cluster(StepMode::Sync).await;
+    let mut requests = Vec::new();
+    for i in 0..16 {
+        requests.push(c.router.post_in_task("/v1/completions", completion(&prompt(i, 30, 0), 200)));
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    c.decode.0.abort();
+    let bound = Duration::from_millis(3_000 + 2 * LEASE_MS + 1_000);
+    for request in requests {
+        let body =
+            tokio::time::timeout(bound, request).await.expect("a request never ended").unwrap();
+        // Finished before the kill, or ended with an error: never hanging.
+        assert!(body["choices"].is_array() || body["error"].is_object(), "{body}");
+    }
+    wait_until("the prefill side holds pages after the decode worker died", || {
+        c.prefill.1.pages_held() == 0 && c.prefill.1.requests_held() == 0
+    })
+    .await;
+    let (status, _) = c.router.post("/v1/completions", &completion(&[1, 2], 2)).await;
+    assert_eq!(status, 503, "no decode worker: the router says so");
+}
