@@ -24,6 +24,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                       [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
                       [--executor cpu|provenance]
+                      [--role router|prefill|decode --worker-id N [--peer-port N]
+                       [--prefill ID@HOST:PORT]... [--decode ID@HOST:PORT]...]
 
   --model PATH           a GGUF file or a Hugging Face model directory; default: the bundled
                          SmolLM2-135M-Instruct (fetch it with ci/fetch-default-model.sh)
@@ -37,7 +39,18 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          (default: detected from the chat template)
   --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
   --executor provenance  serve the weightless provenance model with a synthetic vocabulary
-                         instead (for load and protocol tests; outputs are not language)";
+                         instead (for load and protocol tests; outputs are not language)
+
+Disaggregated serving (one process per role; see README):
+  --role router          serve the HTTP API on --port and move each request through a prefill
+                         and a decode worker given by --prefill and --decode
+  --role prefill|decode  compute prompts / decode, taking peer links on --peer-port (HTTP on
+                         --port serves /health and /metrics); a prefill worker dials --decode
+  --worker-id N          this worker's id, unique in the deployment (the router's included)
+  --prefill ID@ADDR      a prefill worker (router), repeatable
+  --decode ID@ADDR       a decode worker (router, prefill), repeatable
+  Workers and router must serve the same model with the same --page-tokens; the router's
+  --max-running is taken as each decode worker's batch size.";
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServeOptions {
@@ -59,6 +72,11 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     pub seed: Option<u64>,
     pub provenance: bool,
+    pub role: Option<lockstep_core::wire::Role>,
+    pub worker_id: Option<u32>,
+    pub peer_port: u16,
+    pub prefills: Vec<(u32, String)>,
+    pub decodes: Vec<(u32, String)>,
 }
 
 impl ServeOptions {
@@ -82,6 +100,11 @@ impl ServeOptions {
             drain_timeout: Duration::from_secs(30),
             seed: None,
             provenance: false,
+            role: None,
+            worker_id: None,
+            peer_port: 9000,
+            prefills: Vec::new(),
+            decodes: Vec::new(),
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -117,8 +140,27 @@ impl ServeOptions {
                     "provenance" => o.provenance = true,
                     other => return Err(format!("--executor: {other:?} is not cpu or provenance")),
                 },
+                "--role" => {
+                    o.role = Some(match value()?.as_str() {
+                        "router" => lockstep_core::wire::Role::Router,
+                        "prefill" => lockstep_core::wire::Role::Prefill,
+                        "decode" => lockstep_core::wire::Role::Decode,
+                        other => {
+                            return Err(format!(
+                                "--role: {other:?} is not router, prefill or decode"
+                            ));
+                        }
+                    })
+                }
+                "--worker-id" => o.worker_id = Some(number(&value()?, flag)?),
+                "--peer-port" => o.peer_port = number(&value()?, flag)?,
+                "--prefill" => o.prefills.push(worker_address(&value()?, flag)?),
+                "--decode" => o.decodes.push(worker_address(&value()?, flag)?),
                 other => return Err(format!("unknown option {other:?}")),
             }
+        }
+        if o.role.is_some() != o.worker_id.is_some() {
+            return Err("--role and --worker-id go together".into());
         }
         Ok(o)
     }
@@ -146,13 +188,20 @@ impl ServeOptions {
     }
 }
 
+/// `ID@HOST:PORT`.
+fn worker_address(text: &str, name: &str) -> Result<(u32, String), String> {
+    let (id, address) =
+        text.split_once('@').ok_or_else(|| format!("{name}: {text:?} is not ID@HOST:PORT"))?;
+    Ok((number(id, name)?, address.to_owned()))
+}
+
 fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
     text.parse().map_err(|_| format!("{name}: {text:?} is not a valid number"))
 }
 
 /// Vocabulary and context of the provenance executor served by `--executor provenance`.
-const PROVENANCE_VOCAB: u32 = 32_000;
-const PROVENANCE_CONTEXT: u32 = 4096;
+pub(crate) const PROVENANCE_VOCAB: u32 = 32_000;
+pub(crate) const PROVENANCE_CONTEXT: u32 = 4096;
 
 pub fn run(options: &ServeOptions) -> Result<(), String> {
     init_logging(options.log_json);
@@ -164,6 +213,9 @@ pub fn run(options: &ServeOptions) -> Result<(), String> {
 }
 
 async fn serve(options: &ServeOptions) -> Result<(), String> {
+    if options.role.is_some() {
+        return crate::roles::launch::serve(options, shutdown_signal()).await;
+    }
     let node = if options.provenance { provenance_node(options)? } else { model_node(options)? };
     let address = format!("{}:{}", options.host, options.port);
     let listener = tokio::net::TcpListener::bind(&address)
@@ -183,7 +235,16 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
     Ok(())
 }
 
-fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
+/// The model a process serves, loaded, with what every role derives from it.
+pub(crate) struct Loaded {
+    pub model: Arc<Model>,
+    pub sched: SchedConfig,
+    pub name: String,
+    pub codec: Arc<dyn TextCodec>,
+    pub tool_format: Option<ToolFormat>,
+}
+
+pub(crate) fn load_model(options: &ServeOptions) -> Result<Loaded, String> {
     let path = options.model.clone().unwrap_or_else(lockstep_gpu::default_model::path);
     if options.model.is_none() && !path.exists() {
         return Err(format!(
@@ -195,20 +256,30 @@ fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
     let context = u32::try_from(model.weights.config.context_length).unwrap_or(u32::MAX);
     let sched = options.sched_config(context, model.stop_tokens.clone());
     let name = options.served_model_name.clone().unwrap_or_else(|| model_name(&path));
-    let threads = options
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let executor =
-        CpuExecutor::with_threads(model.weights.clone(), sched.pool, sched.running_max, threads);
-    let engine = EngineConfig::new(sched.clone());
-    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max())
-        .map_err(|e| format!("starting the executor thread: {e}"))?;
     let tool_format = options
         .tool_call_parser
         .or_else(|| model.chat_template.as_deref().and_then(ToolFormat::for_template));
-    let codec: Arc<dyn TextCodec> = Arc::new(ModelCodec(model));
-    let app = app_config(options, name, sched.request_tokens_max, tool_format);
-    node::start(engine, runner, codec, app)
+    let codec: Arc<dyn TextCodec> = Arc::new(ModelCodec(model.clone()));
+    Ok(Loaded { model, sched, name, codec, tool_format })
+}
+
+/// The CPU executor for `loaded`, on `--threads` threads (default: every core).
+pub(crate) fn cpu_executor(options: &ServeOptions, loaded: &Loaded) -> CpuExecutor {
+    let threads = options
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let sched = &loaded.sched;
+    CpuExecutor::with_threads(loaded.model.weights.clone(), sched.pool, sched.running_max, threads)
+}
+
+fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
+    let loaded = load_model(options)?;
+    let executor = cpu_executor(options, &loaded);
+    let engine = EngineConfig::new(loaded.sched.clone());
+    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max())
+        .map_err(|e| format!("starting the executor thread: {e}"))?;
+    let app = app_config(options, loaded.name, loaded.sched.request_tokens_max, loaded.tool_format);
+    node::start(engine, runner, loaded.codec, app)
 }
 
 fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
@@ -222,7 +293,7 @@ fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
     node::start(engine, runner, codec, app)
 }
 
-fn app_config(
+pub(crate) fn app_config(
     options: &ServeOptions,
     name: String,
     context: u32,
@@ -244,7 +315,7 @@ fn model_name(path: &std::path::Path) -> String {
     name.strip_suffix(".gguf").map(str::to_owned).unwrap_or(name)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

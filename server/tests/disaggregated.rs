@@ -87,6 +87,7 @@ async fn cluster(mode: StepMode) -> Cluster {
 
     let decode_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let decode_addr = decode_listener.local_addr().unwrap().to_string();
+    let decode_listener = nodelay(decode_listener);
     let node =
         WorkerNode::Decode(DecodeNode::new(at(DECODE), sched.clone(), decode_config).unwrap());
     let runner = InlineRunner::new(model(), StepCost::ZERO);
@@ -103,6 +104,7 @@ async fn cluster(mode: StepMode) -> Cluster {
 
     let prefill_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let prefill_addr = prefill_listener.local_addr().unwrap().to_string();
+    let prefill_listener = nodelay(prefill_listener);
     let node =
         WorkerNode::Prefill(PrefillNode::new(at(PREFILL), sched.clone(), prefill_config).unwrap());
     let runner = InlineRunner::new(model(), StepCost::ZERO);
@@ -146,6 +148,15 @@ async fn cluster(mode: StepMode) -> Cluster {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("the router never paired its workers");
+}
+
+/// Peer links send small messages: without TCP_NODELAY each waits for a delayed ACK.
+fn nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Addr = std::net::SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 fn completion(prompt: &[u32], max_tokens: u32) -> Value {

@@ -147,9 +147,15 @@ pub struct Router {
 }
 
 impl Router {
-    /// Transfer ids of one router incarnation live above `incarnation << ID_BITS`, so a restarted
-    /// router (a higher incarnation) never reuses one.
+    /// Transfer ids of one router incarnation start at `first_id`: its incarnation's low 24 bits
+    /// above 40 bits of count, so a restarted router (a higher incarnation) starts above its
+    /// predecessors, until the 24 bits wrap (with millisecond incarnations, every 4.6 hours; a
+    /// reused id is then refused by a worker that still holds it, and retried as another).
     const ID_BITS: u32 = 40;
+
+    fn first_id(incarnation: crate::wire::Incarnation) -> u64 {
+        (incarnation.0 & ((1 << (64 - Self::ID_BITS)) - 1)) << Self::ID_BITS
+    }
 
     pub fn new(
         me: Endpoint,
@@ -158,7 +164,7 @@ impl Router {
         decodes: Vec<Endpoint>,
     ) -> Router {
         Router {
-            next_transfer: me.incarnation.0 << Self::ID_BITS,
+            next_transfer: Self::first_id(me.incarnation),
             me,
             config,
             prefills,
@@ -620,7 +626,7 @@ impl Router {
             self.decoding.len(),
             self.queue.len()
         );
-        let first = self.me.incarnation.0 << Self::ID_BITS;
+        let first = Self::first_id(self.me.incarnation);
         for (&id, t) in &self.transfers {
             ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
             ensure_invariant!(

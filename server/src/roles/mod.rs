@@ -4,6 +4,7 @@
 //! the same step loop as a single process around their node (`core::node`). All three talk over
 //! the peer transport (`peer`), which runs on tokio's network and on turmoil's.
 
+pub mod launch;
 pub mod router;
 pub mod worker;
 

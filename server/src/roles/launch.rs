@@ -1,0 +1,281 @@
+//! `lockstep serve --role router|prefill|decode`: one process per role. The router serves the
+//! HTTP API through the same app as a single process; a worker serves `/health` and `/metrics`
+//! over HTTP and takes peer links on its own port.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use lockstep_core::model::ProvenanceModel;
+use lockstep_core::node::{DecodeNode, PrefillNode};
+use lockstep_core::pd::{DecodeConfig, PrefillConfig, RouterConfig};
+use lockstep_core::sched::SchedConfig;
+use lockstep_core::wire::{Endpoint, Incarnation, KvLayout, LinkIdentity, Role, WorkerId};
+
+use super::router::RouterEngineConfig;
+use super::worker::WorkerNode;
+use crate::engine::{EngineConfig, EngineStats, InlineRunner, StepCost, ThreadRunner};
+use crate::metrics::Metrics;
+use crate::node;
+use crate::peer::{PeerConfig, TcpDial, Transport};
+use crate::serve::{self, ServeOptions};
+use crate::text::{SyntheticCodec, TextCodec};
+
+/// How long a decode worker's lease lets a prefill worker write, and how long one write may take
+/// in flight over TCP: the data plane's bounds.
+const LEASE: Duration = Duration::from_secs(2);
+const WRITE_FLIGHT: Duration = Duration::from_secs(1);
+const TRANSFER_DEADLINE: Duration = Duration::from_secs(30);
+
+pub async fn serve(
+    options: &ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let role = options.role.ok_or("no --role")?;
+    let id = WorkerId(options.worker_id.ok_or("no --worker-id")?);
+    let me = Endpoint { worker: id, incarnation: incarnation_now() };
+    let served = Served::load(options)?;
+    let transfers_max = options.max_running * 2;
+    let mut sched = served.sched.clone();
+    sched.pool.pins_max = transfers_max;
+    let identity = LinkIdentity {
+        role,
+        page_tokens: sched.pool.page_tokens,
+        kv_layout: served.kv_layout,
+        model: served.fingerprint,
+    };
+    let metrics = Arc::new(Metrics::new(&served.name));
+    let dial =
+        |list: &[(u32, String)]| list.iter().map(|(w, a)| (WorkerId(*w), a.clone())).collect();
+    match role {
+        Role::Router => {
+            let mut peers: Vec<(WorkerId, String)> = dial(&options.prefills);
+            peers.extend(dial(&options.decodes));
+            let (transport, events) =
+                Transport::start(PeerConfig::new(me, identity, peers), TcpDial)
+                    .map_err(|e| e.to_string())?;
+            let mut workers = BTreeMap::new();
+            workers.extend(options.prefills.iter().map(|(w, _)| (WorkerId(*w), Role::Prefill)));
+            workers.extend(options.decodes.iter().map(|(w, _)| (WorkerId(*w), Role::Decode)));
+            let config = RouterEngineConfig {
+                router: RouterConfig {
+                    // Past the prefill side's deadline and the lease, so the router does not give
+                    // up on a transfer the workers are still finishing.
+                    outcome_timeout: TRANSFER_DEADLINE + LEASE + 2 * WRITE_FLIGHT,
+                    requests_max: options.max_waiting
+                        + options.max_running * options.decodes.len().max(1) as u32,
+                    retries_max: 2,
+                    decode_idle_timeout: Duration::from_secs(60),
+                    decode_slots: options.max_running,
+                    queue_wait_max: Duration::from_secs(300),
+                    busy_backoff: Duration::from_millis(20),
+                },
+                workers,
+                inbox_max: 256,
+                submit_wait_max: Duration::from_secs(10),
+                check_invariants: false,
+            };
+            let app = serve::app_config(
+                options,
+                served.name.clone(),
+                sched.request_tokens_max,
+                served.tool_format,
+            );
+            let node = node::start_router(config, transport, events, served.codec.clone(), app);
+            let listener = bind(&options.host, options.port).await?;
+            tracing::info!(worker = id.0, port = options.port, "router serving");
+            let drained = node
+                .serve(listener, shutdown, options.drain_timeout)
+                .await
+                .map_err(|e| format!("serving: {e}"))?;
+            tracing::info!(?drained, "stopped");
+            Ok(())
+        }
+        Role::Prefill | Role::Decode => {
+            let dial_to = if role == Role::Prefill { dial(&options.decodes) } else { Vec::new() };
+            let peer = PeerConfig::new(me, identity, dial_to);
+            // Small protocol messages go out at once: Nagle's wait for the peer's delayed ACK
+            // costs tens of milliseconds per transfer.
+            let peer_listener = bind(&options.host, options.peer_port).await?;
+            let node = if role == Role::Prefill {
+                let config = PrefillConfig {
+                    heartbeat_interval: LEASE / 4,
+                    write_flight_max: WRITE_FLIGHT,
+                    transfer_deadline: TRANSFER_DEADLINE,
+                    done_retransmit: Duration::from_millis(500),
+                    transfers_max,
+                };
+                WorkerNode::Prefill(
+                    PrefillNode::new(me, sched.clone(), config).map_err(|e| e.to_string())?,
+                )
+            } else {
+                let config = DecodeConfig {
+                    lease: LEASE,
+                    write_flight_max: WRITE_FLIGHT,
+                    transfers_max,
+                    prefix_cache: sched.prefix_cache,
+                };
+                WorkerNode::Decode(
+                    DecodeNode::new(me, sched.clone(), config).map_err(|e| e.to_string())?,
+                )
+            };
+            let (task, stats) = match served.executor {
+                Executor::Provenance(model) => super::spawn_worker(
+                    node,
+                    InlineRunner::new(model, StepCost::ZERO),
+                    peer,
+                    TcpDial,
+                    peer_listener,
+                    false,
+                    metrics.clone(),
+                ),
+                Executor::Cpu(executor) => {
+                    let jobs_max = EngineConfig::new(sched.clone()).executor_jobs_max()
+                        + sched.pool.pages_total as usize;
+                    let runner = ThreadRunner::spawn_with_pages(*executor, jobs_max)
+                        .map_err(|e| format!("starting the executor thread: {e}"))?;
+                    super::spawn_worker(
+                        node,
+                        runner,
+                        peer,
+                        TcpDial,
+                        peer_listener,
+                        false,
+                        metrics.clone(),
+                    )
+                }
+            }
+            .map_err(|e| e.to_string())?;
+            let listener = bind(&options.host, options.port).await?;
+            tracing::info!(
+                worker = id.0,
+                ?role,
+                port = options.port,
+                peer_port = options.peer_port,
+                "worker serving"
+            );
+            let app = axum::Router::new()
+                .route("/health", get(health))
+                .route("/metrics", get(metrics_text))
+                .with_state((stats, metrics));
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(|e| format!("serving: {e}"))?;
+            task.abort();
+            Ok(())
+        }
+    }
+}
+
+type WorkerState = (Arc<EngineStats>, Arc<Metrics>);
+
+/// Fails once the engine stopped, or holds requests and made no progress for 30 s.
+async fn health(State((stats, _)): State<WorkerState>) -> (StatusCode, &'static str) {
+    if stats.stopped() {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine stopped")
+    } else if stats.requests_held() > 0 && stats.stalled_for() > Duration::from_secs(30) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the engine makes no progress")
+    } else {
+        (StatusCode::OK, "ok")
+    }
+}
+
+async fn metrics_text(State((_, metrics)): State<WorkerState>) -> String {
+    metrics.render()
+}
+
+enum Executor {
+    Provenance(ProvenanceModel),
+    Cpu(Box<lockstep_gpu::llama::CpuExecutor>),
+}
+
+/// What a role serves: the model, its scheduler, its executor and how peers recognize it.
+struct Served {
+    sched: SchedConfig,
+    name: String,
+    codec: Arc<dyn TextCodec>,
+    tool_format: Option<crate::tool_calls::ToolFormat>,
+    executor: Executor,
+    kv_layout: KvLayout,
+    fingerprint: u64,
+}
+
+impl Served {
+    fn load(options: &ServeOptions) -> Result<Served, String> {
+        if options.provenance {
+            let sched = options.sched_config(serve::PROVENANCE_CONTEXT, vec![]);
+            let model =
+                ProvenanceModel::new(sched.pool, sched.running_max, serve::PROVENANCE_VOCAB);
+            let name = options.served_model_name.clone().unwrap_or_else(|| "provenance".into());
+            return Ok(Served {
+                codec: Arc::new(SyntheticCodec::new(serve::PROVENANCE_VOCAB)),
+                tool_format: options.tool_call_parser,
+                executor: Executor::Provenance(model),
+                // One 8-byte value per position (`ProvenanceModel`'s `PageStore`).
+                kv_layout: KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 },
+                fingerprint: fnv1a(format!("provenance|{}", serve::PROVENANCE_VOCAB).as_bytes()),
+                sched,
+                name,
+            });
+        }
+        let loaded = serve::load_model(options)?;
+        let executor = serve::cpu_executor(options, &loaded);
+        // The architecture, its sizes and the end tokens: two workers agreeing on these serve
+        // the same model family; weights are not hashed (gigabytes at every start).
+        let fingerprint = fnv1a(
+            format!(
+                "{:?}|{:?}|{}",
+                loaded.model.weights.config, loaded.model.stop_tokens, loaded.name
+            )
+            .as_bytes(),
+        );
+        Ok(Served {
+            kv_layout: executor.kv_layout(),
+            executor: Executor::Cpu(Box::new(executor)),
+            sched: loaded.sched,
+            name: loaded.name,
+            codec: loaded.codec,
+            tool_format: loaded.tool_format,
+            fingerprint,
+        })
+    }
+}
+
+async fn bind(
+    host: &str,
+    port: u16,
+) -> Result<
+    axum::serve::TapIo<
+        tokio::net::TcpListener,
+        impl FnMut(&mut tokio::net::TcpStream) + Send + 'static,
+    >,
+    String,
+> {
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .map_err(|e| format!("binding {host}:{port}: {e}"))?;
+    Ok(axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+    }))
+}
+
+/// A new incarnation for every start: the wall clock in milliseconds, which grows across restarts
+/// of one worker (the IO edge: the one clock read outside tokio's).
+fn incarnation_now() -> Incarnation {
+    #[allow(clippy::disallowed_methods)]
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Incarnation(now.as_millis() as u64)
+}
+
+/// FNV-1a: stable across builds and platforms, unlike the std hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
