@@ -1,7 +1,7 @@
 //! The router, a prefill node and a decode node (schedulers, pools, protocol sides and provenance
 //! models together, `testing::Cluster`) under fault schedules proptest draws: messages reordered,
-//! dropped and duplicated, writes landing late or failing, clients aborting, the clock jumping,
-//! and each machine's timers fired in any order. After every action: every machine's invariants.
+//! dropped and duplicated, links breaking, writes landing late or failing, clients aborting, the
+//! clock jumping, and each machine's timers fired in any order. After every action: every machine's invariants.
 //! Then the faults stop, everything runs to its end, and: every request ended; one that finished
 //! passed on exactly its output when run alone on one worker, one that failed a prefix of it
 //! (never a token of another attempt of it, the lost-success-and-retry race); no page, pin, slot
@@ -29,6 +29,7 @@ fn op() -> impl Strategy<Value = ClusterOp> {
         2 => Just(ClusterOp::RouterTimers),
         2 => Just(ClusterOp::PrefillTimers),
         2 => Just(ClusterOp::DecodeTimers),
+        1 => any::<u8>().prop_map(ClusterOp::LinkDown),
     ]
 }
 

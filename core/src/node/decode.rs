@@ -146,6 +146,22 @@ impl DecodeNode {
         self.after_input(now);
     }
 
+    /// The link to a worker broke (the transport gave up on it). A prefill worker's transfers
+    /// end; the requests a router was following stop, since their tokens have nowhere to go.
+    pub fn handle_peer_down(&mut self, worker: crate::wire::WorkerId, now: Time) {
+        self.side.handle_peer_down(worker);
+        let orphans: Vec<RequestId> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.running && s.router.worker == worker)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in orphans {
+            let _ = self.sched.abort(id, now);
+        }
+        self.after_input(now);
+    }
+
     pub fn plan_step(&mut self, now: Time) -> Option<StepPlan> {
         let plan = self.sched.plan_step(now);
         self.after_input(now);

@@ -94,6 +94,12 @@ impl PrefillNode {
         self.after_input(now);
     }
 
+    /// The link to a worker broke (the transport gave up on it): transfers to it end.
+    pub fn handle_peer_down(&mut self, worker: crate::wire::WorkerId, now: Time) {
+        self.side.handle_peer_down(worker, self.sched.pool_mut(), now);
+        self.after_input(now);
+    }
+
     /// A write issued earlier completed (`landed`) or failed.
     pub fn handle_write_completion(
         &mut self,

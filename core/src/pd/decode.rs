@@ -437,6 +437,21 @@ impl DecodeSide {
         }
     }
 
+    /// The link to a prefill worker broke: its transfers end now and keep their pages until their
+    /// lease runs out (a write sent before the break may still be landing).
+    pub fn handle_peer_down(&mut self, worker: crate::wire::WorkerId) {
+        let gone: Vec<TransferKey> = self
+            .transfers
+            .values()
+            .filter(|t| t.prefill.worker == worker && t.phase == Phase::AwaitingPrefill)
+            .map(|t| t.key)
+            .collect();
+        for key in gone {
+            self.send_to_prefill(key, Message::Abort { key, reason: AbortReason::PeerRestarted });
+            self.end(key, AbortReason::PeerRestarted);
+        }
+    }
+
     /// The terminal transition without KV: reported once, now; the pages stay until drained.
     fn end(&mut self, key: TransferKey, reason: AbortReason) {
         let transfer = self.transfers.get_mut(&key.transfer).expect("ending a live transfer");

@@ -468,6 +468,21 @@ impl PrefillSide {
         }
     }
 
+    /// The link to a decode worker broke: nothing sent to it arrives any more, so its transfers
+    /// end (each drains its writes first, as on any abort).
+    pub fn handle_peer_down(
+        &mut self,
+        worker: crate::wire::WorkerId,
+        pool: &mut PagePool,
+        now: Time,
+    ) {
+        let gone: Vec<TransferKey> =
+            self.transfers.values().filter(|t| t.decode.worker == worker).map(|t| t.key).collect();
+        for key in gone {
+            self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+        }
+    }
+
     /// Records a newer incarnation of a peer; returns false for an envelope from an older one. A
     /// decode worker that restarted has lost its reservations: its transfers end.
     fn note_peer(&mut self, from: Endpoint, pool: &mut PagePool, now: Time) -> bool {

@@ -13,7 +13,8 @@ use crate::node::{DecodeNode, DecodeNodeOutput, PrefillNode, PrefillNodeOutput};
 use crate::pd::{DecodeConfig, PrefillConfig, Router, RouterConfig, RouterError, RouterOutput};
 use crate::sched::{FinishReason, RequestId, SchedConfig};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Incarnation, PageSlot, RequestSpec, TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Incarnation, PageSlot, RequestSpec, Role, TransferKey,
+    WorkerId,
 };
 
 use super::VOCAB_SIZE;
@@ -98,6 +99,10 @@ pub enum ClusterOp {
     RouterTimers,
     PrefillTimers,
     DecodeTimers,
+    /// A link breaks and comes back at once (0: router–prefill, 1: router–decode, 2: prefill–
+    /// decode): what was on its way over it is lost, and both ends hear that it went down.
+    /// Writes already issued still land or fail within their flight.
+    LinkDown(u8),
 }
 
 /// How a request ended at the router.
@@ -334,6 +339,28 @@ impl Cluster {
             ClusterOp::DecodeTimers => {
                 self.decode.handle_timeout(self.now);
                 self.after_input();
+            }
+            ClusterOp::LinkDown(which) => {
+                let (a, b) = [(ROUTER, PREFILL), (ROUTER, DECODE), (PREFILL, DECODE)]
+                    [usize::from(which % 3)];
+                self.network.retain(|e| {
+                    !((e.from.worker == a.worker && e.to.worker == b.worker)
+                        || (e.from.worker == b.worker && e.to.worker == a.worker))
+                });
+                for (end, other) in [(a, b), (b, a)] {
+                    match end.worker {
+                        w if w == ROUTER.worker => {
+                            self.router.handle_worker_down(other.worker, self.now);
+                            let role = if other == PREFILL { Role::Prefill } else { Role::Decode };
+                            self.router.handle_worker_up(other, role, self.now);
+                        }
+                        w if w == PREFILL.worker => {
+                            self.prefill.handle_peer_down(other.worker, self.now)
+                        }
+                        _ => self.decode.handle_peer_down(other.worker, self.now),
+                    }
+                    self.after_input();
+                }
             }
         }
     }

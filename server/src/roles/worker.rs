@@ -81,6 +81,13 @@ impl WorkerNode {
         }
     }
 
+    fn handle_peer_down(&mut self, worker: lockstep_core::wire::WorkerId, now: Time) {
+        match self {
+            WorkerNode::Prefill(n) => n.handle_peer_down(worker, now),
+            WorkerNode::Decode(n) => n.handle_peer_down(worker, now),
+        }
+    }
+
     fn handle_envelope(&mut self, envelope: Envelope, now: Time) {
         match self {
             WorkerNode::Prefill(n) => n.handle_envelope(envelope, now),
@@ -211,6 +218,8 @@ impl<R: PageRunner> WorkerEngine<R> {
                     Some(PeerEvent::Up { peer }) => tracing::info!(?peer, "peer up"),
                     Some(PeerEvent::Down { peer, reason }) => {
                         tracing::warn!(?peer, %reason, "peer down");
+                        let now = self.now();
+                        self.node.handle_peer_down(peer.worker, now);
                     }
                     None => return self.shut_down().await,
                 },
