@@ -342,9 +342,15 @@ impl<R: PageRunner> WorkerEngine<R> {
             panic!("worker: {e}");
         }
         let sched = self.node.scheduler();
+        let pool = sched.pool();
         self.stats.set_requests_held(sched.requests_held());
-        self.stats.set_pages_held(sched.pool().held_count());
+        self.stats.set_pages_held(pool.held_count());
         self.stats.record_progress(sched.requests_held());
+        self.metrics.requests_running.set(sched.slots_held() as f64);
+        self.metrics.requests_waiting.set(sched.waiting_count() as f64);
+        self.metrics
+            .kv_cache_usage
+            .set(f64::from(pool.held_count()) / f64::from(pool.pages_total()));
     }
 
     /// A message the transport cannot take now is lost, as on a lossy network: the protocol's

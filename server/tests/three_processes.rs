@@ -1,0 +1,217 @@
+//! Router, prefill and decode as three `lockstep serve --role …` processes on 127.0.0.1 (the
+//! provenance executor, so no model is needed): the same greedy output as one process; `kill -9`
+//! of the decode worker mid-transfer ends every request, and the prefill worker lets go of its
+//! pages; a prefill worker killed and started again (a new incarnation) is paired again and new
+//! requests succeed.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_server::client::Connection;
+use serde_json::{Value, json};
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn lockstep(args: &[&str]) -> Process {
+    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["serve", "--executor", "provenance", "--kv-pages", "256", "--page-tokens", "4"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+async fn post(port: u16, path: &str, body: &Value) -> Option<(u16, Value)> {
+    let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let mut c = Connection::new(io).await.ok()?;
+    let response = c.post(path, &body.to_string()).await.ok()?;
+    let status = response.status.as_u16();
+    Some((status, response.json().await.ok()?))
+}
+
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let mut c = Connection::new(io).await.ok()?;
+    let response = c.get(path).await.ok()?;
+    let status = response.status.as_u16();
+    Some((status, response.text().await.ok()?))
+}
+
+fn completion(prompt: &[u32], max_tokens: u32) -> Value {
+    json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 })
+}
+
+fn prompt(i: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|p| 1 + (p * 7 + i * 131) % 900).collect()
+}
+
+/// Polls until `done` or the bound passes.
+async fn within<F: std::future::Future<Output = bool>>(
+    bound: Duration,
+    mut done: impl FnMut() -> F,
+) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < bound {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+/// A metric's value in a Prometheus text page.
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+struct Deployment {
+    router: (Process, u16),
+    prefill: (Process, u16, u16),
+    decode: (Process, u16, u16),
+}
+
+fn prefill_process(http: u16, peer: u16, decode_peer: u16) -> Process {
+    let decode = format!("2@127.0.0.1:{decode_peer}");
+    lockstep(&[
+        "--role",
+        "prefill",
+        "--worker-id",
+        "1",
+        "--port",
+        &http.to_string(),
+        "--peer-port",
+        &peer.to_string(),
+        "--decode",
+        &decode,
+    ])
+}
+
+async fn deploy() -> Deployment {
+    let (d_http, d_peer, p_http, p_peer, r_http) =
+        (free_port(), free_port(), free_port(), free_port(), free_port());
+    let decode = lockstep(&[
+        "--role",
+        "decode",
+        "--worker-id",
+        "2",
+        "--port",
+        &d_http.to_string(),
+        "--peer-port",
+        &d_peer.to_string(),
+    ]);
+    let prefill = prefill_process(p_http, p_peer, d_peer);
+    let router = lockstep(&[
+        "--role",
+        "router",
+        "--worker-id",
+        "0",
+        "--port",
+        &r_http.to_string(),
+        "--prefill",
+        &format!("1@127.0.0.1:{p_peer}"),
+        "--decode",
+        &format!("2@127.0.0.1:{d_peer}"),
+    ]);
+    let ready = within(Duration::from_secs(20), || async {
+        matches!(post(r_http, "/v1/completions", &completion(&[1, 2, 3], 1)).await, Some((200, _)))
+    })
+    .await;
+    assert!(ready, "the router never served through its workers");
+    Deployment {
+        router: (router, r_http),
+        prefill: (prefill, p_http, p_peer),
+        decode: (decode, d_http, d_peer),
+    }
+}
+
+fn text(body: &Value) -> String {
+    body["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {body}")).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_give_the_output_of_one() {
+    let single_port = free_port();
+    let _single = lockstep(&["--port", &single_port.to_string()]);
+    let d = deploy().await;
+    assert!(
+        within(Duration::from_secs(20), || async { get(single_port, "/health").await.is_some() })
+            .await
+    );
+    for i in 0..10 {
+        let body = completion(&prompt(i, 3 + 7 * i), 1 + i % 12);
+        let (s1, alone) = post(single_port, "/v1/completions", &body).await.unwrap();
+        let (s2, through) = post(d.router.1, "/v1/completions", &body).await.unwrap();
+        assert_eq!((s1, s2), (200, 200), "{alone} {through}");
+        assert_eq!(text(&through), text(&alone), "request {i}");
+    }
+    let (_, page) = get(d.router.1, "/metrics").await.unwrap();
+    assert!(metric(&page, "lockstep:kv_transfers_completed_total").unwrap() >= 10.0, "{page}");
+    let (_, page) = get(d.decode.1, "/metrics").await.unwrap();
+    assert!(metric(&page, "lockstep:kv_bytes_received_total").unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_decode_worker_ends_every_request_and_the_prefill_pages_return() {
+    let mut d = deploy().await;
+    let router = d.router.1;
+    let mut requests = Vec::new();
+    for i in 0..12 {
+        requests.push(tokio::spawn(async move {
+            post(router, "/v1/completions", &completion(&prompt(i, 200), 400)).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    d.decode.0.0.kill().unwrap(); // SIGKILL
+    // The router hears the link close at once; the bound is its dead-peer bound and a lease.
+    let bound = Duration::from_secs(2 + 2 + 1 + 5);
+    for request in requests {
+        let ended =
+            tokio::time::timeout(bound, request).await.expect("a request never ended").unwrap();
+        let (status, body) = ended.expect("the router answered");
+        assert!(status == 200 || status >= 500, "{status} {body}");
+    }
+    let prefill_http = d.prefill.1;
+    let returned = within(Duration::from_secs(10), || async {
+        let page = get(prefill_http, "/metrics").await.map(|(_, p)| p).unwrap_or_default();
+        metric(&page, "vllm:kv_cache_usage_perc") == Some(0.0)
+    })
+    .await;
+    assert!(returned, "the prefill worker still holds pages");
+    let (status, _) = post(router, "/v1/completions", &completion(&[1, 2], 2)).await.unwrap();
+    assert_eq!(status, 503, "no decode worker: the router says so");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_prefill_worker_is_paired_again() {
+    let mut d = deploy().await;
+    d.prefill.0.0.kill().unwrap();
+    let _ = d.prefill.0.0.wait();
+    let (p_http, p_peer, d_peer) = (d.prefill.1, d.prefill.2, d.decode.2);
+    d.prefill.0 = prefill_process(p_http, p_peer, d_peer);
+    let router = d.router.1;
+    let paired = within(Duration::from_secs(20), || async {
+        matches!(
+            post(router, "/v1/completions", &completion(&prompt(7, 30), 5)).await,
+            Some((200, _))
+        )
+    })
+    .await;
+    assert!(paired, "the router never paired the new prefill worker");
+}
