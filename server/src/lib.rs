@@ -7,6 +7,7 @@
 //!   `TcpListener` in production, turmoil's in the simulator.
 //! - `text`: incremental detokenization and stop strings; `tool_calls`: tool-call parsing.
 //! - `peer`: links between workers carrying `wire` envelopes, over any stream (turmoil's too).
+//! - `record`: `--record-trace`, served requests written in the native trace format.
 //!
 //! Nothing here reads a clock other than tokio's, spawns a blocking task, or branches on being
 //! simulated: the simulator runs this same code. Binary: `lockstep`.
@@ -18,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod record;
 pub mod roles;
 pub mod serve;
 pub mod text;

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub steps: Counter,
     pub step_failures: Counter,
     pub step_seconds: Histogram,
+    pub trace_records_written: Counter,
+    pub trace_records_dropped: Counter,
     pub rejected_queue_full: Counter,
     pub rejected_invalid: Counter,
     pub client_aborts: Counter,
@@ -150,6 +152,14 @@ impl Metrics {
                 "Steps the executor failed or panicked on (their requests ended with an error)",
             ),
             step_seconds: histogram("lockstep:step_duration_seconds", "From launch to outputs"),
+            trace_records_written: counter(
+                "lockstep:trace_records_written_total",
+                "Requests written to the --record-trace file",
+            ),
+            trace_records_dropped: counter(
+                "lockstep:trace_records_dropped_total",
+                "Requests not recorded: the trace writer was behind, stopped, or failed",
+            ),
             rejected_queue_full: counter(
                 "lockstep:requests_rejected_queue_full_total",
                 "Requests refused with 429 because the queue was full",

@@ -14,6 +14,7 @@ use lockstep_gpu::model::Model;
 use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
 use crate::http::AppConfig;
 use crate::node;
+use crate::record::{self, RecordTask, Recorder, RecorderLimits, TraceHeader};
 use crate::text::{ModelCodec, SyntheticCodec, TextCodec};
 use crate::tool_calls::ToolFormat;
 
@@ -23,7 +24,7 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                       [--max-model-len N] [--overlap] [--no-prefix-cache]
                       [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
-                      [--executor cpu|provenance]
+                      [--executor cpu|provenance] [--record-trace FILE]
                       [--role router|prefill|decode --worker-id N [--peer-port N]
                        [--prefill ID@HOST:PORT]... [--decode ID@HOST:PORT]...]
 
@@ -40,6 +41,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
   --executor provenance  serve the weightless provenance model with a synthetic vocabulary
                          instead (for load and protocol tests; outputs are not language)
+  --record-trace FILE    write every request served to FILE in lockstep's trace format, for
+                         `sim replay` (traces/README.md); the file is truncated at start
 
 Disaggregated serving (one process per role; see README):
   --role router          serve the HTTP API on --port and move each request through a prefill
@@ -72,6 +75,7 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     pub seed: Option<u64>,
     pub provenance: bool,
+    pub record_trace: Option<PathBuf>,
     pub role: Option<lockstep_core::wire::Role>,
     pub worker_id: Option<u32>,
     pub peer_port: u16,
@@ -100,6 +104,7 @@ impl ServeOptions {
             drain_timeout: Duration::from_secs(30),
             seed: None,
             provenance: false,
+            record_trace: None,
             role: None,
             worker_id: None,
             peer_port: 9000,
@@ -135,6 +140,7 @@ impl ServeOptions {
                     o.drain_timeout = Duration::from_secs(number(&value()?, flag)?)
                 }
                 "--seed" => o.seed = Some(number(&value()?, flag)?),
+                "--record-trace" => o.record_trace = Some(PathBuf::from(value()?)),
                 "--executor" => match value()?.as_str() {
                     "cpu" => o.provenance = false,
                     "provenance" => o.provenance = true,
@@ -213,10 +219,24 @@ pub fn run(options: &ServeOptions) -> Result<(), String> {
 }
 
 async fn serve(options: &ServeOptions) -> Result<(), String> {
+    if options.role.is_some() && options.record_trace.is_some() {
+        return Err("--record-trace records a single-process server; not with --role yet".into());
+    }
     if options.role.is_some() {
         return crate::roles::launch::serve(options, shutdown_signal()).await;
     }
-    let node = if options.provenance { provenance_node(options)? } else { model_node(options)? };
+    // Opened before the model loads, so that a path that cannot be written fails at once.
+    let trace = match &options.record_trace {
+        Some(path) => Some(
+            record::create_file(path)
+                .await
+                .map_err(|e| format!("--record-trace {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut node =
+        if options.provenance { provenance_node(options)? } else { model_node(options)? };
+    let recording = trace.map(|file| start_recording(&mut node, file)).transpose()?;
     let address = format!("{}:{}", options.host, options.port);
     let listener = tokio::net::TcpListener::bind(&address)
         .await
@@ -227,12 +247,31 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let drained = node
-        .serve(listener, shutdown_signal(), options.drain_timeout)
-        .await
-        .map_err(|e| format!("serving: {e}"))?;
+    let served = node.serve(listener, shutdown_signal(), options.drain_timeout).await;
+    if let Some(recording) = recording {
+        match recording.finish().await {
+            Ok(t) => tracing::info!(written = t.written, lost = t.lost, "trace recorded"),
+            Err(e) => tracing::error!(error = %e, "trace recording"),
+        }
+    }
+    let drained = served.map_err(|e| format!("serving: {e}"))?;
     tracing::info!(?drained, "stopped");
     Ok(())
+}
+
+/// Records every request `node` will serve into `file` (`--record-trace`): sets the app's
+/// recorder (the node is not serving yet, so its state is not shared) and starts the writer.
+fn start_recording(
+    node: &mut node::Node,
+    file: tokio::fs::File,
+) -> Result<RecordTask<tokio::fs::File>, String> {
+    let state = Arc::get_mut(&mut node.state).ok_or("the app's state is already shared")?;
+    let config = &state.config;
+    let header =
+        TraceHeader::new(&config.model_name, config.context_tokens, state.codec.vocab_size());
+    let (recorder, writer) = Recorder::new(header, file, RecorderLimits::default());
+    state.config.recorder = Some(recorder);
+    Ok(writer.spawn(&state.metrics))
 }
 
 /// The model a process serves, loaded, with what every role derives from it.

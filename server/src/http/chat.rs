@@ -12,6 +12,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use lockstep_core::model::TokenLogprobs;
 use serde_json::{Value, json};
@@ -22,6 +23,7 @@ use super::generation::{Generation, Next, Piece};
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{parse_body, sse_response, start, usage};
 use super::{AppState, logprobs};
+use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
     ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, parse_complete,
 };
@@ -36,9 +38,11 @@ struct Tools {
 
 pub(super) async fn handle(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match prepare(&state, body).await {
+    let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
+    match prepare(&state, body, arrival).await {
         Ok((generation, params, tools)) => {
             let id = format!("chatcmpl-{}", generation.request_id().0);
             let span = tracing::info_span!("request", id = %id);
@@ -64,6 +68,7 @@ pub(super) async fn handle(
 async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
+    arrival: Option<Arrival>,
 ) -> Result<(Generation, GenerationParams, Option<Tools>), ApiError> {
     let request: ChatRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
@@ -97,7 +102,11 @@ async fn prepare(
         .codec
         .encode_chat(&request.messages, rendered_tools.as_deref(), prefix)
         .map_err(|e| invalid(ApiError::invalid_param("messages", e)))?;
-    let generation = start(state, prompt, &params).await?;
+    let draft = arrival.map(|a| {
+        let ChatRequest { messages, tools, tool_choice, .. } = request;
+        a.with_input(RequestInput::Chat { messages, tools, tool_choice })
+    });
+    let generation = start(state, prompt, &params, draft).await?;
     Ok((generation, params, tools))
 }
 

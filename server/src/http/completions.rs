@@ -6,6 +6,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use lockstep_core::model::TokenLogprobs;
 use serde_json::{Value, json};
@@ -16,12 +17,15 @@ use super::generation::{Finish, Generation, Next, Piece};
 use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
 use super::respond::{parse_body, sse_response, start, usage};
 use super::{AppState, logprobs};
+use crate::record::{Arrival, RequestInput};
 
 pub(super) async fn handle(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match prepare(&state, body).await {
+    let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
+    match prepare(&state, body, arrival).await {
         Ok((generation, params, prompt)) => {
             let id = format!("cmpl-{}", generation.request_id().0);
             let span = tracing::info_span!("request", id = %id);
@@ -34,6 +38,7 @@ pub(super) async fn handle(
 async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
+    arrival: Option<Arrival>,
 ) -> Result<(Generation, GenerationParams, Vec<u32>), ApiError> {
     let request: CompletionRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
@@ -59,7 +64,8 @@ async fn prepare(
             state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?
         }
     };
-    let generation = start(state, prompt.clone(), &params).await?;
+    let draft = arrival.map(|a| a.with_input(RequestInput::Completions { prompt: request.prompt }));
+    let generation = start(state, prompt.clone(), &params, draft).await?;
     Ok((generation, params, prompt))
 }
 

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use crate::engine::{RequestEvent, RequestStream};
+use crate::record::{Recording, TraceFinish};
 use crate::text::{Detokenizer, StopMatcher, TextCodec};
 
 /// New output: text (possibly empty while a character or a possible stop string is held back),
@@ -53,6 +54,8 @@ pub struct Generation {
     pub prompt_tokens: u32,
     pub output_tokens: u32,
     done: Option<Result<Finish, ApiError>>,
+    /// The request's trace record while it runs (`--record-trace`); dropped unended: `abort`.
+    record: Option<Recording>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -79,7 +82,14 @@ impl Generation {
             prompt_tokens,
             output_tokens: 0,
             done: None,
+            record: None,
         }
+    }
+
+    /// Records the output into `recording` (none: nothing is recorded).
+    pub fn with_recording(mut self, recording: Option<Recording>) -> Generation {
+        self.record = recording;
+        self
     }
 
     /// All of the output at once, for a response that is not streamed.
@@ -108,12 +118,14 @@ impl Generation {
             return Next::Done(done.clone());
         }
         let Some(stream) = self.stream.as_mut() else {
+            self.record_end(TraceFinish::Stop);
             return self.end(Ok(Finish::Stop));
         };
         let event = match tokio::time::timeout_at(self.deadline, stream.next()).await {
             Ok(event) => event,
             Err(_) => {
                 self.stream = None; // Aborts it.
+                self.record_end(TraceFinish::Timeout);
                 return self
                     .end(Err(ApiError::unavailable("the request ran past the time limit", 1)));
             }
@@ -135,10 +147,11 @@ impl Generation {
                         Err(ApiError::internal("the engine failed while computing this request"))
                     }
                 };
-                self.flush(finish)
+                self.flush(finish, TraceFinish::from_reason(reason))
             }
             None => {
                 self.stream = None;
+                self.record_end(TraceFinish::Error);
                 self.end(Err(ApiError::unavailable("the engine stopped", 1)))
             }
         }
@@ -146,10 +159,14 @@ impl Generation {
 
     fn token(&mut self, token: u32, logprobs: Option<TokenLogprobs>) -> Next {
         self.output_tokens += 1;
+        if let Some(record) = self.record.as_mut() {
+            record.token(token);
+        }
         let text = match self.detok.push(self.codec.as_ref(), token) {
             Ok(text) => text,
             Err(e) => {
                 self.stream = None;
+                self.record_end(TraceFinish::Error);
                 return self.end(Err(ApiError::internal(format!("detokenizing: {e}"))));
             }
         };
@@ -159,18 +176,20 @@ impl Generation {
             // The stop string ends it here: dropping the stream aborts it in the engine.
             self.stream = None;
             self.done = Some(Ok(Finish::Stop));
+            self.record_end(TraceFinish::Stop);
         }
         Next::Piece(piece)
     }
 
     /// The text still held back goes out before the end.
-    fn flush(&mut self, finish: Result<Finish, ApiError>) -> Next {
+    fn flush(&mut self, finish: Result<Finish, ApiError>, label: TraceFinish) -> Next {
         let tail = self.detok.finish(self.codec.as_ref()).unwrap_or_default();
         let mut text = self.stop.push(&tail);
         if !self.stop.stopped() {
             text.push_str(&self.stop.finish());
         }
         let finish = if self.stop.stopped() { Ok(Finish::Stop) } else { finish };
+        self.record_end(if self.stop.stopped() { TraceFinish::Stop } else { label });
         self.done = Some(finish);
         if text.is_empty() {
             self.next_done()
@@ -181,6 +200,13 @@ impl Generation {
 
     fn next_done(&self) -> Next {
         Next::Done(self.done.clone().expect("set before"))
+    }
+
+    /// The outcome is known: the record goes to the trace.
+    fn record_end(&mut self, finish: TraceFinish) {
+        if let Some(record) = self.record.take() {
+            record.finish(finish);
+        }
     }
 
     fn end(&mut self, finish: Result<Finish, ApiError>) -> Next {

@@ -26,6 +26,7 @@ pub use protocol::GenerationParams;
 
 use crate::engine::EngineHandle;
 use crate::metrics::Metrics;
+use crate::record::Recorder;
 use crate::text::TextCodec;
 use crate::tool_calls::ToolFormat;
 
@@ -51,6 +52,9 @@ pub struct AppConfig {
     pub unix_time_at_start: u64,
     /// Seeds for requests that give none derive from it.
     pub seed: u64,
+    /// Where served requests are recorded (`--record-trace`); `None`: nothing is recorded and
+    /// recording costs nothing.
+    pub recorder: Option<Recorder>,
 }
 
 impl AppConfig {
@@ -65,6 +69,7 @@ impl AppConfig {
             retry_after_s: 1,
             unix_time_at_start: 0,
             seed: 0,
+            recorder: None,
         }
     }
 }

@@ -19,6 +19,7 @@ use super::error::ApiError;
 use super::generation::Generation;
 use super::protocol::GenerationParams;
 use crate::engine::SubmitError;
+use crate::record::Draft;
 
 /// The body as JSON of type `T`, or a 4xx saying what is wrong with it.
 pub(super) fn parse_body<T: DeserializeOwned>(
@@ -47,6 +48,7 @@ pub(super) async fn start(
     state: &AppState,
     prompt: Vec<u32>,
     params: &GenerationParams,
+    draft: Option<Draft>,
 ) -> Result<Generation, ApiError> {
     let refused = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
@@ -85,6 +87,7 @@ pub(super) async fn start(
         Some(n) => n,
         None => context - prompt_tokens,
     };
+    let input_ids = draft.as_ref().map(|_| prompt.clone());
     let request = NewRequest {
         id: lockstep_core::sched::RequestId(0),
         prompt,
@@ -97,7 +100,10 @@ pub(super) async fn start(
     let stream =
         state.engine.submit(request, params.spec).await.map_err(|e| submit_error(state, e))?;
     let deadline = tokio::time::Instant::now() + state.config.request_time_max;
-    Ok(Generation::new(stream, state.codec.clone(), &params.stops, prompt_tokens, deadline))
+    let recording =
+        draft.zip(input_ids).map(|(d, ids)| d.begin(stream.id().0, ids, params, &state.metrics));
+    Ok(Generation::new(stream, state.codec.clone(), &params.stops, prompt_tokens, deadline)
+        .with_recording(recording))
 }
 
 fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
