@@ -219,8 +219,10 @@ pub fn run(options: &ServeOptions) -> Result<(), String> {
 }
 
 async fn serve(options: &ServeOptions) -> Result<(), String> {
-    if options.role.is_some() && options.record_trace.is_some() {
-        return Err("--record-trace records a single-process server; not with --role yet".into());
+    if options.role.is_some_and(|r| r != lockstep_core::wire::Role::Router)
+        && options.record_trace.is_some()
+    {
+        return Err("--record-trace records what a router or a single process serves".into());
     }
     if options.role.is_some() {
         return crate::roles::launch::serve(options, shutdown_signal()).await;
@@ -261,7 +263,7 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
 
 /// Records every request `node` will serve into `file` (`--record-trace`): sets the app's
 /// recorder (the node is not serving yet, so its state is not shared) and starts the writer.
-fn start_recording(
+pub(crate) fn start_recording(
     node: &mut node::Node,
     file: tokio::fs::File,
 ) -> Result<RecordTask<tokio::fs::File>, String> {

@@ -7,7 +7,9 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lockstep_server::client::Connection;
 use serde_json::{Value, json};
@@ -104,6 +106,11 @@ fn prefill_process(http: u16, peer: u16, decode_peer: u16) -> Process {
 }
 
 async fn deploy() -> Deployment {
+    deploy_with(&[]).await
+}
+
+/// `router_args` go to the router's command line.
+async fn deploy_with(router_args: &[&str]) -> Deployment {
     let (d_http, d_peer, p_http, p_peer, r_http) =
         (free_port(), free_port(), free_port(), free_port(), free_port());
     let decode = lockstep(&[
@@ -117,18 +124,13 @@ async fn deploy() -> Deployment {
         &d_peer.to_string(),
     ]);
     let prefill = prefill_process(p_http, p_peer, d_peer);
-    let router = lockstep(&[
-        "--role",
-        "router",
-        "--worker-id",
-        "0",
-        "--port",
-        &r_http.to_string(),
-        "--prefill",
-        &format!("1@127.0.0.1:{p_peer}"),
-        "--decode",
-        &format!("2@127.0.0.1:{d_peer}"),
-    ]);
+    let (prefill_at, decode_at) =
+        (format!("1@127.0.0.1:{p_peer}"), format!("2@127.0.0.1:{d_peer}"));
+    let port = r_http.to_string();
+    let mut args = vec!["--role", "router", "--worker-id", "0", "--port", &port];
+    args.extend(["--prefill", &prefill_at, "--decode", &decode_at]);
+    args.extend(router_args);
+    let router = lockstep(&args);
     let ready = within(Duration::from_secs(20), || async {
         matches!(post(r_http, "/v1/completions", &completion(&[1, 2, 3], 1)).await, Some((200, _)))
     })
@@ -146,10 +148,11 @@ fn text(body: &Value) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_processes_give_the_output_of_one() {
+async fn three_processes_give_the_output_of_one_and_the_router_records_a_trace_that_replays() {
     let single_port = free_port();
     let _single = lockstep(&["--port", &single_port.to_string()]);
-    let d = deploy().await;
+    let trace = std::env::temp_dir().join(format!("lockstep-router-trace-{}.jsonl", free_port()));
+    let mut d = deploy_with(&["--record-trace", trace.to_str().unwrap()]).await;
     assert!(
         within(Duration::from_secs(20), || async { get(single_port, "/health").await.is_some() })
             .await
@@ -165,6 +168,22 @@ async fn three_processes_give_the_output_of_one() {
     assert!(metric(&page, "lockstep:kv_transfers_completed_total").unwrap() >= 10.0, "{page}");
     let (_, page) = get(d.decode.1, "/metrics").await.unwrap();
     assert!(metric(&page, "lockstep:kv_bytes_received_total").unwrap() > 0.0);
+
+    // SIGTERM: the router drains and flushes its trace.
+    let pid = d.router.0.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let _ = d.router.0.0.wait();
+    let recorded = lockstep_server::record::read_trace(&trace).unwrap();
+    let _ = std::fs::remove_file(&trace);
+    assert!(recorded.records.len() >= 11, "{} records", recorded.records.len());
+    // Replayed through one process, every recorded request gives its recorded output.
+    for record in &recorded.records {
+        let body = completion(&record.input_ids, record.max_tokens.unwrap());
+        let (_, alone) = post(single_port, "/v1/completions", &body).await.unwrap();
+        let recorded_text: String =
+            record.output.as_ref().unwrap().token_ids.iter().map(|t| format!(" t{t}")).collect();
+        assert_eq!(text(&alone), recorded_text, "request {}", record.request_id);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
