@@ -38,7 +38,7 @@ pub async fn serve(
     let role = options.role.ok_or("no --role")?;
     let id = WorkerId(options.worker_id.ok_or("no --worker-id")?);
     let me = Endpoint { worker: id, incarnation: incarnation_now() };
-    let served = Served::load(options)?;
+    let served = Served::load(options, role)?;
     let transfers_max = options.max_running * 2;
     let mut sched = served.sched.clone();
     sched.pool.pins_max = transfers_max;
@@ -139,6 +139,7 @@ pub async fn serve(
                 )
             };
             let (task, stats) = match served.executor {
+                Executor::None => return Err("a worker without an executor".into()),
                 Executor::Provenance(model) => super::spawn_worker(
                     node,
                     InlineRunner::new(model, StepCost::ZERO),
@@ -205,6 +206,8 @@ async fn metrics_text(State((_, metrics)): State<WorkerState>) -> String {
 }
 
 enum Executor {
+    /// The router computes nothing.
+    None,
     Provenance(ProvenanceModel),
     Cpu(Box<lockstep_gpu::llama::CpuExecutor>),
 }
@@ -221,7 +224,7 @@ struct Served {
 }
 
 impl Served {
-    fn load(options: &ServeOptions) -> Result<Served, String> {
+    fn load(options: &ServeOptions, role: Role) -> Result<Served, String> {
         if options.provenance {
             let sched = options.sched_config(serve::PROVENANCE_CONTEXT, vec![]);
             let model =
@@ -239,7 +242,14 @@ impl Served {
             });
         }
         let loaded = serve::load_model(options)?;
-        let executor = serve::cpu_executor(options, &loaded);
+        let (executor, kv_layout) = if role == Role::Router {
+            // The router needs the tokenizer and template, not the KV: the link check skips it.
+            (Executor::None, KvLayout { layers: 0, kv_heads: 0, head_dim: 0, element_bytes: 0 })
+        } else {
+            let executor = serve::cpu_executor(options, &loaded);
+            let layout = executor.kv_layout();
+            (Executor::Cpu(Box::new(executor)), layout)
+        };
         // The architecture, its sizes and the end tokens: two workers agreeing on these serve
         // the same model family; weights are not hashed (gigabytes at every start).
         let fingerprint = fnv1a(
@@ -250,8 +260,8 @@ impl Served {
             .as_bytes(),
         );
         Ok(Served {
-            kv_layout: executor.kv_layout(),
-            executor: Executor::Cpu(Box::new(executor)),
+            kv_layout,
+            executor,
             sched: loaded.sched,
             name: loaded.name,
             codec: loaded.codec,
