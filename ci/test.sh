@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROPTEST_CASES="${PROPTEST_CASES:-4000}"
-# Thirteen targets: 30 s each reached about 90% of the coverage of 145 s on the parsers.
+# Fourteen targets: 30 s each reached about 90% of the coverage of 145 s on the parsers.
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 API_CHECKS="${API_CHECKS:-1}"
 CARGO_FUZZ_VERSION=0.13.2
@@ -37,9 +37,9 @@ step "tests"
 # The state-machine suites run here at a few cases, and at full count below in release.
 PROPTEST_CASES=32 cargo test --workspace --locked
 
-step "proptest suites (kv, sched, pd pair driver), $PROPTEST_CASES cases each"
+step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES cases each"
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
-    --test kv_state_machine --test sched_state_machine --test pd_pair
+    --test kv_state_machine --test sched_state_machine --test pd_pair --test pd_cluster
 
 if [ "$API_CHECKS" != 0 ]; then
     step "HTTP API: schemathesis against /openapi.json, the unchanged openai Python client"
