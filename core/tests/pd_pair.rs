@@ -155,6 +155,7 @@ impl Pair {
                     // This pair has no decode scheduler: nothing streams tokens.
                     decode_idle_timeout: Duration::from_secs(3600),
                     decode_slots: 8,
+                    prefill_slots: 8,
                     queue_wait_max: Duration::from_millis(DEADLINE_MS * 4),
                     busy_backoff: Duration::from_millis(5),
                 },

@@ -28,6 +28,7 @@ enum Op {
     RouterTimers,
     PrefillTimers,
     DecodeTimers,
+    LinkDown(u8),
 }
 
 impl From<Op> for ClusterOp {
@@ -46,6 +47,7 @@ impl From<Op> for ClusterOp {
             Op::RouterTimers => ClusterOp::RouterTimers,
             Op::PrefillTimers => ClusterOp::PrefillTimers,
             Op::DecodeTimers => ClusterOp::DecodeTimers,
+            Op::LinkDown(which) => ClusterOp::LinkDown(which),
         }
     }
 }

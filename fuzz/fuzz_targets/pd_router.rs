@@ -43,6 +43,7 @@ fuzz_target!(|ops: Vec<Op>| {
         retries_max: 2,
         decode_idle_timeout: Duration::from_millis(300),
         decode_slots: 2,
+        prefill_slots: 8,
         queue_wait_max: Duration::from_millis(400),
         busy_backoff: Duration::from_millis(5),
     };

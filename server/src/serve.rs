@@ -52,6 +52,8 @@ Disaggregated serving (one process per role; see README):
   --worker-id N          this worker's id, unique in the deployment (the router's included)
   --prefill ID@ADDR      a prefill worker (router), repeatable
   --decode ID@ADDR       a decode worker (router, prefill), repeatable
+  --prefill-slots N      prompts the router has each prefill worker compute at once (default 2);
+                         more wait at the router
   Workers and router must serve the same model with the same --page-tokens; the router's
   --max-running is taken as each decode worker's batch size.";
 
@@ -81,6 +83,7 @@ pub struct ServeOptions {
     pub peer_port: u16,
     pub prefills: Vec<(u32, String)>,
     pub decodes: Vec<(u32, String)>,
+    pub prefill_slots: u32,
 }
 
 impl ServeOptions {
@@ -110,6 +113,7 @@ impl ServeOptions {
             peer_port: 9000,
             prefills: Vec::new(),
             decodes: Vec::new(),
+            prefill_slots: 2,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -162,6 +166,7 @@ impl ServeOptions {
                 "--peer-port" => o.peer_port = number(&value()?, flag)?,
                 "--prefill" => o.prefills.push(worker_address(&value()?, flag)?),
                 "--decode" => o.decodes.push(worker_address(&value()?, flag)?),
+                "--prefill-slots" => o.prefill_slots = number(&value()?, flag)?,
                 other => return Err(format!("unknown option {other:?}")),
             }
         }

@@ -128,6 +128,7 @@ async fn cluster(mode: StepMode) -> Cluster {
             retries_max: 1,
             decode_idle_timeout: Duration::from_millis(3_000),
             decode_slots: sched.running_max,
+            prefill_slots: 8,
             queue_wait_max: Duration::from_secs(20),
             busy_backoff: Duration::from_millis(5),
         },

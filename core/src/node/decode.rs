@@ -34,8 +34,8 @@ pub enum DecodeNodeOutput {
 
 /// A request whose tokens go to a router: reserved, or handed over and decoding.
 #[derive(Clone, Debug)]
-struct Stream {
-    key: TransferKey,
+pub(super) struct Stream {
+    pub(super) key: TransferKey,
     router: Endpoint,
     /// The router's id of the request.
     request: RequestId,
@@ -50,10 +50,10 @@ struct Stream {
 #[derive(Clone, Debug)]
 pub struct DecodeNode {
     me: Endpoint,
-    sched: Scheduler,
+    pub(super) sched: Scheduler,
     side: DecodeSide,
     /// By the scheduler's id (`local_id`).
-    streams: BTreeMap<RequestId, Stream>,
+    pub(super) streams: BTreeMap<RequestId, Stream>,
     outputs: VecDeque<DecodeNodeOutput>,
 }
 

@@ -49,4 +49,6 @@ fn new_request(key: TransferKey, request: &RequestSpec) -> NewRequest {
 }
 
 #[cfg(test)]
+mod invariant_tests;
+#[cfg(test)]
 mod tests;

@@ -43,17 +43,17 @@ pub enum PrefillNodeOutput {
 }
 
 #[derive(Clone, Debug)]
-struct Computation {
+pub(super) struct Computation {
     key: TransferKey,
     first_token: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
 pub struct PrefillNode {
-    sched: Scheduler,
+    pub(super) sched: Scheduler,
     side: PrefillSide,
     /// Prompts being computed, by the scheduler's id (`local_id`).
-    computing: BTreeMap<RequestId, Computation>,
+    pub(super) computing: BTreeMap<RequestId, Computation>,
     outputs: VecDeque<PrefillNodeOutput>,
 }
 

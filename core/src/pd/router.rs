@@ -38,7 +38,11 @@ pub struct RouterConfig {
     /// Requests each decode worker takes at once (its batch slots): beyond it, requests wait at
     /// the router rather than be refused by the worker.
     pub decode_slots: u32,
-    /// How long a request may wait at the router for a decode worker with room.
+    /// Transfers each prefill worker computes at once. A prefill worker shares its steps among
+    /// the prompts it holds, so more at once only makes each take longer: requests beyond it wait
+    /// here, where their deadline is `queue_wait_max`, not in a transfer's.
+    pub prefill_slots: u32,
+    /// How long a request may wait at the router for workers with room.
     pub queue_wait_max: Duration,
     /// How long a request refused by a busy decode worker waits before it is sent again.
     pub busy_backoff: Duration,
@@ -206,7 +210,7 @@ impl Router {
         let idle = self.idle_deadlines.first().map(|(t, _)| *t);
         // A queued request is due at its deadline, or when its back-off ends if a worker has
         // room then (else it waits for an end, which is an input, not a timer).
-        let room = self.decode_with_room(0).is_some();
+        let room = self.has_room();
         let queued = self
             .queue
             .iter()
@@ -257,11 +261,29 @@ impl Router {
             let reason = AbortReason::Timeout;
             self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
         }
-        while !self.prefills.is_empty() && self.decode_with_room(0).is_some() {
+        while self.has_room() {
             let Some(at) = self.queue.iter().position(|q| q.not_before <= now) else { break };
             let q = self.queue.remove(at).expect("found above");
             self.start(q.request, q.attempt, now);
         }
+    }
+
+    fn has_room(&self) -> bool {
+        self.prefill_with_room(0).is_some() && self.decode_with_room(0).is_some()
+    }
+
+    fn prefill_load(&self, worker: &Endpoint) -> usize {
+        self.transfers.values().filter(|t| t.prefill.worker == worker.worker).count()
+    }
+
+    /// The least loaded prefill worker below `prefill_slots`; ties as in `least_loaded`.
+    fn prefill_with_room(&self, attempt: u32) -> Option<Endpoint> {
+        let slots = self.config.prefill_slots as usize;
+        let n = self.prefills.len();
+        (0..n)
+            .map(|i| self.prefills[(i + attempt as usize) % n])
+            .filter(|w| self.prefill_load(w) < slots)
+            .min_by_key(|w| self.prefill_load(w))
     }
 
     /// A decode worker's load: what it receives and what it decodes.
@@ -428,6 +450,8 @@ impl Router {
             .insert(request, Decoding { key, decode: t.decode, next_index: 0, idle_deadline });
         self.idle_deadlines.insert((idle_deadline, request));
         self.outputs.push_back(RouterOutput::Decoding { request, key, decode: t.decode });
+        // Its prefill worker has room again.
+        self.pump(now);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -519,9 +543,9 @@ impl Router {
     fn start(&mut self, request: RequestSpec, attempt: u32, now: Time) -> TransferKey {
         let key = TransferKey { transfer: TransferId(self.next_transfer), epoch: Epoch(attempt) };
         self.next_transfer += 1;
-        let prefill = least_loaded(&self.prefills, attempt, |w| {
-            self.transfers.values().filter(|t| t.prefill.worker == w.worker).count()
-        });
+        let prefill = self
+            .prefill_with_room(attempt)
+            .unwrap_or_else(|| least_loaded(&self.prefills, attempt, |w| self.prefill_load(w)));
         let decode = self
             .decode_with_room(attempt)
             .unwrap_or_else(|| least_loaded(&self.decodes, attempt, |w| self.decode_load(w)));

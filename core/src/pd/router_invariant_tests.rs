@@ -39,6 +39,7 @@ fn legit() -> Router {
         retries_max: 1,
         decode_idle_timeout: Duration::from_secs(5),
         decode_slots: 8,
+        prefill_slots: 8,
         queue_wait_max: Duration::from_secs(5),
         busy_backoff: Duration::from_millis(5),
     };

@@ -15,6 +15,7 @@ fn router(retries_max: u32) -> Router {
         retries_max,
         decode_idle_timeout: Duration::from_secs(5),
         decode_slots: 8,
+        prefill_slots: 8,
         queue_wait_max: Duration::from_secs(5),
         busy_backoff: Duration::from_millis(5),
     };
@@ -351,6 +352,7 @@ fn small_router(decode_slots: u32) -> Router {
         retries_max: 0,
         decode_idle_timeout: Duration::from_secs(5),
         decode_slots,
+        prefill_slots: 8,
         queue_wait_max: Duration::from_millis(100),
         busy_backoff: Duration::from_millis(5),
     };
@@ -443,4 +445,21 @@ fn a_late_copy_shorter_than_what_passed_is_skipped_without_a_panic() {
     drain(&mut r);
     r.handle_envelope(tokens(D1, key, 0, &[7], None), Time::ZERO);
     assert!(drain(&mut r).is_empty());
+}
+
+#[test]
+fn a_prefill_worker_computes_at_most_prefill_slots_prompts_and_the_rest_wait() {
+    let config = RouterConfig { prefill_slots: 1, ..small_router(4).config.clone() };
+    let mut r = Router::new(ME, config, vec![P1], vec![D1]);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    r.submit(spec(2), Time::ZERO).unwrap();
+    assert_eq!(reserve_to(&drain(&mut r)).len(), 1);
+    assert_eq!(r.requests_queued(), 1, "the prefill worker is busy: request 2 waits");
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
+    r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
+    assert_eq!(
+        reserve_to(&drain(&mut r)).len(),
+        1,
+        "request 1 decodes: the prefill worker is free"
+    );
 }

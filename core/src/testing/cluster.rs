@@ -57,6 +57,7 @@ impl ClusterConfig {
                 retries_max: 2,
                 decode_idle_timeout: Duration::from_millis(2_000),
                 decode_slots: sched.running_max,
+                prefill_slots: 4,
                 queue_wait_max: Duration::from_millis(5_000),
                 busy_backoff: Duration::from_millis(2),
             },

@@ -29,7 +29,7 @@ use crate::text::{SyntheticCodec, TextCodec};
 /// in flight over TCP: the data plane's bounds.
 const LEASE: Duration = Duration::from_secs(2);
 const WRITE_FLIGHT: Duration = Duration::from_secs(1);
-const TRANSFER_DEADLINE: Duration = Duration::from_secs(30);
+const TRANSFER_DEADLINE: Duration = Duration::from_secs(60);
 
 pub async fn serve(
     options: &ServeOptions,
@@ -71,6 +71,7 @@ pub async fn serve(
                     retries_max: 2,
                     decode_idle_timeout: Duration::from_secs(60),
                     decode_slots: options.max_running,
+                    prefill_slots: options.prefill_slots.max(1),
                     queue_wait_max: Duration::from_secs(300),
                     busy_backoff: Duration::from_millis(20),
                 },

@@ -1,0 +1,155 @@
+//! Every check the nodes add to their parts' own fires on a state broken by hand: each test
+//! builds a legitimate state through `testing::Cluster`, sees the checks pass, breaks one thing
+//! through the crate-private fields and sees that very check report it.
+//!
+//! | check | message | test |
+//! |---|---|---|
+//! | decode: pool pins are the transfers' | "the pool holds {n} pins, the transfers {m}" | `decode_a_pin_nobody_holds` |
+//! | decode: references are requests' or transfers' | (the scheduler's, counting the transfers' references) | `decode_a_reference_nobody_holds` |
+//! | decode: stream under its transfer's id | "stream {id} filed under another id" | `decode_a_stream_under_another_id` |
+//! | decode: stream of a live request | "stream {id} outlives its request" | `decode_a_stream_outlives_its_request` |
+//! | decode: reserved stream has its transfer | "{id} is reserved for a transfer the protocol side does not hold" | `decode_a_reservation_without_its_transfer` |
+//! | prefill: pool pins are the transfers' | "the pool holds {n} pins, the transfers {m}" | `prefill_a_pin_nobody_holds` |
+//! | prefill: computation under its transfer's id | "computation {id} filed under another id" | `prefill_a_computation_under_another_id` |
+//! | prefill: computation of a held request | "computation {id} has no request in the scheduler: …" | `prefill_a_computation_without_its_request` |
+
+use std::time::Duration;
+
+use crate::Time;
+use crate::sched::{RequestId, StepMode};
+use crate::testing::{Cluster, ClusterConfig, small_config};
+use crate::wire::{Message, RequestSpec};
+
+fn cluster() -> Cluster {
+    Cluster::new(ClusterConfig::new(small_config(StepMode::Sync, 24)))
+}
+
+/// Moves the cluster on (messages, writes, steps) until `done` holds.
+fn until(c: &mut Cluster, done: impl Fn(&Cluster) -> bool) {
+    for _ in 0..200 {
+        if done(c) {
+            return;
+        }
+        while !c.network.is_empty() {
+            c.deliver(0);
+        }
+        while !c.writes.is_empty() {
+            c.land_write(0, false);
+        }
+        c.step_prefill();
+        c.step_decode();
+        c.advance(Duration::from_millis(1));
+    }
+    panic!("the state to break was never reached");
+}
+
+fn spec(id: u64) -> RequestSpec {
+    RequestSpec { ignore_eos: true, ..RequestSpec::new(RequestId(id), (1..=9).collect(), 30) }
+}
+
+/// Request 1 decodes on the decode node.
+fn decoding() -> Cluster {
+    let mut c = cluster();
+    c.submit(spec(1)).unwrap();
+    until(&mut c, |c| c.outputs[&RequestId(1)].len() >= 2);
+    c.check_invariants();
+    c
+}
+
+/// Request 1's transfer is reserved on the decode node, its prompt computing on the prefill node.
+fn reserved() -> Cluster {
+    let mut c = cluster();
+    c.submit(spec(1)).unwrap();
+    // Reserve to the decode side, then its Prepare to the prefill side, which starts computing.
+    for _ in 0..2 {
+        c.deliver(0);
+    }
+    assert!(c.network.iter().any(|e| matches!(e.body, Message::Heartbeat { .. })));
+    c.check_invariants();
+    c
+}
+
+fn fires(what: Result<(), crate::InvariantViolation>, expected: &str) {
+    match what {
+        Ok(()) => panic!("the check {expected:?} missed a broken state"),
+        Err(e) => assert!(e.what().contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn decode_a_pin_nobody_holds() {
+    let mut c = decoding();
+    let page = c.decode.sched.pool_mut().allocate().unwrap();
+    c.decode.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.decode.sched.pool_mut().release(page).unwrap();
+    fires(c.decode.check_invariants(), "the pool holds 1 pins, the transfers 0");
+}
+
+#[test]
+fn decode_a_reference_nobody_holds() {
+    let mut c = reserved();
+    c.decode.sched.pool_mut().allocate().unwrap();
+    fires(c.decode.check_invariants(), "page tables and transfers hold");
+}
+
+#[test]
+fn decode_a_stream_under_another_id() {
+    let mut c = decoding();
+    let stream = c.decode.streams.pop_first().unwrap().1;
+    c.decode.streams.insert(RequestId(77), stream);
+    fires(c.decode.check_invariants(), "filed under another id");
+}
+
+#[test]
+fn decode_a_stream_outlives_its_request() {
+    let mut c = decoding();
+    let (&id, _) = c.decode.streams.first_key_value().unwrap();
+    c.decode.sched.abort(id, c.now).unwrap();
+    while c.decode.sched.poll_event().is_some() {}
+    fires(c.decode.check_invariants(), "outlives its request");
+}
+
+#[test]
+fn decode_a_reservation_without_its_transfer() {
+    let mut c = reserved();
+    let (_, stream) = c.decode.streams.first_key_value().unwrap();
+    let mut other = stream.clone();
+    other.key.transfer.0 += 1_000;
+    let id = crate::node::local_id(other.key);
+    c.decode.sched.reserve(crate::testing::request(id.0, vec![1, 2, 3], 2), c.now).unwrap();
+    c.decode.streams.insert(id, other);
+    fires(c.decode.check_invariants(), "reserved for a transfer the protocol side does not hold");
+}
+
+#[test]
+fn prefill_a_pin_nobody_holds() {
+    let mut c = reserved();
+    c.step_prefill();
+    let page = c.prefill.sched.pool_mut().allocate().unwrap();
+    c.prefill.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.prefill.sched.pool_mut().release(page).unwrap();
+    fires(c.prefill.check_invariants(), "the pool holds 1 pins, the transfers 0");
+}
+
+#[test]
+fn prefill_a_computation_under_another_id() {
+    let mut c = reserved();
+    let computation = c.prefill.computing.pop_first().unwrap().1;
+    c.prefill.computing.insert(RequestId(77), computation);
+    fires(c.prefill.check_invariants(), "filed under another id");
+}
+
+#[test]
+fn prefill_a_computation_without_its_request() {
+    let mut c = reserved();
+    let (&id, _) = c.prefill.computing.first_key_value().unwrap();
+    c.prefill.sched.abort(id, c.now).unwrap();
+    // The scheduler's own events (Finished, PagesKept) are swallowed: the node never hears.
+    while c.prefill.sched.poll_event().is_some() {}
+    if let Some(pages) = c.prefill.sched.take_kept_pages(id) {
+        for page in pages {
+            c.prefill.sched.pool_mut().release(page).unwrap();
+        }
+    }
+    fires(c.prefill.check_invariants(), "has no request in the scheduler");
+}
