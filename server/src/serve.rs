@@ -233,14 +233,7 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
         return crate::roles::launch::serve(options, shutdown_signal()).await;
     }
     // Opened before the model loads, so that a path that cannot be written fails at once.
-    let trace = match &options.record_trace {
-        Some(path) => Some(
-            record::create_file(path)
-                .await
-                .map_err(|e| format!("--record-trace {}: {e}", path.display()))?,
-        ),
-        None => None,
-    };
+    let trace = open_trace(options).await?;
     let mut node =
         if options.provenance { provenance_node(options)? } else { model_node(options)? };
     let recording = trace.map(|file| start_recording(&mut node, file)).transpose()?;
@@ -255,15 +248,29 @@ async fn serve(options: &ServeOptions) -> Result<(), String> {
         let _ = tcp.set_nodelay(true);
     });
     let served = node.serve(listener, shutdown_signal(), options.drain_timeout).await;
+    finish_recording(recording).await;
+    let drained = served.map_err(|e| format!("serving: {e}"))?;
+    tracing::info!(?drained, "stopped");
+    Ok(())
+}
+
+/// The file `--record-trace` names, created, if given.
+pub(crate) async fn open_trace(options: &ServeOptions) -> Result<Option<tokio::fs::File>, String> {
+    let Some(path) = &options.record_trace else { return Ok(None) };
+    let file = record::create_file(path)
+        .await
+        .map_err(|e| format!("--record-trace {}: {e}", path.display()))?;
+    Ok(Some(file))
+}
+
+/// Writes what is queued, flushes, and logs how it went.
+pub(crate) async fn finish_recording(recording: Option<RecordTask<tokio::fs::File>>) {
     if let Some(recording) = recording {
         match recording.finish().await {
             Ok(t) => tracing::info!(written = t.written, lost = t.lost, "trace recorded"),
             Err(e) => tracing::error!(error = %e, "trace recording"),
         }
     }
-    let drained = served.map_err(|e| format!("serving: {e}"))?;
-    tracing::info!(?drained, "stopped");
-    Ok(())
 }
 
 /// Records every request `node` will serve into `file` (`--record-trace`): sets the app's

@@ -13,8 +13,6 @@
 //! | prefill: computation under its transfer's id | "computation {id} filed under another id" | `prefill_a_computation_under_another_id` |
 //! | prefill: computation of a held request | "computation {id} has no request in the scheduler: …" | `prefill_a_computation_without_its_request` |
 
-use std::time::Duration;
-
 use crate::Time;
 use crate::sched::{RequestId, StepMode};
 use crate::testing::{Cluster, ClusterConfig, small_config};
@@ -30,15 +28,7 @@ fn until(c: &mut Cluster, done: impl Fn(&Cluster) -> bool) {
         if done(c) {
             return;
         }
-        while !c.network.is_empty() {
-            c.deliver(0);
-        }
-        while !c.writes.is_empty() {
-            c.land_write(0, false);
-        }
-        c.step_prefill();
-        c.step_decode();
-        c.advance(Duration::from_millis(1));
+        c.tick();
     }
     panic!("the state to break was never reached");
 }

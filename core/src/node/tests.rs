@@ -110,15 +110,7 @@ fn a_client_abort_after_the_hand_over_reaches_the_decode_worker() {
     let s = RequestSpec { ignore_eos: true, ..spec(1, 6, 0, 40) };
     c.submit(s).unwrap();
     while c.outputs[&RequestId(1)].len() < 3 {
-        while !c.network.is_empty() {
-            c.deliver(0);
-        }
-        while !c.writes.is_empty() {
-            c.land_write(0, false);
-        }
-        c.step_prefill();
-        c.step_decode();
-        c.advance(Duration::from_millis(1));
+        c.tick();
     }
     assert!(c.abort(RequestId(1)));
     assert!(c.network.iter().any(|e| e.to == DECODE && matches!(e.body, Message::Cancel { .. })));

@@ -230,6 +230,22 @@ impl Cluster {
         self.after_input();
     }
 
+    /// A fair turn without faults: every message delivered and every write landed, in order,
+    /// until none is left; a step on each node; the clock 1 ms on.
+    pub fn tick(&mut self) {
+        while !self.network.is_empty() || !self.writes.is_empty() {
+            while !self.network.is_empty() {
+                self.deliver(0);
+            }
+            while !self.writes.is_empty() {
+                self.land_write(0, false);
+            }
+        }
+        self.step_prefill();
+        self.step_decode();
+        self.advance(Duration::from_millis(1));
+    }
+
     /// Every request ended at the router, and nothing is in flight or held anywhere.
     pub fn is_quiet(&self) -> bool {
         self.ends.len() == self.outputs.len()
@@ -249,17 +265,7 @@ impl Cluster {
             if self.is_quiet() {
                 return;
             }
-            while !self.network.is_empty() || !self.writes.is_empty() {
-                while !self.network.is_empty() {
-                    self.deliver(0);
-                }
-                while !self.writes.is_empty() {
-                    self.land_write(0, false);
-                }
-            }
-            self.step_prefill();
-            self.step_decode();
-            self.advance(Duration::from_millis(1));
+            self.tick();
         }
         panic!(
             "not done after {ticks_max} ticks: {:?} of {:?} ended",

@@ -87,26 +87,14 @@ pub async fn serve(
                 served.tool_format,
             );
             // Opened first, so that a path that cannot be written fails at once.
-            let trace = match &options.record_trace {
-                Some(path) => Some(
-                    crate::record::create_file(path)
-                        .await
-                        .map_err(|e| format!("--record-trace {}: {e}", path.display()))?,
-                ),
-                None => None,
-            };
+            let trace = serve::open_trace(options).await?;
             let mut node = node::start_router(config, transport, events, served.codec.clone(), app);
             let recording =
                 trace.map(|file| serve::start_recording(&mut node, file)).transpose()?;
             let listener = bind(&options.host, options.port).await?;
             tracing::info!(worker = id.0, port = options.port, "router serving");
             let served = node.serve(listener, shutdown, options.drain_timeout).await;
-            if let Some(recording) = recording {
-                match recording.finish().await {
-                    Ok(t) => tracing::info!(written = t.written, lost = t.lost, "trace recorded"),
-                    Err(e) => tracing::error!(error = %e, "trace recording"),
-                }
-            }
+            serve::finish_recording(recording).await;
             let drained = served.map_err(|e| format!("serving: {e}"))?;
             tracing::info!(?drained, "stopped");
             Ok(())
