@@ -1,8 +1,9 @@
 //! Router, prefill and decode as three `lockstep serve --role …` processes on 127.0.0.1 (the
-//! provenance executor, so no model is needed): the same greedy output as one process; `kill -9`
-//! of the decode worker mid-transfer ends every request, and the prefill worker lets go of its
-//! pages; a prefill worker killed and started again (a new incarnation) is paired again and new
-//! requests succeed.
+//! provenance executor, so no model is needed): the same greedy output as one process, and the
+//! router's recorded trace replays to the same outputs; 64 concurrent two-turn sessions equal
+//! their prompts run alone; clients leaving at any moment leave nothing held on either worker;
+//! `kill -9` of the decode worker mid-transfer ends every request, and the prefill worker lets go
+//! of its pages; a prefill worker killed and started again (a new incarnation) is paired again.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
@@ -233,4 +234,69 @@ async fn a_restarted_prefill_worker_is_paired_again() {
     })
     .await;
     assert!(paired, "the router never paired the new prefill worker");
+}
+
+/// 64 sessions at once, two turns each, every turn's prompt a shared system prefix, the session's
+/// history and a new message: each answer equals the same prompt run alone through one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_multi_turn_sessions_through_three_processes_equal_one_at_a_time() {
+    let single_port = free_port();
+    let _single = lockstep(&["--port", &single_port.to_string()]);
+    let d = deploy().await;
+    let router = d.router.1;
+    let mut sessions = Vec::new();
+    for session in 0..64u32 {
+        sessions.push(tokio::spawn(async move {
+            let mut history: Vec<u32> = (1..=12).collect();
+            let mut asked = Vec::new();
+            for turn in 0..2u32 {
+                history.extend((0..3).map(|p| 1 + (session * 17 + turn * 5 + p) % 900));
+                let (status, body) =
+                    post(router, "/v1/completions", &completion(&history, 4)).await.unwrap();
+                assert_eq!(status, 200, "{body}");
+                let answer = text(&body);
+                asked.push((history.clone(), answer.clone()));
+                history.extend(answer.split_whitespace().map(|t| t[1..].parse::<u32>().unwrap()));
+            }
+            asked
+        }));
+    }
+    assert!(
+        within(Duration::from_secs(20), || async { get(single_port, "/health").await.is_some() })
+            .await
+    );
+    for session in sessions {
+        for (prompt, answer) in session.await.unwrap() {
+            let (_, alone) =
+                post(single_port, "/v1/completions", &completion(&prompt, 4)).await.unwrap();
+            assert_eq!(answer, text(&alone));
+        }
+    }
+}
+
+/// Clients that go away at every moment of a request (before its transfer, during it, while it
+/// decodes) leave no page, pin, slot or transfer held on either worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_leave_mid_transfer_leave_nothing_held_on_either_worker_process() {
+    let d = deploy().await;
+    let router = d.router.1;
+    for i in 0..40u32 {
+        let body = completion(&prompt(i, 120), 100).to_string();
+        let io = tokio::net::TcpStream::connect(("127.0.0.1", router)).await.unwrap();
+        let mut c = Connection::new(io).await.unwrap();
+        let request = c.post("/v1/completions", &body);
+        let _ = tokio::time::timeout(Duration::from_micros(300 * u64::from(i % 9)), request).await;
+    }
+    for http in [d.prefill.1, d.decode.1] {
+        let idle = within(Duration::from_secs(10), || async {
+            let page = get(http, "/metrics").await.map(|(_, p)| p).unwrap_or_default();
+            metric(&page, "vllm:kv_cache_usage_perc") == Some(0.0)
+                && metric(&page, "vllm:num_requests_running") == Some(0.0)
+                && metric(&page, "vllm:num_requests_waiting") == Some(0.0)
+        })
+        .await;
+        assert!(idle, "a worker still holds pages or requests");
+    }
+    let (status, body) = post(router, "/v1/completions", &completion(&[5, 6, 7], 3)).await.unwrap();
+    assert_eq!(status, 200, "{body}");
 }
