@@ -289,3 +289,13 @@ async fn a_killed_decode_worker_ends_every_request_and_the_prefill_side_lets_go(
     let (status, _) = c.router.post("/v1/completions", &completion(&[1, 2], 2)).await;
     assert_eq!(status, 503, "no decode worker: the router says so");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_probabilities_through_a_router_are_refused_not_dropped() {
+    let c = cluster(StepMode::Sync).await;
+    let body =
+        json!({ "model": "test-model", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 2 });
+    let (status, answer) = c.router.post("/v1/completions", &body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "logprobs");
+}

@@ -46,6 +46,8 @@ pub enum SubmitError {
     NoWorkers,
     /// The router could not take it for another reason.
     Unavailable(String),
+    /// This engine cannot serve what the request asks for (`param`): a 400, not a retry.
+    Unsupported { param: &'static str, why: &'static str },
 }
 
 impl std::fmt::Display for SubmitError {
@@ -57,6 +59,7 @@ impl std::fmt::Display for SubmitError {
             SubmitError::Timeout => write!(f, "the engine did not answer in time"),
             SubmitError::NoWorkers => write!(f, "no prefill or no decode worker is up"),
             SubmitError::Unavailable(why) => write!(f, "{why}"),
+            SubmitError::Unsupported { why, .. } => write!(f, "{why}"),
         }
     }
 }

@@ -122,6 +122,10 @@ fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
         }
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down", retry),
         SubmitError::Timeout => ApiError::unavailable("the engine did not answer in time", retry),
+        SubmitError::Unsupported { param, why } => {
+            state.metrics.rejected_invalid.increment(1);
+            ApiError::invalid_param(param, why.to_string())
+        }
         SubmitError::NoWorkers | SubmitError::Unavailable(_) => {
             ApiError::unavailable(format!("{e}"), retry)
         }

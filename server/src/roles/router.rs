@@ -149,6 +149,12 @@ impl RouterEngine {
         events: mpsc::Sender<RequestEvent>,
         reply: oneshot::Sender<Result<(), SubmitError>>,
     ) {
+        if spec.logprobs.is_some() {
+            // Decode workers do not send them back yet; refusing beats answering without them.
+            let why = "log-probabilities are not served through a router yet";
+            let _ = reply.send(Err(SubmitError::Unsupported { param: "logprobs", why }));
+            return;
+        }
         let id = request.id;
         let prompt_tokens = request.prompt.len() as u64;
         let spec = RequestSpec {
