@@ -71,6 +71,7 @@ pub struct Metrics {
     pub kv_bytes_sent: Counter,
     pub kv_bytes_received: Counter,
     pub kv_writes_dropped: Counter,
+    pub kv_writes_held: Counter,
     pub peer_send_failures: Counter,
     pub transfers_started: Counter,
     pub transfers_completed: Counter,
@@ -179,6 +180,10 @@ impl Metrics {
             kv_bytes_received: counter(
                 "lockstep:kv_bytes_received_total",
                 "KV bytes landed in this worker's pages",
+            ),
+            kv_writes_held: counter(
+                "lockstep:kv_writes_held_total",
+                "KV writes that waited for room on their link (the data plane's back-pressure)",
             ),
             kv_writes_dropped: counter(
                 "lockstep:kv_writes_dropped_total",

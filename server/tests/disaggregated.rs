@@ -63,11 +63,17 @@ const LEASE_MS: u64 = 200;
 
 struct Cluster {
     router: TestServer,
+    prefill_metrics: Arc<Metrics>,
     prefill: (JoinHandle<()>, Arc<EngineStats>),
     decode: (JoinHandle<()>, Arc<EngineStats>),
 }
 
 async fn cluster(mode: StepMode) -> Cluster {
+    cluster_with(mode, |_| {}).await
+}
+
+/// `tweak` adjusts the prefill worker's peer link (the one KV writes go out on).
+async fn cluster_with(mode: StepMode, tweak: impl FnOnce(&mut PeerConfig)) -> Cluster {
     let sched = sched(mode);
     let model = || ProvenanceModel::new(sched.pool, sched.running_max, VOCAB);
     let metrics = || Arc::new(Metrics::new("test-model"));
@@ -108,14 +114,17 @@ async fn cluster(mode: StepMode) -> Cluster {
     let node =
         WorkerNode::Prefill(PrefillNode::new(at(PREFILL), sched.clone(), prefill_config).unwrap());
     let runner = InlineRunner::new(model(), StepCost::ZERO);
+    let mut prefill_peer = peer(PREFILL, Role::Prefill, vec![(DECODE, decode_addr.clone())]);
+    tweak(&mut prefill_peer);
+    let prefill_metrics = metrics();
     let prefill = spawn_worker(
         node,
         runner,
-        peer(PREFILL, Role::Prefill, vec![(DECODE, decode_addr.clone())]),
+        prefill_peer,
         TcpDial,
         prefill_listener,
         true,
-        metrics(),
+        prefill_metrics.clone(),
     )
     .unwrap();
 
@@ -144,7 +153,7 @@ async fn cluster(mode: StepMode) -> Cluster {
     for _ in 0..200 {
         let (status, _) = router.post("/v1/completions", &completion(&[1, 2, 3], 1)).await;
         if status == 200 {
-            return Cluster { router, prefill, decode };
+            return Cluster { router, prefill_metrics, prefill, decode };
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -298,4 +307,33 @@ async fn log_probabilities_through_a_router_are_refused_not_dropped() {
     let (status, answer) = c.router.post("/v1/completions", &body).await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["param"], "logprobs");
+}
+
+/// A link whose byte budget holds a few pages at a time: writes wait for room (the data plane's
+/// back-pressure) instead of failing their transfers, and every request gives its output alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
+    let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    // A provenance page is 32 bytes of KV, its frame about 70: some thirty fit at once.
+    let c = cluster_with(StepMode::Sync, |p| p.send_bytes_max = 2048).await;
+    let counter = |page: &str, name: &str| {
+        page.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let mut requests = Vec::new();
+    for i in 0..16 {
+        let body = completion(&prompt(i, 60, 0), 4);
+        requests.push((body.clone(), c.router.post_in_task("/v1/completions", body)));
+    }
+    for (body, request) in requests {
+        let through = request.await.unwrap();
+        let (_, alone) = single.post("/v1/completions", &body).await;
+        assert_eq!(text(&through), text(&alone), "{through}");
+    }
+    let (_, page) = c.router.get("/metrics").await;
+    let failed = counter(&page, "lockstep:kv_transfers_failed_total");
+    assert_eq!(failed, Some(0.0), "a transfer failed for want of room");
+    let held = counter(&c.prefill_metrics.render(), "lockstep:kv_writes_held_total");
+    assert!(held.unwrap() > 0.0, "no write ever waited: the link was not narrow");
 }

@@ -140,6 +140,10 @@ impl PrefillSide {
         self.transfers.len()
     }
 
+    pub fn config(&self) -> &PrefillConfig {
+        &self.config
+    }
+
     /// Pins the transfers hold in the pool: one each once its KV is computed.
     pub fn pins_held(&self) -> usize {
         self.transfers.values().filter(|t| t.source_pin.is_some()).count()

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::engine::{EngineStats, PageRead, PageRunner, StepOrRead, StepResult};
 use crate::metrics::{Metrics, observe};
-use crate::peer::{PeerEvent, Transport};
+use crate::peer::{PeerEvent, SendError, Transport};
 
 /// The node a worker runs.
 #[derive(Debug)]
@@ -135,6 +135,19 @@ impl WorkerNode {
     }
 }
 
+/// How long a protocol message waits for room on a link full of KV writes before it counts as
+/// lost: well under a lease, so a heartbeat that waits still extends one.
+const CONTROL_WAIT_MAX: Duration = Duration::from_millis(100);
+
+/// A KV write the link had no room for yet: sent as soon as it has, in issue order, or failed
+/// once its flight bound has passed (the prefill side counts on every write issued landing or
+/// failing within it).
+struct HeldWrite {
+    write: PendingWrite,
+    envelope: Envelope,
+    give_up_at: Time,
+}
+
 /// A page read for a write, waiting for its bytes.
 struct PendingWrite {
     key: TransferKey,
@@ -156,6 +169,10 @@ pub struct WorkerEngine<R> {
     next_tag: u64,
     /// Writes sent and not acknowledged: which ordinal of which transfer a page's ack completes.
     writes_out: BTreeMap<(TransferId, u32), (TransferKey, u32)>,
+    /// Writes waiting for room on their link: the data plane's back-pressure.
+    held: VecDeque<HeldWrite>,
+    /// Protocol messages waiting for room, sent before any held write.
+    held_control: VecDeque<(Envelope, Time)>,
     check_invariants: bool,
     stats: Arc<EngineStats>,
     metrics: Arc<Metrics>,
@@ -194,6 +211,8 @@ impl<R: PageRunner> WorkerEngine<R> {
             reads: BTreeMap::new(),
             next_tag: 0,
             writes_out: BTreeMap::new(),
+            held: VecDeque::new(),
+            held_control: VecDeque::new(),
             check_invariants,
             stats,
             metrics,
@@ -204,7 +223,12 @@ impl<R: PageRunner> WorkerEngine<R> {
     pub async fn run(mut self) {
         loop {
             self.launch_ready();
-            let timer = self.node.next_timeout().and_then(|t| self.instant_of(t));
+            let mut timer = self.node.next_timeout().and_then(|t| self.instant_of(t));
+            if !self.held.is_empty() || !self.held_control.is_empty() {
+                // Held writes try again every millisecond: the link frees room as it writes.
+                let retry = Instant::now() + Duration::from_millis(1);
+                timer = Some(timer.map_or(retry, |t| t.min(retry)));
+            }
             tokio::select! {
                 biased;
                 done = self.runner.step_or_read(), if !self.launched.is_empty() || !self.reads.is_empty() => {
@@ -226,6 +250,7 @@ impl<R: PageRunner> WorkerEngine<R> {
                 () = sleep_until_or_never(timer) => {
                     let now = self.now();
                     self.node.handle_timeout(now);
+                    self.send_held();
                 }
             }
             self.after_input();
@@ -300,25 +325,66 @@ impl<R: PageRunner> WorkerEngine<R> {
 
     fn on_page_read(&mut self, (tag, result): PageRead) {
         let Some(w) = self.reads.remove(&tag) else { return };
+        let data = match result {
+            Ok(data) => data,
+            Err(e) => return self.write_failed(&w, &e.0),
+        };
+        let body = Message::KvWrite { key: w.key, page: w.page, first_token: w.position, data };
+        let envelope = Envelope { from: self.transport.me(), to: w.to, body };
+        let flight = match &self.node {
+            WorkerNode::Prefill(node) => node.side().config().write_flight_max,
+            WorkerNode::Decode(_) => Duration::ZERO,
+        };
+        let give_up_at = self.now().saturating_add(flight);
+        self.held.push_back(HeldWrite { write: w, envelope, give_up_at });
+        self.send_held();
+        if !self.held.is_empty() {
+            self.metrics.kv_writes_held.increment(1);
+        }
+    }
+
+    /// Sends held messages in order while their link has room, protocol messages first; fails
+    /// writes past their flight bound and drops messages past their wait.
+    fn send_held(&mut self) {
         let now = self.now();
-        let sent = result.map_err(|e| e.0).and_then(|data| {
-            let bytes = data.len() as u64;
-            let body = Message::KvWrite { key: w.key, page: w.page, first_token: w.position, data };
-            let envelope = Envelope { from: self.transport.me(), to: w.to, body };
-            self.transport.try_send(&envelope).map_err(|e| e.to_string())?;
-            self.metrics.kv_bytes_sent.increment(bytes);
-            Ok(())
-        });
-        match sent {
-            Ok(()) => {
-                self.writes_out.insert((w.key.transfer, w.page.index), (w.key, w.ordinal));
-            }
-            Err(why) => {
-                tracing::debug!(transfer = w.key.transfer.0, %why, "a KV write was not sent");
-                if let WorkerNode::Prefill(node) = &mut self.node {
-                    node.handle_write_completion(w.key, w.ordinal, false, now);
+        while let Some((envelope, give_up_at)) = self.held_control.front() {
+            match self.transport.try_send(envelope) {
+                Err(SendError::Full) if now < *give_up_at => return,
+                Ok(()) => {
+                    self.held_control.pop_front();
+                }
+                Err(e) => {
+                    let (envelope, _) = self.held_control.pop_front().expect("looked at above");
+                    self.lost(&envelope, &e);
                 }
             }
+        }
+        while let Some(h) = self.held.front() {
+            match self.transport.try_send(&h.envelope) {
+                Err(SendError::Full) if now < h.give_up_at => return,
+                sent => {
+                    let h = self.held.pop_front().expect("looked at above");
+                    match sent {
+                        Ok(()) => {
+                            if let Message::KvWrite { data, .. } = &h.envelope.body {
+                                self.metrics.kv_bytes_sent.increment(data.len() as u64);
+                            }
+                            let w = h.write;
+                            self.writes_out
+                                .insert((w.key.transfer, w.page.index), (w.key, w.ordinal));
+                        }
+                        Err(why) => self.write_failed(&h.write, &why.to_string()),
+                    }
+                }
+            }
+        }
+    }
+
+    fn write_failed(&mut self, w: &PendingWrite, why: &str) {
+        tracing::debug!(transfer = w.key.transfer.0, %why, "a KV write was not sent");
+        let now = self.now();
+        if let WorkerNode::Prefill(node) = &mut self.node {
+            node.handle_write_completion(w.key, w.ordinal, false, now);
         }
     }
 
@@ -353,13 +419,24 @@ impl<R: PageRunner> WorkerEngine<R> {
             .set(f64::from(pool.held_count()) / f64::from(pool.pages_total()));
     }
 
-    /// A message the transport cannot take now is lost, as on a lossy network: the protocol's
-    /// timeouts and retries are what recover from it.
-    fn send(&self, envelope: Envelope) {
-        if let Err(e) = self.transport.try_send(&envelope) {
-            self.metrics.peer_send_failures.increment(1);
-            tracing::debug!(to = ?envelope.to, error = %e, "a peer message was not sent");
+    /// Sends a protocol message; one that finds its link full (KV writes fill it) waits, ahead of
+    /// every held write, for at most `CONTROL_WAIT_MAX`. One the transport cannot take otherwise
+    /// is lost, as on a lossy network: the protocol's timeouts and retries recover from it.
+    fn send(&mut self, envelope: Envelope) {
+        if self.held_control.is_empty() {
+            match self.transport.try_send(&envelope) {
+                Ok(()) => return,
+                Err(SendError::Full) => {}
+                Err(e) => return self.lost(&envelope, &e),
+            }
         }
+        let give_up_at = self.now().saturating_add(CONTROL_WAIT_MAX);
+        self.held_control.push_back((envelope, give_up_at));
+    }
+
+    fn lost(&self, envelope: &Envelope, e: &SendError) {
+        self.metrics.peer_send_failures.increment(1);
+        tracing::debug!(to = ?envelope.to, error = %e, "a peer message was not sent");
     }
 
     async fn shut_down(mut self) {
