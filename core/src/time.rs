@@ -37,6 +37,11 @@ impl Time {
         Time(self.0.saturating_add(nanos))
     }
 
+    /// The earlier of two optional deadlines: what a machine made of two machines waits for.
+    pub fn earliest(a: Option<Time>, b: Option<Time>) -> Option<Time> {
+        a.into_iter().chain(b).min()
+    }
+
     /// How long after `earlier` this is; zero if `earlier` is not earlier.
     pub fn saturating_since(self, earlier: Time) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
@@ -61,6 +66,15 @@ mod tests {
             Time::from_millis(2).saturating_add(Duration::from_micros(500)).as_nanos(),
             2_500_000
         );
+    }
+
+    #[test]
+    fn earliest_takes_the_earlier_deadline_and_none_only_if_both_are() {
+        let (a, b) = (Some(Time::from_nanos(3)), Some(Time::from_nanos(5)));
+        assert_eq!(Time::earliest(a, b), a);
+        assert_eq!(Time::earliest(b, a), a);
+        assert_eq!(Time::earliest(None, b), b);
+        assert_eq!(Time::earliest(None, None), None);
     }
 
     #[test]

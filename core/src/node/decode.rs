@@ -181,10 +181,7 @@ impl DecodeNode {
     }
 
     pub fn next_timeout(&self) -> Option<Time> {
-        match (self.side.next_timeout(), self.sched.next_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Time::earliest(self.side.next_timeout(), self.sched.next_timeout())
     }
 
     /// The protocol side's leases first, then the scheduler's queue deadlines.

@@ -131,10 +131,7 @@ impl PrefillNode {
     }
 
     pub fn next_timeout(&self) -> Option<Time> {
-        match (self.side.next_timeout(), self.sched.next_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Time::earliest(self.side.next_timeout(), self.sched.next_timeout())
     }
 
     /// The protocol side's heartbeats, drains and deadlines first, then the scheduler's queue

@@ -274,10 +274,7 @@ impl Scheduler {
     /// When to call `handle_timeout`: the earliest queue deadline or pin lease.
     pub fn next_timeout(&self) -> Option<Time> {
         let queue = self.waiting_deadlines.first().map(|(t, _)| *t);
-        match (queue, self.pool.next_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Time::earliest(queue, self.pool.next_timeout())
     }
 
     /// Refuses waiting requests past their queue deadline, and expires pin leases.
