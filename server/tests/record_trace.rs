@@ -182,14 +182,14 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!(records.len(), 6, "one record per request");
 
     let r = records[&request_id(&by_ids)];
-    assert_eq!(r.request, RequestInput::Completions { prompt: json!([5, 6, 7]) });
+    assert_eq!(r.request, Some(RequestInput::Completions { prompt: json!([5, 6, 7]) }));
     assert_eq!(r.input_ids, [5, 6, 7]);
     assert_eq!((r.max_tokens, r.sampling.temperature, r.stream), (Some(4), 0.0, false));
     assert_eq!(output(r), (ids(&by_ids["choices"][0]["token_ids"]), TraceFinish::Length));
     assert_eq!((r.session.as_ref(), r.turn), (None, None));
 
     let r = records[&request_id(&by_text)];
-    assert_eq!(r.request, RequestInput::Completions { prompt: json!("t5 t6 t9 hello") });
+    assert_eq!(r.request, Some(RequestInput::Completions { prompt: json!("t5 t6 t9 hello") }));
     assert_eq!(r.input_ids, ids(&by_text["prompt_token_ids"]));
     assert_eq!(r.input_ids, codec.encode("t5 t6 t9 hello").unwrap());
     let s = r.sampling;
@@ -201,13 +201,13 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!((r1.session.as_deref(), r1.turn), (Some("sess-1"), Some(1)));
     assert_eq!((r2.session.as_deref(), r2.turn), (Some("sess-1"), Some(2)));
     let sent = RequestInput::Chat { messages: turn1.clone(), tools: None, tool_choice: None };
-    assert_eq!(r1.request, sent);
+    assert_eq!(r1.request, Some(sent));
     let sent = RequestInput::Chat {
         messages: turn2.clone(),
         tools: Some(tools.clone()),
         tool_choice: Some(json!("auto")),
     };
-    assert_eq!(r2.request, sent);
+    assert_eq!(r2.request, Some(sent));
     assert_eq!(r1.input_ids, codec.encode_chat(&turn1, None, "").unwrap());
     assert_eq!(r2.input_ids, codec.encode_chat(&turn2, Some(&tools), "").unwrap());
     assert_eq!(r1.sampling.seed, 11);

@@ -7,3 +7,4 @@
 //! determinism), and the `sim` binary.
 
 pub mod net;
+pub mod trace;

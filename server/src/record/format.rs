@@ -14,6 +14,8 @@ pub const TRACE_FORMAT: &str = "lockstep-trace";
 pub const TRACE_VERSION: u32 = 1;
 /// A trace file larger than this is refused by `read_trace`.
 pub const TRACE_BYTES_MAX: u64 = 1 << 30;
+/// Tokens in one block of `hash_ids` when the header does not say (WEKA's block size).
+pub const HASH_BLOCK_TOKENS_DEFAULT: u32 = 64;
 
 /// The first line. No wall-clock time: arrivals count from the start of the recording on
 /// tokio's clock, which is virtual under the simulator, and the server reads no wall clock
@@ -30,6 +32,10 @@ pub struct TraceHeader {
     pub context_tokens: u32,
     /// Token ids are below this.
     pub vocab_size: u32,
+    /// Tokens in one block of the records' `hash_ids`; absent: `HASH_BLOCK_TOKENS_DEFAULT`.
+    /// Recordings never write it (they carry token ids); imported traces may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_tokens: Option<u32>,
 }
 
 impl TraceHeader {
@@ -40,11 +46,19 @@ impl TraceHeader {
             model: model.into(),
             context_tokens,
             vocab_size,
+            block_tokens: None,
         }
+    }
+
+    /// Tokens in one block of a record's `hash_ids`.
+    pub fn block_tokens(&self) -> u32 {
+        self.block_tokens.unwrap_or(HASH_BLOCK_TOKENS_DEFAULT)
     }
 }
 
-/// One request.
+/// One request. Its input is either `input_ids` (what a recording writes) or `hash_ids` with
+/// `input_tokens` (an imported trace: the prompt is made from the ids, equal ids giving equal
+/// tokens); `check_input` refuses anything else.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TraceRecord {
     /// The engine's id of the request (`cmpl-<id>`, `chatcmpl-<id>` in responses).
@@ -55,12 +69,26 @@ pub struct TraceRecord {
     /// The request's place in its session, from 1, in the order the server took them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
+    /// The `request_id` of a request in another session whose end this one, the first turn of
+    /// its session, waits for: a sub-agent starts when the request that spawned it has ended.
+    /// Recordings never write it (the server cannot know).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<u64>,
     /// Milliseconds from the start of the recording to the request's arrival (tokio's clock).
     pub arrival_ms: f64,
-    /// The input as the client sent it.
-    pub request: RequestInput,
+    /// The input as the client sent it; absent in imported traces, which have no text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestInput>,
     /// The prompt's token ids as the server computed them (template and tokenizer applied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_ids: Vec<u32>,
+    /// Instead of `input_ids`: one id per `block_tokens` block of the prompt (the header's),
+    /// equal leading ids meaning a shared prefix; tokens past the last block continue it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hash_ids: Vec<u64>,
+    /// With `hash_ids`: the prompt's length in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u32>,
     /// The client's `max_tokens` (or `max_completion_tokens`); `None`: up to the context.
     pub max_tokens: Option<u32>,
     pub sampling: TraceSampling,
@@ -109,6 +137,25 @@ pub struct TraceOutput {
     /// Every output token the server produced, in order (a stop string's last token included).
     pub token_ids: Vec<u32>,
     pub finish_reason: TraceFinish,
+}
+
+impl TraceRecord {
+    /// Whether the record has exactly one input: non-empty `input_ids`, or `hash_ids` with
+    /// `input_tokens` of at least 1.
+    pub fn check_input(&self) -> Result<(), String> {
+        let ids = !self.input_ids.is_empty();
+        match (ids, self.hash_ids.is_empty(), self.input_tokens) {
+            (true, true, None) => Ok(()),
+            (false, false, Some(tokens)) if tokens >= 1 => Ok(()),
+            (false, false, Some(_)) => Err("input_tokens is 0: a prompt has at least 1".into()),
+            (false, true, None) => {
+                Err("no input: give input_ids, or hash_ids with input_tokens".into())
+            }
+            (false, true, Some(_)) => Err("input_tokens without hash_ids".into()),
+            (false, false, None) => Err("hash_ids without input_tokens".into()),
+            (true, _, _) => Err("both input_ids and hash_ids/input_tokens: give one".into()),
+        }
+    }
 }
 
 /// How a request ended, labelled as `vllm:request_success_total` labels it.
@@ -189,10 +236,72 @@ pub fn parse_trace(text: &str) -> Result<Trace, String> {
     let mut records = Vec::with_capacity(lines.len() - 1);
     for (at, &(i, line)) in lines.iter().enumerate().skip(1) {
         match serde_json::from_str::<TraceRecord>(line) {
-            Ok(record) => records.push(record),
+            Ok(record) => {
+                record.check_input().map_err(|e| format!("line {}: {e}", i + 1))?;
+                records.push(record);
+            }
             Err(_) if cut_short && at + 1 == lines.len() => {}
             Err(e) => return Err(format!("line {}: {e}", i + 1)),
         }
     }
     Ok(Trace { header, records })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = r#"{"format":"lockstep-trace","version":1,"model":"m","context_tokens":64,"vocab_size":100}"#;
+    const SAMPLING: &str = r#""sampling":{"temperature":1.0,"top_p":1.0,"top_k":0,"seed":3}"#;
+
+    fn record(input: &str) -> String {
+        format!(r#"{{"request_id":1,"arrival_ms":0.0,{input}"max_tokens":null,{SAMPLING}}}"#)
+    }
+
+    #[test]
+    fn an_imported_record_gives_hash_ids_and_a_length_instead_of_token_ids() {
+        let header = HEADER.replace('}', r#","block_tokens":16}"#);
+        let text = format!("{header}\n{}\n", record(r#""hash_ids":[4,5],"input_tokens":20,"#));
+        let trace = parse_trace(&text).unwrap();
+        assert_eq!(trace.header.block_tokens(), 16);
+        let r = &trace.records[0];
+        assert_eq!((r.request.as_ref(), r.input_ids.len()), (None, 0));
+        assert_eq!((r.hash_ids.as_slice(), r.input_tokens), (&[4, 5][..], Some(20)));
+        // Written, it has no `request` and no `input_ids`, and reads back the same.
+        let line = serde_json::to_string(r).unwrap();
+        assert!(!line.contains("request\"") && !line.contains("input_ids"), "{line}");
+        assert_eq!(&serde_json::from_str::<TraceRecord>(&line).unwrap(), r);
+        assert_eq!(serde_json::to_string(&trace.header).unwrap(), header);
+        let plain = parse_trace(&format!("{HEADER}\n")).unwrap();
+        assert_eq!(plain.header.block_tokens(), HASH_BLOCK_TOKENS_DEFAULT);
+    }
+
+    #[test]
+    fn a_record_needs_exactly_one_input() {
+        let cases = [
+            ("", "no input"),
+            (r#""input_ids":[],"#, "no input"),
+            (r#""hash_ids":[4],"#, "hash_ids without input_tokens"),
+            (r#""input_tokens":3,"#, "input_tokens without hash_ids"),
+            (r#""hash_ids":[4],"input_tokens":0,"#, "input_tokens is 0"),
+            (r#""input_ids":[1],"hash_ids":[4],"input_tokens":3,"#, "both"),
+        ];
+        for (input, expected) in cases {
+            let e = parse_trace(&format!("{HEADER}\n\n{}\n", record(input))).unwrap_err();
+            assert!(e.starts_with("line 3:") && e.contains(expected), "{expected:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_committed_recording_writes_back_byte_for_byte() {
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/recorded_router_1p1d_smollm2.jsonl");
+        let text = std::fs::read_to_string(path).unwrap();
+        let trace = parse_trace(&text).unwrap();
+        let again: String = std::iter::once(serde_json::to_string(&trace.header).unwrap())
+            .chain(trace.records.iter().map(|r| serde_json::to_string(r).unwrap()))
+            .map(|l| l + "\n")
+            .collect();
+        assert_eq!(again, text);
+    }
 }

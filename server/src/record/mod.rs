@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 pub use format::{
-    RequestInput, TRACE_BYTES_MAX, TRACE_FORMAT, TRACE_VERSION, Trace, TraceFinish, TraceHeader,
-    TraceOutput, TraceRecord, TraceSampling, TraceTimings, parse_trace, read_trace,
+    HASH_BLOCK_TOKENS_DEFAULT, RequestInput, TRACE_BYTES_MAX, TRACE_FORMAT, TRACE_VERSION, Trace,
+    TraceFinish, TraceHeader, TraceOutput, TraceRecord, TraceSampling, TraceTimings, parse_trace,
+    read_trace,
 };
 use metrics::Counter;
 use sessions::Sessions;
@@ -201,8 +202,11 @@ impl Draft {
             session,
             turn,
             arrival_ms: recorder.ms_since(recorder.shared.started, arrival),
-            request: self.input,
+            follows: None,
+            request: Some(self.input),
             input_ids,
+            hash_ids: Vec::new(),
+            input_tokens: None,
             max_tokens: params.max_tokens,
             sampling: TraceSampling {
                 temperature: sampling.temperature,

@@ -79,7 +79,7 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
     assert_eq!(one.arrival_ms, 5.0);
     assert_eq!(two.arrival_ms, 8.0);
     assert_eq!(one.timings, Some(TraceTimings { ttft_ms: Some(1.0), e2e_ms: 3.0 }));
-    assert_eq!(one.request, chat);
+    assert_eq!(one.request, Some(chat));
     assert_eq!(one.sampling.seed, u64::MAX, "a seed survives JSON bit for bit");
     assert_eq!((one.sampling.temperature, one.sampling.top_p, one.sampling.top_k), (0.7, 0.9, 40));
     let output = one.output.as_ref().unwrap();
