@@ -41,6 +41,17 @@ step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES c
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
     --test kv_state_machine --test sched_state_machine --test pd_pair --test pd_cluster
 
+step "simulator: the seed set on every committed trace, with faults (ci/sim-seeds.txt), and the determinism check"
+cargo build --release --locked -p lockstep-sim --bin sim
+sim="${CARGO_TARGET_DIR:-target}/release/sim"
+grep -v '^#' ci/sim-seeds.txt | while read -r trace seeds topology faults options; do
+    [ -n "$trace" ] || continue
+    # shellcheck disable=SC2086 # the trace options are words
+    "$sim" explore "$trace" --seeds "$seeds" --topology "$topology" --faults "$faults" $options
+done
+"$sim" replay traces/recorded_router_1p1d_smollm2.jsonl --seed 7 --topology 2p2d \
+    --faults heavy --check-determinism
+
 if [ "$API_CHECKS" != 0 ]; then
     step "HTTP API: schemathesis against /openapi.json, the unchanged openai Python client"
     ci/api-conformance.sh

@@ -54,6 +54,8 @@ Disaggregated serving (one process per role; see README):
   --decode ID@ADDR       a decode worker (router, prefill), repeatable
   --prefill-slots N      prompts the router has each prefill worker compute at once (default 2);
                          more wait at the router
+  --check-invariants     check every state machine's invariants after every input; a violation
+                         stops the engine naming it (costs CPU; for debugging and the simulator)
   Workers and router must serve the same model with the same --page-tokens; the router's
   --max-running is taken as each decode worker's batch size.";
 
@@ -84,6 +86,9 @@ pub struct ServeOptions {
     pub prefills: Vec<(u32, String)>,
     pub decodes: Vec<(u32, String)>,
     pub prefill_slots: u32,
+    /// Check every state machine's invariants after every input (`--check-invariants`): a
+    /// violation stops the engine with its description. Costs CPU; the simulator always sets it.
+    pub check_invariants: bool,
 }
 
 impl ServeOptions {
@@ -114,6 +119,7 @@ impl ServeOptions {
             prefills: Vec::new(),
             decodes: Vec::new(),
             prefill_slots: 2,
+            check_invariants: false,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -167,6 +173,7 @@ impl ServeOptions {
                 "--prefill" => o.prefills.push(worker_address(&value()?, flag)?),
                 "--decode" => o.decodes.push(worker_address(&value()?, flag)?),
                 "--prefill-slots" => o.prefill_slots = number(&value()?, flag)?,
+                "--check-invariants" => o.check_invariants = true,
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
@@ -328,7 +335,8 @@ pub(crate) fn cpu_executor(options: &ServeOptions, loaded: &Loaded) -> CpuExecut
 fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
     let loaded = load_model(options)?;
     let executor = cpu_executor(options, &loaded);
-    let engine = EngineConfig::new(loaded.sched.clone());
+    let mut engine = EngineConfig::new(loaded.sched.clone());
+    engine.check_invariants = options.check_invariants;
     let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max())
         .map_err(|e| format!("starting the executor thread: {e}"))?;
     let app = app_config(options, loaded.name, loaded.sched.request_tokens_max, loaded.tool_format);
@@ -339,7 +347,8 @@ fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
     let sched = options.sched_config(PROVENANCE_CONTEXT, vec![]);
     let model = ProvenanceModel::new(sched.pool, sched.running_max, PROVENANCE_VOCAB);
     let name = options.served_model_name.clone().unwrap_or_else(|| "provenance".into());
-    let engine = EngineConfig::new(sched.clone());
+    let mut engine = EngineConfig::new(sched.clone());
+    engine.check_invariants = options.check_invariants;
     let runner = InlineRunner::new(model, StepCost::ZERO);
     let codec: Arc<dyn TextCodec> = Arc::new(SyntheticCodec::new(PROVENANCE_VOCAB));
     let app = app_config(options, name, sched.request_tokens_max, options.tool_call_parser);

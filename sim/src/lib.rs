@@ -1,10 +1,24 @@
 //! Deterministic simulation of lockstep clusters (DESIGN.md section 6).
 //!
-//! Here so far: the network seam, so that turmoil hosts run the real node runtime and HTTP app of
-//! `lockstep-server` unchanged (`net::TurmoilListener`). Still to come (issue 10): trace replay
-//! with faults, the oracles (every completed request equals its output alone, liveness after
-//! faults heal, no leaked page, pin or transfer, invariants after every step, fail closed, seed
-//! determinism), and the `sim` binary.
+//! turmoil hosts run the server's real pieces (the engine loops, the router's engine, the peer
+//! transport, the axum app) with turmoil's network in place of tokio's (`net`) and a simulated
+//! device in place of the CPU executor (`device`: the provenance model, steps lasting a cost
+//! model's time). Clients on one more host replay a trace through HTTP (`client`); each seed
+//! draws its own settings (`knobs`) and faults (`faults`); `run` runs it and the oracles
+//! (`oracle`) judge it against each request's output alone (`reference`).
 
+pub mod client;
+pub mod device;
+pub mod events;
+pub mod faults;
+pub mod knobs;
 pub mod net;
+pub mod oracle;
+pub mod panics;
+pub mod perfetto;
+pub mod reference;
+pub mod rng;
+pub mod run;
+pub mod sabotage;
+pub mod topology;
 pub mod trace;

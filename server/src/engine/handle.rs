@@ -115,6 +115,12 @@ impl EngineHandle {
     pub fn stats(&self) -> &EngineStats {
         &self.stats
     }
+
+    /// The statistics, shared: for an observer that outlives this handle (the simulator's leak
+    /// check reads a host's after its requests are done).
+    pub fn shared_stats(&self) -> Arc<EngineStats> {
+        self.stats.clone()
+    }
 }
 
 /// One request's events. Dropping it before `Finished` aborts the request.

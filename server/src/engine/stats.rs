@@ -15,6 +15,10 @@ pub struct EngineStats {
     requests_held: AtomicU64,
     /// KV pages referenced or pinned (not the free or evictable cached ones).
     pages_held: AtomicU64,
+    /// Transfers a prefill or decode worker's protocol side holds, and their pins (zero
+    /// elsewhere).
+    transfers_held: AtomicU64,
+    pins_held: AtomicU64,
     draining: AtomicBool,
     stopped: AtomicBool,
 }
@@ -26,6 +30,8 @@ impl EngineStats {
             progress_ns: AtomicU64::new(0),
             requests_held: AtomicU64::new(0),
             pages_held: AtomicU64::new(0),
+            transfers_held: AtomicU64::new(0),
+            pins_held: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         }
@@ -57,6 +63,21 @@ impl EngineStats {
 
     pub(crate) fn set_pages_held(&self, pages: u32) {
         self.pages_held.store(u64::from(pages), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_transfers_held(&self, transfers: usize, pins: usize) {
+        self.transfers_held.store(transfers as u64, Ordering::Relaxed);
+        self.pins_held.store(pins as u64, Ordering::Relaxed);
+    }
+
+    /// Transfers held, as of the engine's last turn: zero at quiescence, or a leak.
+    pub fn transfers_held(&self) -> u64 {
+        self.transfers_held.load(Ordering::Relaxed)
+    }
+
+    /// Pool pins transfers hold, as of the engine's last turn: zero at quiescence, or a leak.
+    pub fn pins_held(&self) -> u64 {
+        self.pins_held.load(Ordering::Relaxed)
     }
 
     /// KV pages held by requests, as of the engine's last turn: zero at quiescence, or a leak.

@@ -25,11 +25,113 @@ use crate::peer::{PeerConfig, TcpDial, Transport};
 use crate::serve::{self, ServeOptions};
 use crate::text::{SyntheticCodec, TextCodec};
 
-/// How long a decode worker's lease lets a prefill worker write, and how long one write may take
-/// in flight over TCP: the data plane's bounds.
-const LEASE: Duration = Duration::from_secs(2);
-const WRITE_FLIGHT: Duration = Duration::from_secs(1);
-const TRANSFER_DEADLINE: Duration = Duration::from_secs(60);
+/// The data plane's bounds: how long a decode worker's lease lets a prefill worker write, how long
+/// one write may take in flight, and how long a whole transfer may take. The binary serves the
+/// defaults; the simulator draws other values per seed through the same assembly below.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataPlaneTiming {
+    pub lease: Duration,
+    pub write_flight_max: Duration,
+    pub transfer_deadline: Duration,
+}
+
+impl Default for DataPlaneTiming {
+    fn default() -> DataPlaneTiming {
+        DataPlaneTiming {
+            lease: Duration::from_secs(2),
+            write_flight_max: Duration::from_secs(1),
+            transfer_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The KV layout peers compare for the provenance executor: one 8-byte value per position
+/// (`ProvenanceModel`'s `PageStore`).
+pub const PROVENANCE_KV_LAYOUT: KvLayout =
+    KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 };
+
+/// What peers compare to know they serve the same provenance model.
+pub fn provenance_fingerprint(vocab_size: u32) -> u64 {
+    fnv1a(format!("provenance|{vocab_size}").as_bytes())
+}
+
+/// Transfers a worker runs at once: twice its batch, so the next batch's KV moves while one runs.
+pub fn transfers_max(options: &ServeOptions) -> u32 {
+    options.max_running * 2
+}
+
+/// A worker's scheduler: the served one, with room in the pool for every transfer's pins.
+pub fn worker_sched(options: &ServeOptions, served: &SchedConfig) -> SchedConfig {
+    let mut sched = served.clone();
+    sched.pool.pins_max = transfers_max(options);
+    sched
+}
+
+/// The router's engine for the workers `options` names.
+pub fn router_engine_config(options: &ServeOptions, timing: DataPlaneTiming) -> RouterEngineConfig {
+    let mut workers = BTreeMap::new();
+    workers.extend(options.prefills.iter().map(|(w, _)| (WorkerId(*w), Role::Prefill)));
+    workers.extend(options.decodes.iter().map(|(w, _)| (WorkerId(*w), Role::Decode)));
+    RouterEngineConfig {
+        router: RouterConfig {
+            // Past the prefill side's deadline and the lease, so the router does not give up on
+            // a transfer the workers are still finishing.
+            outcome_timeout: timing.transfer_deadline + timing.lease + 2 * timing.write_flight_max,
+            requests_max: options.max_waiting
+                + options.max_running * options.decodes.len().max(1) as u32,
+            retries_max: 2,
+            decode_idle_timeout: Duration::from_secs(60),
+            decode_slots: options.max_running,
+            prefill_slots: options.prefill_slots.max(1),
+            queue_wait_max: Duration::from_secs(300),
+            busy_backoff: Duration::from_millis(20),
+        },
+        workers,
+        inbox_max: 256,
+        submit_wait_max: Duration::from_secs(10),
+        check_invariants: options.check_invariants,
+    }
+}
+
+/// A prefill or decode worker's state machines, as `role` runs them.
+pub fn worker_node(
+    role: Role,
+    me: Endpoint,
+    sched: SchedConfig,
+    timing: DataPlaneTiming,
+    transfers_max: u32,
+) -> Result<WorkerNode, String> {
+    match role {
+        Role::Prefill => {
+            let config = PrefillConfig {
+                heartbeat_interval: timing.lease / 4,
+                write_flight_max: timing.write_flight_max,
+                transfer_deadline: timing.transfer_deadline,
+                done_retransmit: Duration::from_millis(500),
+                transfers_max,
+            };
+            PrefillNode::new(me, sched, config).map(WorkerNode::Prefill).map_err(|e| e.to_string())
+        }
+        Role::Decode => {
+            let config = DecodeConfig {
+                lease: timing.lease,
+                write_flight_max: timing.write_flight_max,
+                transfers_max,
+                prefix_cache: sched.prefix_cache,
+            };
+            DecodeNode::new(me, sched, config).map(WorkerNode::Decode).map_err(|e| e.to_string())
+        }
+        Role::Router => Err("a router is not a worker".into()),
+    }
+}
+
+/// A worker's HTTP app: `/health` and `/metrics`.
+pub fn worker_app(stats: Arc<EngineStats>, metrics: Arc<Metrics>) -> axum::Router {
+    axum::Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .with_state((stats, metrics))
+}
 
 pub async fn serve(
     options: &ServeOptions,
@@ -39,9 +141,8 @@ pub async fn serve(
     let id = WorkerId(options.worker_id.ok_or("no --worker-id")?);
     let me = Endpoint { worker: id, incarnation: incarnation_now() };
     let served = Served::load(options, role)?;
-    let transfers_max = options.max_running * 2;
-    let mut sched = served.sched.clone();
-    sched.pool.pins_max = transfers_max;
+    let timing = DataPlaneTiming::default();
+    let sched = worker_sched(options, &served.sched);
     let identity = LinkIdentity {
         role,
         page_tokens: sched.pool.page_tokens,
@@ -58,28 +159,7 @@ pub async fn serve(
             let (transport, events) =
                 Transport::start(PeerConfig::new(me, identity, peers), TcpDial)
                     .map_err(|e| e.to_string())?;
-            let mut workers = BTreeMap::new();
-            workers.extend(options.prefills.iter().map(|(w, _)| (WorkerId(*w), Role::Prefill)));
-            workers.extend(options.decodes.iter().map(|(w, _)| (WorkerId(*w), Role::Decode)));
-            let config = RouterEngineConfig {
-                router: RouterConfig {
-                    // Past the prefill side's deadline and the lease, so the router does not give
-                    // up on a transfer the workers are still finishing.
-                    outcome_timeout: TRANSFER_DEADLINE + LEASE + 2 * WRITE_FLIGHT,
-                    requests_max: options.max_waiting
-                        + options.max_running * options.decodes.len().max(1) as u32,
-                    retries_max: 2,
-                    decode_idle_timeout: Duration::from_secs(60),
-                    decode_slots: options.max_running,
-                    prefill_slots: options.prefill_slots.max(1),
-                    queue_wait_max: Duration::from_secs(300),
-                    busy_backoff: Duration::from_millis(20),
-                },
-                workers,
-                inbox_max: 256,
-                submit_wait_max: Duration::from_secs(10),
-                check_invariants: false,
-            };
+            let config = router_engine_config(options, timing);
             let app = serve::app_config(
                 options,
                 served.name.clone(),
@@ -105,28 +185,7 @@ pub async fn serve(
             // Small protocol messages go out at once: Nagle's wait for the peer's delayed ACK
             // costs tens of milliseconds per transfer.
             let peer_listener = bind(&options.host, options.peer_port).await?;
-            let node = if role == Role::Prefill {
-                let config = PrefillConfig {
-                    heartbeat_interval: LEASE / 4,
-                    write_flight_max: WRITE_FLIGHT,
-                    transfer_deadline: TRANSFER_DEADLINE,
-                    done_retransmit: Duration::from_millis(500),
-                    transfers_max,
-                };
-                WorkerNode::Prefill(
-                    PrefillNode::new(me, sched.clone(), config).map_err(|e| e.to_string())?,
-                )
-            } else {
-                let config = DecodeConfig {
-                    lease: LEASE,
-                    write_flight_max: WRITE_FLIGHT,
-                    transfers_max,
-                    prefix_cache: sched.prefix_cache,
-                };
-                WorkerNode::Decode(
-                    DecodeNode::new(me, sched.clone(), config).map_err(|e| e.to_string())?,
-                )
-            };
+            let node = worker_node(role, me, sched.clone(), timing, transfers_max(options))?;
             let (task, stats) = match served.executor {
                 Executor::None => return Err("a worker without an executor".into()),
                 Executor::Provenance(model) => super::spawn_worker(
@@ -135,7 +194,7 @@ pub async fn serve(
                     peer,
                     TcpDial,
                     peer_listener,
-                    false,
+                    options.check_invariants,
                     metrics.clone(),
                 ),
                 Executor::Cpu(executor) => {
@@ -149,7 +208,7 @@ pub async fn serve(
                         peer,
                         TcpDial,
                         peer_listener,
-                        false,
+                        options.check_invariants,
                         metrics.clone(),
                     )
                 }
@@ -163,10 +222,7 @@ pub async fn serve(
                 peer_port = options.peer_port,
                 "worker serving"
             );
-            let app = axum::Router::new()
-                .route("/health", get(health))
-                .route("/metrics", get(metrics_text))
-                .with_state((stats, metrics));
+            let app = worker_app(stats, metrics);
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
                 .await
@@ -223,9 +279,8 @@ impl Served {
                 codec: Arc::new(SyntheticCodec::new(serve::PROVENANCE_VOCAB)),
                 tool_format: options.tool_call_parser,
                 executor: Executor::Provenance(model),
-                // One 8-byte value per position (`ProvenanceModel`'s `PageStore`).
-                kv_layout: KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 },
-                fingerprint: fnv1a(format!("provenance|{}", serve::PROVENANCE_VOCAB).as_bytes()),
+                kv_layout: PROVENANCE_KV_LAYOUT,
+                fingerprint: provenance_fingerprint(serve::PROVENANCE_VOCAB),
                 sched,
                 name,
             });

@@ -127,6 +127,14 @@ impl WorkerNode {
         }
     }
 
+    /// Transfers the node's protocol side holds, and the pool pins they hold.
+    fn transfers_and_pins(&self) -> (usize, usize) {
+        match self {
+            WorkerNode::Prefill(n) => (n.side().transfers_live(), n.side().pins_held()),
+            WorkerNode::Decode(n) => (n.side().transfers_live(), n.side().pins_held()),
+        }
+    }
+
     fn scheduler(&self) -> &lockstep_core::sched::Scheduler {
         match self {
             WorkerNode::Prefill(n) => n.scheduler(),
@@ -411,6 +419,8 @@ impl<R: PageRunner> WorkerEngine<R> {
         let pool = sched.pool();
         self.stats.set_requests_held(sched.requests_held());
         self.stats.set_pages_held(pool.held_count());
+        let (transfers, pins) = self.node.transfers_and_pins();
+        self.stats.set_transfers_held(transfers, pins);
         self.stats.record_progress(sched.requests_held());
         self.metrics.requests_running.set(sched.slots_held() as f64);
         self.metrics.requests_waiting.set(sched.waiting_count() as f64);

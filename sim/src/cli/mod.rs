@@ -1,0 +1,186 @@
+//! The `sim` command line: options shared by every subcommand, then each subcommand's own file.
+
+mod bench;
+mod explore;
+mod replay;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use lockstep_sim::device::CostModel;
+use lockstep_sim::faults::FaultLevel;
+use lockstep_sim::knobs::Topology;
+use lockstep_sim::trace::{self, ImportOptions, SimTrace};
+
+pub const USAGE: &str = "\
+usage:
+  sim replay TRACE [--seed N] [--topology T] [--faults F] [--json] [--perfetto FILE]
+                   [--check-determinism] [TRACE OPTIONS]
+  sim explore TRACE --seeds A..B [--jobs N] [--shard K/N] [--topology T] [--faults F]
+                   [TRACE OPTIONS]
+  sim bench TRACE [--seeds A..B] [--topology T] [--faults F] [TRACE OPTIONS]
+
+  --topology single|1p1d|2p2d   what runs (default 1p1d: a router, a prefill and a decode worker)
+  --faults none|default|heavy   each seed draws its own mix at this level (default: default)
+  --seeds A..B                  seeds A to B-1
+  --shard K/N                   only seeds with (seed - A) % N == K, K from 0: spreads a range
+                                over N machines (a CI matrix, a Kubernetes indexed Job)
+  --jobs N                      seeds run on N threads (default: the machine's cores)
+  --cost FILE                   the step cost model (default: sim/cost_model.json, built in)
+TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
+  --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
+TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
+session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
+usage or input.";
+
+/// Options every subcommand takes.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub trace_path: PathBuf,
+    pub import: ImportOptions,
+    /// The trace options as given, for reproduce commands.
+    pub import_args: Vec<String>,
+    pub topology: Topology,
+    pub faults: FaultLevel,
+    pub cost: CostModel,
+    pub cost_arg: Option<String>,
+}
+
+impl Common {
+    pub fn load_trace(&self) -> Result<SimTrace, String> {
+        let trace = trace::load(&self.trace_path, &self.import)?;
+        if trace.requests.is_empty() {
+            return Err(format!("{}: no requests", self.trace_path.display()));
+        }
+        Ok(trace)
+    }
+
+    /// `sim replay` of one seed with these options: how to reproduce it.
+    pub fn reproduce(&self, seed: u64) -> String {
+        let mut command = format!(
+            "sim replay {} --seed {seed} --topology {} --faults {}",
+            self.trace_path.display(),
+            self.topology,
+            self.faults
+        );
+        let cost = self.cost_arg.iter().flat_map(|c| ["--cost", c.as_str()]);
+        for arg in self.import_args.iter().map(String::as_str).chain(cost) {
+            command.push(' ');
+            command.push_str(arg);
+        }
+        command
+    }
+}
+
+/// Splits `args` into the common options and the rest (`--flag value` pairs and lone flags).
+pub struct Parsed {
+    pub common: Common,
+    pub rest: Vec<(String, Option<String>)>,
+}
+
+const LONE_FLAGS: &[&str] = &["--json", "--check-determinism"];
+
+pub fn parse(args: &[String]) -> Result<Parsed, String> {
+    let mut trace_path = None;
+    let mut import = ImportOptions::default();
+    let mut import_args = Vec::new();
+    let mut topology = Topology::OneP1D;
+    let mut faults = FaultLevel::Default;
+    let mut cost = CostModel::default_model();
+    let mut cost_arg = None;
+    let mut rest = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        if !flag.starts_with("--") {
+            if trace_path.replace(PathBuf::from(flag)).is_some() {
+                return Err(format!("one trace at a time ({flag:?} is a second)"));
+            }
+            i += 1;
+            continue;
+        }
+        if LONE_FLAGS.contains(&flag) {
+            rest.push((flag.to_owned(), None));
+            i += 1;
+            continue;
+        }
+        let value = args.get(i + 1).ok_or_else(|| format!("{flag} needs a value"))?.clone();
+        i += 2;
+        let mut import_flag = true;
+        match flag {
+            "--scale-tokens" => import.scale_tokens = number(&value, flag)?,
+            "--max-input" => import.max_input = Some(number(&value, flag)?),
+            "--max-output" => import.max_output = Some(number(&value, flag)?),
+            "--max-requests" => import.max_requests = Some(number(&value, flag)?),
+            "--vocab" => import.vocab_size = number(&value, flag)?,
+            "--token-seed" => import.seed = number(&value, flag)?,
+            _ => import_flag = false,
+        }
+        if import_flag {
+            import_args.push(flag.to_owned());
+            import_args.push(value);
+            continue;
+        }
+        match flag {
+            "--topology" => topology = value.parse()?,
+            "--faults" => faults = value.parse()?,
+            "--cost" => {
+                cost = CostModel::load(std::path::Path::new(&value))?;
+                cost_arg = Some(value);
+            }
+            _ => rest.push((flag.to_owned(), Some(value))),
+        }
+    }
+    let trace_path = trace_path.ok_or("no trace given")?;
+    Ok(Parsed {
+        common: Common { trace_path, import, import_args, topology, faults, cost, cost_arg },
+        rest,
+    })
+}
+
+pub fn number<T: std::str::FromStr>(text: &str, flag: &str) -> Result<T, String> {
+    text.parse().map_err(|_| format!("{flag}: {text:?} is not a valid number"))
+}
+
+/// `A..B`: seeds A to B-1.
+pub fn seed_range(text: &str) -> Result<std::ops::Range<u64>, String> {
+    let (a, b) = text.split_once("..").ok_or_else(|| format!("--seeds: {text:?} is not A..B"))?;
+    let (a, b) = (number(a, "--seeds")?, number(b, "--seeds")?);
+    if a >= b {
+        return Err(format!("--seeds: {text:?} is empty"));
+    }
+    Ok(a..b)
+}
+
+pub fn run(args: &[String]) -> Result<ExitCode, String> {
+    let Some((command, rest)) = args.split_first() else {
+        return Err(USAGE.into());
+    };
+    match command.as_str() {
+        "replay" => replay::run(parse(rest)?),
+        "explore" => explore::run(parse(rest)?),
+        "bench" => bench::run(parse(rest)?),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!("unknown command {other:?}\n{USAGE}")),
+    }
+}
+
+/// Refuses options the subcommand does not take.
+pub fn refuse_unknown(rest: &[(String, Option<String>)], known: &[&str]) -> Result<(), String> {
+    match rest.iter().find(|(flag, _)| !known.contains(&flag.as_str())) {
+        Some((flag, _)) => Err(format!("unknown option {flag}\n{USAGE}")),
+        None => Ok(()),
+    }
+}
+
+pub fn option<'a>(rest: &'a [(String, Option<String>)], flag: &str) -> Option<&'a str> {
+    rest.iter().find(|(f, _)| f == flag).and_then(|(_, v)| v.as_deref())
+}
+
+pub fn has(rest: &[(String, Option<String>)], flag: &str) -> bool {
+    rest.iter().any(|(f, _)| f == flag)
+}

@@ -1,0 +1,234 @@
+//! The simulated clients: one turmoil host whose tasks replay the trace through the server's HTTP
+//! API, as an OpenAI client would (a streamed completion with token-id prompts, a new connection
+//! per request). Open-loop requests go out at their times; a session's next turn goes out after
+//! the previous answer plus its think time. A client may go away mid-request (the cancellation
+//! fault), and gives up after a bound. What each client saw is kept for the oracles.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockstep_server::client::Connection;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::events::{Event, EventLog};
+use crate::topology::HTTP_PORT;
+use crate::trace::{SimRequest, Start};
+
+/// How a request ended, as its client saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// A whole answer: the stream ended with a finish reason and `[DONE]`.
+    Completed { finish_reason: String },
+    /// Refused with an HTTP status before any token.
+    Refused { status: u16, message: String },
+    /// Failed after the stream began (an error event, or the stream cut short), or the
+    /// connection failed.
+    Failed { why: String },
+    /// The client went away (the cancellation fault).
+    Cancelled,
+    /// No end within the client's bound.
+    TimedOut,
+}
+
+impl Ending {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Ending::Completed { .. } => "completed",
+            Ending::Refused { .. } => "refused",
+            Ending::Failed { .. } => "failed",
+            Ending::Cancelled => "cancelled",
+            Ending::TimedOut => "timed-out",
+        }
+    }
+}
+
+/// What one client saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub sent_at: Option<Duration>,
+    pub first_token_at: Option<Duration>,
+    pub ended_at: Option<Duration>,
+    pub tokens: Vec<u32>,
+    pub ending: Option<Ending>,
+}
+
+pub type Observations = Arc<Mutex<Vec<Observed>>>;
+
+/// The clients' part of a run.
+#[derive(Clone, Debug)]
+pub struct ClientPlan {
+    pub requests: Vec<SimRequest>,
+    /// When each request's client goes away after sending, if it does.
+    pub cancel_after: Vec<Option<Duration>>,
+    /// The host serving the HTTP API.
+    pub entry: String,
+    /// The longest a client waits for its answer.
+    pub timeout: Duration,
+    /// Open-loop times count from here.
+    pub start_offset: Duration,
+}
+
+/// Registers the clients' host on `sim`; the run is over when it returns.
+pub fn install(sim: &mut turmoil::Sim<'_>, plan: ClientPlan, seen: Observations, log: EventLog) {
+    sim.client("clients", async move {
+        let plan = Arc::new(plan);
+        let (ended, watchers): (Vec<_>, Vec<_>) =
+            (0..plan.requests.len()).map(|_| watch::channel(false)).unzip();
+        let mut tasks = Vec::with_capacity(plan.requests.len());
+        for (index, done) in ended.into_iter().enumerate() {
+            let previous = match plan.requests[index].start {
+                Start::After { previous, .. } => Some(watchers[previous].clone()),
+                Start::At(_) => None,
+            };
+            let (plan, seen, log) = (plan.clone(), seen.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                one_request(&plan, index, previous, &seen, &log).await;
+                // Later turns wait on this; nobody listening is fine.
+                let _ = done.send(true);
+            }));
+        }
+        for task in tasks {
+            task.await?;
+        }
+        Ok(())
+    });
+}
+
+async fn one_request(
+    plan: &ClientPlan,
+    index: usize,
+    previous: Option<watch::Receiver<bool>>,
+    seen: &Observations,
+    log: &EventLog,
+) {
+    let request = &plan.requests[index];
+    match request.start {
+        Start::At(at) => {
+            let now = turmoil::sim_elapsed().unwrap_or_default();
+            tokio::time::sleep((plan.start_offset + at).saturating_sub(now)).await;
+        }
+        Start::After { think, .. } => {
+            if let Some(mut previous) = previous {
+                // The sender is dropped only after sending `true`.
+                let _ = previous.wait_for(|ended| *ended).await;
+            }
+            tokio::time::sleep(think).await;
+        }
+    }
+    let sent_at = turmoil::sim_elapsed().unwrap_or_default();
+    seen.lock().expect("one task at a time")[index].sent_at = Some(sent_at);
+    log.log(Event::Sent { request: index });
+    let cancel = plan.cancel_after[index];
+    let ending = tokio::select! {
+        ending = exchange(plan, index, seen, log) => ending,
+        () = sleep_or_never(cancel) => Ending::Cancelled,
+        () = tokio::time::sleep(plan.timeout) => Ending::TimedOut,
+    };
+    let mut all = seen.lock().expect("one task at a time");
+    let observed = &mut all[index];
+    observed.ended_at = turmoil::sim_elapsed();
+    log.log(Event::Ended {
+        request: index,
+        how: format!("{ending:?}"),
+        tokens: observed.tokens.len(),
+    });
+    observed.ending = Some(ending);
+}
+
+async fn sleep_or_never(after: Option<Duration>) {
+    match after {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends the request and reads its stream to the end; tokens land in `seen` as they come, so a
+/// cancelled or timed-out request keeps what it got.
+async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &EventLog) -> Ending {
+    let request = &plan.requests[index];
+    let io = match turmoil::net::TcpStream::connect((plan.entry.as_str(), HTTP_PORT)).await {
+        Ok(io) => io,
+        Err(e) => return Ending::Failed { why: format!("connect: {e}") },
+    };
+    let mut connection = match Connection::new(io).await {
+        Ok(c) => c,
+        Err(e) => return Ending::Failed { why: e },
+    };
+    let body = json!({
+        "model": "provenance",
+        "prompt": request.input,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        // OpenAI's seeds are signed; the server takes the bits as they are.
+        "seed": request.seed as i64,
+        "stream": true,
+    });
+    let mut response = match connection.post("/v1/completions", &body.to_string()).await {
+        Ok(r) => r,
+        Err(e) => return Ending::Failed { why: e },
+    };
+    if response.status.as_u16() != 200 {
+        let status = response.status.as_u16();
+        let message = response.text().await.unwrap_or_default();
+        return Ending::Refused { status, message };
+    }
+    let mut pending = String::new();
+    let mut finish_reason = None;
+    loop {
+        let frame = match response.frame().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Ending::Failed { why: "the stream ended without [DONE]".into() },
+            Err(e) => return Ending::Failed { why: e },
+        };
+        pending.push_str(&String::from_utf8_lossy(&frame));
+        while let Some(end) = pending.find("\n\n") {
+            let event: String = pending.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                if data == "[DONE]" {
+                    return match finish_reason {
+                        Some(finish_reason) => Ending::Completed { finish_reason },
+                        None => Ending::Failed { why: "[DONE] without a finish reason".into() },
+                    };
+                }
+                let value: Value = match serde_json::from_str(data) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        return Ending::Failed { why: format!("an event that is not JSON: {e}") };
+                    }
+                };
+                if let Some(error) = value.get("error") {
+                    return Ending::Failed { why: format!("error event: {error}") };
+                }
+                let choice = &value["choices"][0];
+                let text = choice["text"].as_str().unwrap_or("");
+                let tokens = match parse_tokens(text) {
+                    Ok(t) => t,
+                    Err(e) => return Ending::Failed { why: e },
+                };
+                if !tokens.is_empty() {
+                    let mut all = seen.lock().expect("one task at a time");
+                    if all[index].first_token_at.is_none() {
+                        all[index].first_token_at = turmoil::sim_elapsed();
+                        log.log(Event::FirstToken { request: index });
+                    }
+                    all[index].tokens.extend(tokens);
+                }
+                if let Some(reason) = choice["finish_reason"].as_str() {
+                    finish_reason = Some(reason.to_owned());
+                }
+            }
+        }
+    }
+}
+
+/// The synthetic codec writes token `n` as ` t<n>`.
+pub fn parse_tokens(text: &str) -> Result<Vec<u32>, String> {
+    text.split_whitespace()
+        .map(|w| {
+            w.strip_prefix('t')
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("{w:?} is not a synthetic token"))
+        })
+        .collect()
+}

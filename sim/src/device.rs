@@ -1,0 +1,195 @@
+//! The simulated device under each worker: the real `InlineRunner` over `ProvenanceModel`, steps
+//! lasting the cost model's time on turmoil's clock, and the slow-step fault layered on top (a
+//! step now and then takes longer, as a GPU's would behind a straggling collective or a page
+//! fault). The engine loop above it is the production one.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use lockstep_core::model::{ExecError, SamplingSpec};
+use lockstep_core::sched::{RequestId, StepPlan};
+use lockstep_server::engine::{PageRunner, StepCost, StepOrRead, StepResult, StepRunner};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::rng::SimRng;
+use crate::sabotage::{self, Sabotage};
+
+/// How long a step takes, from a JSON file (`sim/cost_model.json` is the default).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+pub struct CostModel {
+    pub per_step_us: u64,
+    pub per_prefill_token_us: u64,
+    pub per_decode_token_us: u64,
+}
+
+impl CostModel {
+    pub fn default_model() -> CostModel {
+        CostModel::parse(include_str!("../cost_model.json")).expect("the bundled cost model parses")
+    }
+
+    pub fn load(path: &Path) -> Result<CostModel, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        CostModel::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<CostModel, String> {
+        serde_json::from_str(text).map_err(|e| format!("not a cost model: {e}"))
+    }
+
+    pub fn step_cost(&self) -> StepCost {
+        StepCost {
+            per_step: Duration::from_micros(self.per_step_us),
+            per_prefill_token: Duration::from_micros(self.per_prefill_token_us),
+            per_decode_token: Duration::from_micros(self.per_decode_token_us),
+        }
+    }
+}
+
+/// When steps run slow: a share of the steps completed before `until` (virtual time since the
+/// run's start) each take `extra` longer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowSteps {
+    pub rate: f64,
+    pub extra: Duration,
+    pub until: Duration,
+}
+
+/// A runner whose completed steps may be held back a while (the slow-step fault), and which may
+/// carry a planted bug (`sabotage`).
+pub struct SlowRunner<R> {
+    inner: R,
+    slow: SlowSteps,
+    sabotage: Option<Sabotage>,
+    writes: u32,
+    rng: SimRng,
+    /// A completed step held back, and until when. Kept here, not in a future, so that dropping
+    /// `completed` while it waits loses nothing (the runner's cancel-safety promise).
+    held: Option<(Instant, StepResult)>,
+}
+
+impl<R> std::fmt::Debug for SlowRunner<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowRunner").field("slow", &self.slow).finish()
+    }
+}
+
+impl<R: PageRunner> SlowRunner<R> {
+    pub fn new(
+        inner: R,
+        slow: SlowSteps,
+        sabotage: Option<Sabotage>,
+        rng: SimRng,
+    ) -> SlowRunner<R> {
+        SlowRunner { inner, slow, sabotage, writes: 0, rng, held: None }
+    }
+
+    /// How much longer a step just completed takes.
+    fn draw_delay(&mut self) -> Duration {
+        let now = sabotage::now();
+        let mut delay = Duration::ZERO;
+        if self.slow.rate > 0.0 && now < self.slow.until && self.rng.chance(self.slow.rate) {
+            delay = self.slow.extra;
+        }
+        match self.sabotage {
+            Some(Sabotage::SharedCounterCost) => delay += sabotage::shared_counter_delay(),
+            Some(Sabotage::Stall { after }) if now >= after => delay = Duration::from_secs(1 << 30),
+            _ => {}
+        }
+        delay
+    }
+
+    /// What a planted bug does to a completed step.
+    fn tamper(&self, mut result: StepResult) -> StepResult {
+        match self.sabotage {
+            Some(Sabotage::CorruptSample { after }) if sabotage::now() >= after => {
+                if let Ok(outputs) = &mut result.1
+                    && let Some(token) = outputs.sampled.first_mut()
+                {
+                    *token = token.wrapping_add(1) % 1000;
+                }
+            }
+            Some(Sabotage::Panic { after }) if sabotage::now() >= after => {
+                panic!("planted: a step panicked the engine (sabotage)");
+            }
+            _ => {}
+        }
+        result
+    }
+
+    async fn release_held(&mut self) -> StepResult {
+        let (at, _) = self.held.as_ref().expect("called with a step held");
+        tokio::time::sleep_until(*at).await;
+        let result = self.held.take().expect("still held").1;
+        self.tamper(result)
+    }
+}
+
+impl<R: PageRunner> StepRunner for SlowRunner<R> {
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.inner.start_request(request, spec);
+    }
+
+    fn end_request(&mut self, request: RequestId) {
+        self.inner.end_request(request);
+    }
+
+    fn launch(&mut self, plan: StepPlan) {
+        self.inner.launch(plan);
+    }
+
+    fn completed(&mut self) -> Pin<Box<dyn Future<Output = StepResult> + Send + '_>> {
+        Box::pin(async move {
+            if self.held.is_none() {
+                let result = self.inner.completed().await;
+                let delay = self.draw_delay();
+                if delay.is_zero() {
+                    return self.tamper(result);
+                }
+                self.held = Some((Instant::now() + delay, result));
+            }
+            self.release_held().await
+        })
+    }
+}
+
+impl<R: PageRunner> PageRunner for SlowRunner<R> {
+    fn page_bytes(&self) -> usize {
+        self.inner.page_bytes()
+    }
+
+    fn read_page(&mut self, tag: u64, page: u32) {
+        self.inner.read_page(tag, page);
+    }
+
+    fn step_or_read(&mut self) -> Pin<Box<dyn Future<Output = StepOrRead> + Send + '_>> {
+        Box::pin(async move {
+            if self.held.is_some() {
+                return StepOrRead::Step(self.release_held().await);
+            }
+            match self.inner.step_or_read().await {
+                StepOrRead::Step(result) => {
+                    let delay = self.draw_delay();
+                    if delay.is_zero() {
+                        return StepOrRead::Step(self.tamper(result));
+                    }
+                    self.held = Some((Instant::now() + delay, result));
+                    StepOrRead::Step(self.release_held().await)
+                }
+                read => read,
+            }
+        })
+    }
+
+    fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError> {
+        if let Some(Sabotage::DropKvWrite { every }) = self.sabotage {
+            self.writes += 1;
+            if self.writes % every.max(1) == 0 {
+                return Ok(());
+            }
+        }
+        self.inner.write_page(page, data)
+    }
+}

@@ -1,0 +1,293 @@
+//! The faults of one run (swarm testing: each seed draws which kinds are on and how hard), as a
+//! schedule the run applies between turmoil steps, plus the per-request and per-step draws the
+//! clients and runners make. Every fault ends inside the safety window; after it, the liveness
+//! phase runs without faults.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::knobs::Topology;
+use crate::rng::SimRng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultLevel {
+    None,
+    Default,
+    Heavy,
+}
+
+impl FromStr for FaultLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FaultLevel, String> {
+        match s {
+            "none" => Ok(FaultLevel::None),
+            "default" => Ok(FaultLevel::Default),
+            "heavy" => Ok(FaultLevel::Heavy),
+            other => Err(format!("faults {other:?} is not none, default or heavy")),
+        }
+    }
+}
+
+impl fmt::Display for FaultLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultLevel::None => "none",
+            FaultLevel::Default => "default",
+            FaultLevel::Heavy => "heavy",
+        })
+    }
+}
+
+/// How hard each kind of fault hits in this run; zero is off.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultMix {
+    /// Faults start and end inside `[0, window)`; the liveness phase follows.
+    pub window: Duration,
+    /// Every message's latency is drawn in `[0, latency_max]` (turmoil's curve), all run long.
+    pub latency_max: Duration,
+    pub partitions: u32,
+    pub holds: u32,
+    pub crashes: u32,
+    /// The longest a partition, hold or crash lasts.
+    pub outage_max: Duration,
+    /// Share of requests whose client goes away, at a moment in `[0, cancel_within]` after
+    /// sending, to the millisecond.
+    pub cancel_rate: f64,
+    pub cancel_within: Duration,
+    /// Share of steps that take `slow_step_extra` longer (inside the window only).
+    pub slow_step_rate: f64,
+    pub slow_step_extra: Duration,
+    /// Latency of the prefill-to-decode links during some of the window, up to this: writes that
+    /// land late, past the flight bound. Zero is off.
+    pub data_link_latency_max: Duration,
+}
+
+impl FaultMix {
+    pub const NONE: FaultMix = FaultMix {
+        window: Duration::ZERO,
+        latency_max: Duration::ZERO,
+        partitions: 0,
+        holds: 0,
+        crashes: 0,
+        outage_max: Duration::ZERO,
+        cancel_rate: 0.0,
+        cancel_within: Duration::ZERO,
+        slow_step_rate: 0.0,
+        slow_step_extra: Duration::ZERO,
+        data_link_latency_max: Duration::ZERO,
+    };
+
+    /// This seed's mix: each kind on or off by a coin, its strength drawn; `heavy` turns more on
+    /// and harder. `write_flight_max` is the run's flight bound (late writes go past it).
+    pub fn draw(
+        seed: u64,
+        level: FaultLevel,
+        topology: Topology,
+        write_flight_max: Duration,
+    ) -> FaultMix {
+        let mut rng = SimRng::stream(seed, "fault-mix");
+        let (on, scale) = match level {
+            FaultLevel::None => return FaultMix::NONE,
+            FaultLevel::Default => (0.5, 1),
+            FaultLevel::Heavy => (0.8, 3),
+        };
+        let coin = |rng: &mut SimRng| rng.chance(on);
+        let disaggregated = topology != Topology::Single;
+        let window = rng.millis(Duration::from_secs(5), Duration::from_secs(30));
+        let latency_max = if coin(&mut rng) {
+            rng.millis(Duration::from_millis(1), Duration::from_millis(20))
+        } else {
+            Duration::from_millis(1)
+        };
+        let partitions =
+            if disaggregated && coin(&mut rng) { 1 + rng.below(3) as u32 * scale } else { 0 };
+        let holds =
+            if disaggregated && coin(&mut rng) { 1 + rng.below(3) as u32 * scale } else { 0 };
+        let crashes =
+            if disaggregated && coin(&mut rng) { 1 + rng.below(2) as u32 * scale } else { 0 };
+        let outage_max = rng.millis(Duration::from_millis(50), Duration::from_secs(3));
+        let cancel = coin(&mut rng);
+        let cancel_rate = if cancel { 0.05 * f64::from(scale) * (0.5 + rng.unit()) } else { 0.0 };
+        let cancel_within = rng.millis(Duration::from_millis(1), Duration::from_millis(500));
+        let slow = coin(&mut rng);
+        let slow_step_rate = if slow { 0.02 * f64::from(scale) } else { 0.0 };
+        let slow_step_extra = rng.millis(Duration::from_millis(10), Duration::from_millis(500));
+        let data_link_latency_max = if disaggregated && coin(&mut rng) {
+            write_flight_max + rng.millis(Duration::ZERO, write_flight_max)
+        } else {
+            Duration::ZERO
+        };
+        FaultMix {
+            window,
+            latency_max,
+            partitions,
+            holds,
+            crashes,
+            outage_max,
+            cancel_rate: cancel_rate.min(0.9),
+            cancel_within,
+            slow_step_rate,
+            slow_step_extra,
+            data_link_latency_max,
+        }
+    }
+}
+
+impl fmt::Display for FaultMix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "window={}ms latency_max={}ms partitions={} holds={} crashes={} outage_max={}ms \
+             cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms data_link_latency_max={}ms",
+            self.window.as_millis(),
+            self.latency_max.as_millis(),
+            self.partitions,
+            self.holds,
+            self.crashes,
+            self.outage_max.as_millis(),
+            self.cancel_rate,
+            self.cancel_within.as_millis(),
+            self.slow_step_rate,
+            self.slow_step_extra.as_millis(),
+            self.data_link_latency_max.as_millis(),
+        )
+    }
+}
+
+/// What the run does to the network or a host at a moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    Partition(String, String),
+    Repair(String, String),
+    Hold(String, String),
+    Release(String, String),
+    Crash(String),
+    Restart(String),
+    /// Every prefill-to-decode link's latency, up to this (`None`: back to the run's).
+    DataLinkLatency(Option<Duration>),
+}
+
+impl fmt::Display for FaultAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultAction::Partition(a, b) => write!(f, "partition {a} {b}"),
+            FaultAction::Repair(a, b) => write!(f, "repair {a} {b}"),
+            FaultAction::Hold(a, b) => write!(f, "hold {a} {b}"),
+            FaultAction::Release(a, b) => write!(f, "release {a} {b}"),
+            FaultAction::Crash(h) => write!(f, "crash {h}"),
+            FaultAction::Restart(h) => write!(f, "restart {h}"),
+            FaultAction::DataLinkLatency(Some(d)) => {
+                write!(f, "data links slow to {}ms", d.as_millis())
+            }
+            FaultAction::DataLinkLatency(None) => write!(f, "data links back to normal"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledFault {
+    pub at: Duration,
+    pub action: FaultAction,
+    /// The outage this starts or ends: the run skips an outage whose link or host is already
+    /// out, start and end both.
+    pub outage: u32,
+}
+
+/// The run's network and host faults in time order: each outage's start and its end, both
+/// inside the window. `links` are the pairs of hosts that talk to each other; `workers` the hosts
+/// that may crash.
+pub fn schedule(
+    seed: u64,
+    mix: &FaultMix,
+    links: &[(String, String)],
+    workers: &[String],
+) -> Vec<ScheduledFault> {
+    let mut rng = SimRng::stream(seed, "fault-schedule");
+    let mut faults = Vec::new();
+    let mut next_outage = 0;
+    let mut outage = |rng: &mut SimRng, start: fn(&str, &str) -> (FaultAction, FaultAction)| {
+        let (a, b) = links[rng.below(links.len() as u64) as usize].clone();
+        let (begin, end) = start(&a, &b);
+        let (at, until) = span(rng, mix);
+        next_outage += 1;
+        [
+            ScheduledFault { at, action: begin, outage: next_outage },
+            ScheduledFault { at: until, action: end, outage: next_outage },
+        ]
+    };
+    if !links.is_empty() {
+        for _ in 0..mix.partitions {
+            faults.extend(outage(&mut rng, |a, b| {
+                (
+                    FaultAction::Partition(a.into(), b.into()),
+                    FaultAction::Repair(a.into(), b.into()),
+                )
+            }));
+        }
+        for _ in 0..mix.holds {
+            faults.extend(outage(&mut rng, |a, b| {
+                (FaultAction::Hold(a.into(), b.into()), FaultAction::Release(a.into(), b.into()))
+            }));
+        }
+    }
+    let mut outage = 1000;
+    if !workers.is_empty() {
+        for _ in 0..mix.crashes {
+            let host = workers[rng.below(workers.len() as u64) as usize].clone();
+            let (at, until) = span(&mut rng, mix);
+            outage += 1;
+            faults.push(ScheduledFault { at, action: FaultAction::Crash(host.clone()), outage });
+            faults.push(ScheduledFault { at: until, action: FaultAction::Restart(host), outage });
+        }
+    }
+    if !mix.data_link_latency_max.is_zero() {
+        let (at, until) = span(&mut rng, mix);
+        let latency = Some(mix.data_link_latency_max);
+        outage += 1;
+        faults.push(ScheduledFault { at, action: FaultAction::DataLinkLatency(latency), outage });
+        faults.push(ScheduledFault {
+            at: until,
+            action: FaultAction::DataLinkLatency(None),
+            outage,
+        });
+    }
+    // Stable: equal times keep the order drawn.
+    faults.sort_by_key(|f| f.at);
+    faults
+}
+
+/// An outage's start and end inside the window.
+fn span(rng: &mut SimRng, mix: &FaultMix) -> (Duration, Duration) {
+    let length = rng.millis(Duration::from_millis(10), mix.outage_max);
+    let latest_start = mix.window.saturating_sub(length);
+    let at = rng.millis(Duration::ZERO, latest_start);
+    (at, (at + length).min(mix.window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outages_end_inside_the_window_and_none_means_none() {
+        let links = vec![("router".to_owned(), "prefill1".to_owned())];
+        let workers = vec!["prefill1".to_owned()];
+        for seed in 0..200 {
+            let mix = FaultMix::draw(
+                seed,
+                FaultLevel::Heavy,
+                Topology::OneP1D,
+                Duration::from_millis(250),
+            );
+            let faults = schedule(seed, &mix, &links, &workers);
+            assert!(faults.iter().all(|f| f.at <= mix.window), "{seed}: {faults:?}");
+            assert!(faults.windows(2).all(|w| w[0].at <= w[1].at));
+            assert_eq!(faults, schedule(seed, &mix, &links, &workers));
+        }
+        let none =
+            FaultMix::draw(1, FaultLevel::None, Topology::OneP1D, Duration::from_millis(250));
+        assert!(schedule(1, &none, &links, &workers).is_empty());
+        assert_eq!(none.cancel_rate, 0.0);
+    }
+}

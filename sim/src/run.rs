@@ -1,0 +1,294 @@
+//! One simulated run: the deployment and its clients on turmoil, the seed's faults applied
+//! between steps, then a quiet phase to quiescence; what every client saw, what every host holds
+//! at the end, and every panic, for the oracles.
+
+use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::client::{self, ClientPlan, Observed};
+use crate::device::{CostModel, SlowSteps};
+use crate::events::{Event, EventLog, Logged};
+use crate::faults::{self, FaultAction, FaultLevel, FaultMix, ScheduledFault};
+use crate::knobs::{Knobs, Topology};
+use crate::panics;
+use crate::rng::SimRng;
+use crate::sabotage::Sabotage;
+use crate::topology::{self, Deployment};
+use crate::trace::SimTrace;
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub seed: u64,
+    pub topology: Topology,
+    pub faults: FaultLevel,
+    pub cost: CostModel,
+    /// The servers' settings; `None`: drawn from the seed.
+    pub knobs: Option<Knobs>,
+    /// The faults' mix; `None`: drawn from the seed at the `faults` level.
+    pub mix: Option<FaultMix>,
+    /// A bug planted in every worker's device (`sabotage`): for showing the oracles fire.
+    pub sabotage: Option<Sabotage>,
+    /// turmoil's step: every host runs this much virtual time per step.
+    pub tick: Duration,
+    /// The longest a client waits for its answer.
+    pub client_timeout: Duration,
+    /// After the last client is done, how long hosts get to let go of everything.
+    pub settle_max: Duration,
+    /// The run stops here whatever happens (a wedge shows as timed-out clients).
+    pub virtual_time_max: Duration,
+    /// Clients start this long after the hosts, as a load balancer waits for a new deployment's
+    /// links to come up; the fault window starts with them.
+    pub warmup: Duration,
+}
+
+impl RunConfig {
+    pub fn new(seed: u64, topology: Topology, faults: FaultLevel) -> RunConfig {
+        RunConfig {
+            seed,
+            topology,
+            faults,
+            cost: CostModel::default_model(),
+            knobs: None,
+            mix: None,
+            sabotage: None,
+            tick: Duration::from_millis(1),
+            client_timeout: Duration::from_secs(600),
+            settle_max: Duration::from_secs(30),
+            virtual_time_max: Duration::from_secs(4 * 3600),
+            warmup: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What a run left behind.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub seed: u64,
+    pub topology: Topology,
+    pub knobs: Knobs,
+    pub mix: FaultMix,
+    pub faults: Vec<ScheduledFault>,
+    /// When the last fault ended (and slow steps stopped): the liveness phase starts here.
+    pub healed_at: Duration,
+    pub observed: Vec<Observed>,
+    pub log: Vec<Logged>,
+    pub log_hash: u64,
+    /// Panics in any host (an invariant broken, or a bug), in order.
+    pub panics: Vec<String>,
+    /// What each host still held at the end, if anything.
+    pub held_at_end: Vec<String>,
+    /// turmoil's own error, if the run ended on one (a host's software failed).
+    pub sim_error: Option<String>,
+    pub virtual_time: Duration,
+    pub wall_time: Duration,
+    pub steps: u64,
+}
+
+/// Runs `trace` once.
+pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
+    // The one wall-clock read: how fast the simulation itself ran, for the report.
+    #[allow(clippy::disallowed_methods)]
+    let started = Instant::now();
+    let knobs = config
+        .knobs
+        .clone()
+        .unwrap_or_else(|| Knobs::draw(config.seed, context_needed(trace), trace.requests.len()));
+    let mix = config.mix.clone().unwrap_or_else(|| {
+        FaultMix::draw(config.seed, config.faults, config.topology, knobs.timing.write_flight_max)
+    });
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(config.seed)
+        .tick_duration(config.tick)
+        .simulation_duration(config.virtual_time_max)
+        .min_message_latency(Duration::ZERO)
+        .max_message_latency(mix.latency_max)
+        // turmoil's listen backlog (64 by default) panics when exceeded: a real kernel's is
+        // 4096 (somaxconn), and a trace's sessions may all connect at once.
+        .tcp_capacity(4096)
+        .build();
+    let healed_at = config.warmup + mix.window;
+    let slow = SlowSteps { rate: mix.slow_step_rate, extra: mix.slow_step_extra, until: healed_at };
+    let deployment = topology::install(
+        &mut sim,
+        config.topology,
+        &knobs,
+        config.cost,
+        slow,
+        config.sabotage,
+        trace.vocab_size,
+        config.seed,
+    );
+    let mut faults = faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers);
+    for fault in &mut faults {
+        fault.at += config.warmup;
+    }
+    let log = EventLog::default();
+    let seen = Arc::new(Mutex::new(vec![Observed::default(); trace.requests.len()]));
+    let plan = ClientPlan {
+        requests: trace.requests.clone(),
+        cancel_after: cancellations(config.seed, &mix, trace.requests.len()),
+        entry: deployment.entry.clone(),
+        timeout: config.client_timeout,
+        start_offset: config.warmup,
+    };
+    client::install(&mut sim, plan, seen.clone(), log.clone());
+
+    panics::start_capture();
+    let mut applier = FaultApplier::new(&deployment, &mix);
+    let mut next_fault = 0;
+    let mut steps = 0u64;
+    let mut sim_error = None;
+    let mut settling_since = None;
+    loop {
+        let now = sim.elapsed();
+        while next_fault < faults.len() && faults[next_fault].at <= now {
+            if applier.apply(&mut sim, &faults[next_fault]) {
+                log.log_at(now, Event::Fault(faults[next_fault].action.to_string()));
+            }
+            next_fault += 1;
+        }
+        steps += 1;
+        match catch_unwind(AssertUnwindSafe(|| sim.step())) {
+            Ok(Ok(clients_done)) => {
+                if clients_done && next_fault >= faults.len() {
+                    let since = *settling_since.get_or_insert(now);
+                    if quiescent(&deployment) || now.saturating_sub(since) >= config.settle_max {
+                        break;
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                sim_error = Some(e.to_string());
+                break;
+            }
+            // The hook captured it.
+            Err(_) => break,
+        }
+        if panics::captured_so_far() > 0 {
+            // An engine stopped on a broken invariant: what follows is its symptoms.
+            break;
+        }
+    }
+    let virtual_time = sim.elapsed();
+    let panics = panics::finish_capture();
+    let held_at_end = held(&deployment);
+    drop(sim);
+    let observed = seen.lock().expect("the run is over").clone();
+    RunOutcome {
+        seed: config.seed,
+        topology: config.topology,
+        knobs,
+        mix,
+        faults,
+        healed_at,
+        observed,
+        log_hash: log.hash(),
+        log: log.entries(),
+        panics,
+        held_at_end,
+        sim_error,
+        virtual_time,
+        wall_time: started.elapsed(),
+        steps,
+    }
+}
+
+/// Prompt plus output tokens of the trace's largest request.
+pub fn context_needed(trace: &SimTrace) -> u32 {
+    trace.requests.iter().map(|r| r.input.len() as u32 + r.max_tokens).max().unwrap_or(1)
+}
+
+/// Which requests' clients go away, and when after sending (to the millisecond).
+fn cancellations(seed: u64, mix: &FaultMix, requests: usize) -> Vec<Option<Duration>> {
+    let mut rng = SimRng::stream(seed, "cancellations");
+    (0..requests)
+        .map(|_| rng.chance(mix.cancel_rate).then(|| rng.millis(Duration::ZERO, mix.cancel_within)))
+        .collect()
+}
+
+/// True when every host holds nothing: no request, page, transfer or pin.
+fn quiescent(deployment: &Deployment) -> bool {
+    held(deployment).is_empty()
+}
+
+fn held(deployment: &Deployment) -> Vec<String> {
+    let mut held = Vec::new();
+    for (host, probe) in deployment.probes.snapshot() {
+        let s = &probe.stats;
+        let (requests, pages, transfers, pins) =
+            (s.requests_held(), s.pages_held(), s.transfers_held(), s.pins_held());
+        if requests + pages + transfers + pins > 0 {
+            held.push(format!(
+                "{host}: {requests} requests, {pages} pages, {transfers} transfers, {pins} pins"
+            ));
+        }
+    }
+    held
+}
+
+/// Applies scheduled faults, skipping an outage of a link or host already out (and its end).
+struct FaultApplier {
+    out: BTreeSet<String>,
+    skipped: BTreeSet<u32>,
+    data_links: Vec<(String, String)>,
+    latency_max: Duration,
+}
+
+impl FaultApplier {
+    fn new(deployment: &Deployment, mix: &FaultMix) -> FaultApplier {
+        FaultApplier {
+            out: BTreeSet::new(),
+            skipped: BTreeSet::new(),
+            data_links: deployment.data_links.clone(),
+            latency_max: mix.latency_max,
+        }
+    }
+
+    /// Applies `fault`; false when skipped.
+    fn apply(&mut self, sim: &mut turmoil::Sim<'_>, fault: &ScheduledFault) -> bool {
+        if self.skipped.contains(&fault.outage) {
+            return false;
+        }
+        let target = match &fault.action {
+            FaultAction::Partition(a, b)
+            | FaultAction::Repair(a, b)
+            | FaultAction::Hold(a, b)
+            | FaultAction::Release(a, b) => format!("link {} {}", a.min(b), a.max(b)),
+            FaultAction::Crash(h) | FaultAction::Restart(h) => format!("host {h}"),
+            FaultAction::DataLinkLatency(_) => "data links".to_owned(),
+        };
+        let starts = matches!(
+            fault.action,
+            FaultAction::Partition(..)
+                | FaultAction::Hold(..)
+                | FaultAction::Crash(_)
+                | FaultAction::DataLinkLatency(Some(_))
+        );
+        if starts {
+            if !self.out.insert(target) {
+                self.skipped.insert(fault.outage);
+                return false;
+            }
+        } else {
+            self.out.remove(&target);
+        }
+        match &fault.action {
+            FaultAction::Partition(a, b) => sim.partition(a.as_str(), b.as_str()),
+            FaultAction::Repair(a, b) => sim.repair(a.as_str(), b.as_str()),
+            FaultAction::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
+            FaultAction::Release(a, b) => sim.release(a.as_str(), b.as_str()),
+            FaultAction::Crash(h) => sim.crash(h.as_str()),
+            FaultAction::Restart(h) => sim.bounce(h.as_str()),
+            FaultAction::DataLinkLatency(latency) => {
+                let latency = latency.unwrap_or(self.latency_max);
+                for (p, d) in &self.data_links {
+                    sim.set_link_max_message_latency(p.as_str(), d.as_str(), latency);
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,133 @@
+//! Each oracle fires on a run broken by hand (a bug planted in the simulated device, below the
+//! unchanged server), and holds on the same run unbroken.
+
+use std::time::Duration;
+
+use lockstep_sim::device::CostModel;
+use lockstep_sim::faults::{FaultLevel, FaultMix};
+use lockstep_sim::knobs::Topology;
+use lockstep_sim::oracle::{self, Oracle, determinism};
+use lockstep_sim::reference::Reference;
+use lockstep_sim::run::{RunConfig, RunOutcome, run};
+use lockstep_sim::sabotage::Sabotage;
+use lockstep_sim::trace::{SimRequest, SimTrace, Start};
+
+/// Eight requests, two sessions of two turns sharing a prefix, the rest open loop.
+fn trace() -> SimTrace {
+    let prefix: Vec<u32> = (0..40).map(|t| 100 + t * 7).collect();
+    let mut requests = Vec::new();
+    for i in 0..8usize {
+        let mut input = prefix.clone();
+        input.extend((0..(5 + i as u32 * 9)).map(|t| 1000 + i as u32 * 50 + t));
+        let start = match i {
+            5 => Start::After { previous: 4, think: Duration::from_millis(30) },
+            7 => Start::After { previous: 6, think: Duration::from_millis(10) },
+            _ => Start::At(Duration::from_millis(i as u64 * 7)),
+        };
+        requests.push(SimRequest {
+            index: i,
+            session: None,
+            turn: 1,
+            start,
+            input,
+            max_tokens: 24,
+            temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+            seed: i as u64 * 1_000_003,
+        });
+    }
+    SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }
+}
+
+fn config(seed: u64, topology: Topology, sabotage: Option<Sabotage>) -> RunConfig {
+    let mut config = RunConfig::new(seed, topology, FaultLevel::None);
+    config.sabotage = sabotage;
+    config.client_timeout = Duration::from_secs(30);
+    config.settle_max = Duration::from_secs(5);
+    config
+}
+
+fn fired(reference: &Reference, outcome: &RunOutcome) -> Vec<Oracle> {
+    let mut fired: Vec<Oracle> =
+        oracle::check(reference, outcome).iter().map(|v| v.oracle).collect();
+    fired.dedup();
+    fired
+}
+
+fn reference(trace: &SimTrace) -> Reference {
+    Reference::compute(trace, CostModel::default_model(), 2).expect("every request completes alone")
+}
+
+#[test]
+fn unbroken_runs_hold_every_oracle_and_replay_identically() {
+    let trace = trace();
+    let reference = reference(&trace);
+    for topology in [Topology::Single, Topology::OneP1D, Topology::TwoP2D] {
+        for seed in 0..3 {
+            let mut config = config(seed, topology, None);
+            config.faults = FaultLevel::Default;
+            let outcome = run(&trace, &config);
+            let violations = oracle::check(&reference, &outcome);
+            assert!(violations.is_empty(), "{topology} seed {seed}: {violations:?}");
+            assert!(determinism::check(&outcome, &run(&trace, &config)).is_empty());
+        }
+    }
+}
+
+#[test]
+fn a_dropped_kv_write_is_caught_by_equal_alone() {
+    let trace = trace();
+    let reference = reference(&trace);
+    let sabotage = Some(Sabotage::DropKvWrite { every: 2 });
+    let outcome = run(&trace, &config(1, Topology::OneP1D, sabotage));
+    assert!(fired(&reference, &outcome).contains(&Oracle::EqualAlone), "{:?}", outcome.observed);
+}
+
+#[test]
+fn corrupt_tokens_a_client_got_before_leaving_are_caught_by_fail_closed() {
+    let trace = trace();
+    let reference = reference(&trace);
+    let mut config =
+        config(1, Topology::Single, Some(Sabotage::CorruptSample { after: Duration::ZERO }));
+    // Every client leaves after its first tokens, before its answer is whole.
+    config.mix = Some(FaultMix {
+        cancel_rate: 1.0,
+        cancel_within: Duration::from_millis(60),
+        ..FaultMix::NONE
+    });
+    let outcome = run(&trace, &config);
+    let fired_now = fired(&reference, &outcome);
+    assert!(fired_now.contains(&Oracle::FailClosed), "{fired_now:?}: {:?}", outcome.observed);
+}
+
+#[test]
+fn a_wedged_device_is_caught_by_liveness_and_leaks() {
+    let trace = trace();
+    let reference = reference(&trace);
+    // Stalls once the clients have started (they start after the two-second warm-up).
+    let sabotage = Some(Sabotage::Stall { after: Duration::from_millis(2_010) });
+    let outcome = run(&trace, &config(1, Topology::OneP1D, sabotage));
+    let fired = fired(&reference, &outcome);
+    assert!(fired.contains(&Oracle::Liveness), "{fired:?}");
+    assert!(fired.contains(&Oracle::Leaks), "{fired:?}: {:?}", outcome.held_at_end);
+}
+
+#[test]
+fn a_panicking_engine_is_caught_by_invariants() {
+    let trace = trace();
+    let reference = reference(&trace);
+    let sabotage = Some(Sabotage::Panic { after: Duration::from_millis(2_010) });
+    let outcome = run(&trace, &config(1, Topology::Single, sabotage));
+    assert_eq!(fired(&reference, &outcome)[0], Oracle::Invariants, "{:?}", outcome.panics);
+    assert!(outcome.panics[0].contains("planted"), "{:?}", outcome.panics);
+}
+
+#[test]
+fn state_that_outlives_a_run_is_caught_by_determinism() {
+    let trace = trace();
+    let config = config(3, Topology::OneP1D, Some(Sabotage::SharedCounterCost));
+    let first = run(&trace, &config);
+    let second = run(&trace, &config);
+    let violations = determinism::check(&first, &second);
+    assert_eq!(violations.len(), 1, "{:?}", first.log_hash);
+    assert_eq!(violations[0].oracle, Oracle::Determinism);
+}
