@@ -186,7 +186,7 @@ impl<R: PageRunner> PageRunner for SlowRunner<R> {
     fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError> {
         if let Some(Sabotage::DropKvWrite { every }) = self.sabotage {
             self.writes += 1;
-            if self.writes % every.max(1) == 0 {
+            if self.writes.is_multiple_of(every.max(1)) {
                 return Ok(());
             }
         }
