@@ -46,6 +46,8 @@ impl Ending {
 /// What one client saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
+    /// The server's id for it (`cmpl-<id>`): the router's request id in its events.
+    pub server_id: Option<u64>,
     pub sent_at: Option<Duration>,
     pub first_token_at: Option<Duration>,
     pub ended_at: Option<Duration>,
@@ -199,6 +201,10 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
                 };
                 if let Some(error) = value.get("error") {
                     return Ending::Failed { why: format!("error event: {error}") };
+                }
+                if let Some(id) = value["id"].as_str().and_then(|i| i.strip_prefix("cmpl-")) {
+                    let mut all = seen.lock().expect("one task at a time");
+                    all[index].server_id = all[index].server_id.or(id.parse().ok());
                 }
                 let choice = &value["choices"][0];
                 let text = choice["text"].as_str().unwrap_or("");

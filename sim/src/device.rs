@@ -3,6 +3,7 @@
 //! step now and then takes longer, as a GPU's would behind a straggling collective or a page
 //! fault). The engine loop above it is the production one.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -14,6 +15,7 @@ use lockstep_server::engine::{PageRunner, StepCost, StepOrRead, StepResult, Step
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::events::{Event, EventLog};
 use crate::rng::SimRng;
 use crate::sabotage::{self, Sabotage};
 
@@ -57,6 +59,15 @@ pub struct SlowSteps {
     pub until: Duration,
 }
 
+/// A step on the device, from its launch.
+#[derive(Debug)]
+struct LaunchedStep {
+    at: Duration,
+    requests: Vec<u64>,
+    prompt_tokens: u32,
+    decode_rows: u32,
+}
+
 /// A runner whose completed steps may be held back a while (the slow-step fault), and which may
 /// carry a planted bug (`sabotage`).
 pub struct SlowRunner<R> {
@@ -65,6 +76,14 @@ pub struct SlowRunner<R> {
     sabotage: Option<Sabotage>,
     writes: u32,
     rng: SimRng,
+    /// Where the steps go on the timeline: this host's name and the run's log.
+    host: String,
+    log: EventLog,
+    /// Steps launched and not yet reported, oldest first.
+    launched: VecDeque<LaunchedStep>,
+    /// When the last reported step ended: the next one started no earlier (steps run one after
+    /// another on a device).
+    last_end: Duration,
     /// A completed step held back, and until when. Kept here, not in a future, so that dropping
     /// `completed` while it waits loses nothing (the runner's cancel-safety promise).
     held: Option<(Instant, StepResult)>,
@@ -82,8 +101,40 @@ impl<R: PageRunner> SlowRunner<R> {
         slow: SlowSteps,
         sabotage: Option<Sabotage>,
         rng: SimRng,
+        host: String,
+        log: EventLog,
     ) -> SlowRunner<R> {
-        SlowRunner { inner, slow, sabotage, writes: 0, rng, held: None }
+        SlowRunner {
+            inner,
+            slow,
+            sabotage,
+            writes: 0,
+            rng,
+            host,
+            log,
+            launched: VecDeque::new(),
+            last_end: Duration::ZERO,
+            held: None,
+        }
+    }
+
+    /// A step leaves the device: its planted bug applied, its span logged.
+    fn report(&mut self, result: StepResult) -> StepResult {
+        let result = self.tamper(result);
+        let now = sabotage::now();
+        if let Some(step) = self.launched.pop_front() {
+            let started = step.at.max(self.last_end).min(now);
+            self.log.log(Event::Step {
+                host: self.host.clone(),
+                step: result.0.0,
+                started,
+                requests: step.requests,
+                prompt_tokens: step.prompt_tokens,
+                decode_rows: step.decode_rows,
+            });
+        }
+        self.last_end = now;
+        result
     }
 
     /// How much longer a step just completed takes.
@@ -123,7 +174,7 @@ impl<R: PageRunner> SlowRunner<R> {
         let (at, _) = self.held.as_ref().expect("called with a step held");
         tokio::time::sleep_until(*at).await;
         let result = self.held.take().expect("still held").1;
-        self.tamper(result)
+        self.report(result)
     }
 }
 
@@ -137,6 +188,21 @@ impl<R: PageRunner> StepRunner for SlowRunner<R> {
     }
 
     fn launch(&mut self, plan: StepPlan) {
+        let mut step = LaunchedStep {
+            at: sabotage::now(),
+            requests: plan.rows.iter().map(|r| r.request.0).collect(),
+            prompt_tokens: 0,
+            decode_rows: 0,
+        };
+        for row in &plan.rows {
+            let tokens = row.positions.len() as u32;
+            if tokens == 1 && row.sample && row.positions.start > 0 {
+                step.decode_rows += 1;
+            } else {
+                step.prompt_tokens += tokens;
+            }
+        }
+        self.launched.push_back(step);
         self.inner.launch(plan);
     }
 
@@ -146,7 +212,7 @@ impl<R: PageRunner> StepRunner for SlowRunner<R> {
                 let result = self.inner.completed().await;
                 let delay = self.draw_delay();
                 if delay.is_zero() {
-                    return self.tamper(result);
+                    return self.report(result);
                 }
                 self.held = Some((Instant::now() + delay, result));
             }
@@ -173,7 +239,7 @@ impl<R: PageRunner> PageRunner for SlowRunner<R> {
                 StepOrRead::Step(result) => {
                     let delay = self.draw_delay();
                     if delay.is_zero() {
-                        return StepOrRead::Step(self.tamper(result));
+                        return StepOrRead::Step(self.report(result));
                     }
                     self.held = Some((Instant::now() + delay, result));
                     StepOrRead::Step(self.release_held().await)

@@ -23,6 +23,25 @@ pub enum Event {
     Started {
         host: String,
     },
+    /// A step a worker's device ran: when it started (it ended at the entry's time), the
+    /// requests in it (on a worker, a request's id is its transfer's), prompt tokens computed and
+    /// decode rows.
+    Step {
+        host: String,
+        step: u64,
+        started: Duration,
+        requests: Vec<u64>,
+        prompt_tokens: u32,
+        decode_rows: u32,
+    },
+    /// What the router's engine said of a request (`routed`, `decoding`, `finished`, `failed`):
+    /// its id there, and for `decoding` its transfer and decode worker.
+    Router {
+        what: String,
+        request: u64,
+        transfer: Option<u64>,
+        decode: Option<u64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

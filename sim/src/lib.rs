@@ -20,5 +20,6 @@ pub mod reference;
 pub mod rng;
 pub mod run;
 pub mod sabotage;
+pub mod server_events;
 pub mod topology;
 pub mod trace;

@@ -1,6 +1,16 @@
-//! A run as a Chrome trace (JSON; opens in Perfetto, ui.perfetto.dev): a track per request with
-//! its spans (waiting to be sent, queued until its first token, decoding until its end), and the
-//! faults as instant events on a track of their own.
+//! A run as a Chrome trace (JSON; opens in ui.perfetto.dev): a track per request with its phases,
+//! a track per host with the steps its device ran (requests, prompt tokens and decode rows in
+//! each), and the faults and restarts as instant events.
+//!
+//! A request's phases come from what the run logged. Through a router: `queue` from `routed` to
+//! the first prefill step holding its transfer, `prefill` to the last such step's end, `transfer`
+//! from there to `decoding` (its KV landed whole on the decode worker), `decode` to the client's
+//! end. On a single server: `queue` from sending to its first step, `prefill` to its first token,
+//! `decode` to its end. (On a worker a request's id is its transfer's id; on a single server,
+//! the engine's id, which the client reads from `cmpl-<id>`.)
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -8,59 +18,151 @@ use crate::events::Event;
 use crate::run::RunOutcome;
 use crate::trace::SimTrace;
 
-const CLIENTS_PID: u64 = 1;
+const REQUESTS_PID: u64 = 1;
 const FAULTS_PID: u64 = 2;
+const FIRST_HOST_PID: u64 = 10;
+
+/// Steps of one host that held a request: first start, last end.
+type StepSpan = (Duration, Duration);
 
 pub fn timeline(trace: &SimTrace, outcome: &RunOutcome) -> String {
-    let mut events: Vec<Value> = vec![
-        json!({"ph": "M", "pid": CLIENTS_PID, "name": "process_name", "args": {"name": "requests"}}),
-        json!({"ph": "M", "pid": FAULTS_PID, "name": "process_name", "args": {"name": "faults"}}),
-    ];
+    let mut events: Vec<Value> =
+        vec![name_process(REQUESTS_PID, "requests"), name_process(FAULTS_PID, "faults")];
+    let mut host_pids: BTreeMap<String, u64> = BTreeMap::new();
+    // (host, request id there) -> the span of the steps that held it.
+    let mut held: BTreeMap<(String, u64), StepSpan> = BTreeMap::new();
+    // router request id -> (what, when, transfer)
+    let mut router: BTreeMap<u64, Vec<(String, Duration, Option<u64>)>> = BTreeMap::new();
+    for logged in &outcome.log {
+        match &logged.event {
+            Event::Step { host, step, started, requests, prompt_tokens, decode_rows } => {
+                let next = FIRST_HOST_PID + host_pids.len() as u64;
+                let pid = *host_pids.entry(host.clone()).or_insert(next);
+                events.push(span(
+                    pid,
+                    1,
+                    "step",
+                    *started,
+                    logged.at,
+                    json!({
+                        "step": step, "requests": requests, "prompt_tokens": prompt_tokens,
+                        "decode_rows": decode_rows,
+                    }),
+                ));
+                for &r in requests {
+                    let entry = held.entry((host.clone(), r)).or_insert((*started, logged.at));
+                    entry.1 = logged.at;
+                }
+            }
+            Event::Router { what, request, transfer, .. } => {
+                router.entry(*request).or_default().push((what.clone(), logged.at, *transfer));
+            }
+            Event::Fault(what) => events.push(instant(FAULTS_PID, 1, what, logged.at, "p")),
+            Event::Started { host } => {
+                let next = FIRST_HOST_PID + host_pids.len() as u64;
+                let pid = *host_pids.entry(host.clone()).or_insert(next);
+                events.push(instant(pid, 1, "started", logged.at, "p"));
+            }
+            _ => {}
+        }
+    }
+    for (host, pid) in &host_pids {
+        events.push(name_process(*pid, host));
+        events.push(json!({"ph": "M", "pid": pid, "tid": 1, "name": "thread_name",
+            "args": {"name": "device steps"}}));
+    }
     for (index, observed) in outcome.observed.iter().enumerate() {
         let tid = index as u64 + 1;
         let session =
             trace.requests[index].session.map_or(String::new(), |s| format!(" session {s}"));
-        events.push(json!({"ph": "M", "pid": CLIENTS_PID, "tid": tid, "name": "thread_name",
+        events.push(json!({"ph": "M", "pid": REQUESTS_PID, "tid": tid, "name": "thread_name",
             "args": {"name": format!("request {index}{session}")}}));
         let Some(sent) = observed.sent_at else { continue };
         let end = observed.ended_at.unwrap_or(outcome.virtual_time);
-        let first = observed.first_token_at.unwrap_or(end);
         let how = observed.ending.as_ref().map_or("unfinished", |e| e.label());
-        events.push(span(CLIENTS_PID, tid, "queued and prefill", sent, first, json!({})));
-        if first < end {
-            events.push(span(
-                CLIENTS_PID,
-                tid,
-                "decode",
-                first,
-                end,
-                json!({"tokens": observed.tokens.len()}),
-            ));
+        let args = json!({"server_id": observed.server_id, "tokens": observed.tokens.len(), "ending": how});
+        let phases = match observed.server_id.and_then(|id| router.get(&id)) {
+            Some(said) => routed_phases(said, &held, end),
+            None => single_phases(observed.server_id, &held, sent, observed.first_token_at, end),
+        };
+        let mut last = sent;
+        for (name, from, to) in phases {
+            if to > from {
+                events.push(span(REQUESTS_PID, tid, name, from, to, args.clone()));
+            }
+            last = last.max(to);
         }
-        events.push(json!({"ph": "i", "pid": CLIENTS_PID, "tid": tid, "s": "t", "name": how,
-            "ts": micros(end)}));
-    }
-    for logged in &outcome.log {
-        if let Event::Fault(what) = &logged.event {
-            events.push(json!({"ph": "i", "pid": FAULTS_PID, "tid": 1, "s": "p", "name": what,
-                "ts": micros(logged.at)}));
+        if last == sent {
+            events.push(span(REQUESTS_PID, tid, "request", sent, end, args.clone()));
         }
+        events.push(instant(REQUESTS_PID, tid, how, end, "t"));
     }
     json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string()
 }
 
-fn span(
-    pid: u64,
-    tid: u64,
-    name: &str,
-    from: std::time::Duration,
-    to: std::time::Duration,
-    args: Value,
-) -> Value {
+/// Phases of a request the router handled.
+fn routed_phases(
+    said: &[(String, Duration, Option<u64>)],
+    held: &BTreeMap<(String, u64), StepSpan>,
+    end: Duration,
+) -> Vec<(&'static str, Duration, Duration)> {
+    let at = |what: &str| said.iter().find(|(w, _, _)| w == what).map(|&(_, t, _)| t);
+    let (Some(routed), decoding) = (at("routed"), said.iter().find(|(w, _, _)| w == "decoding"))
+    else {
+        return Vec::new();
+    };
+    let Some(&(_, decoding_at, transfer)) = decoding else {
+        return vec![("routed, never decoding", routed, end)];
+    };
+    let prefill = transfer.and_then(|t| {
+        held.iter()
+            .find(|((host, r), _)| *r == t && host.starts_with("prefill"))
+            .map(|(_, span)| *span)
+    });
+    match prefill {
+        Some((first, last)) => vec![
+            ("queue", routed, first),
+            ("prefill", first, last),
+            ("transfer", last, decoding_at),
+            ("decode", decoding_at, end),
+        ],
+        None => {
+            vec![("queue, prefill and transfer", routed, decoding_at), ("decode", decoding_at, end)]
+        }
+    }
+}
+
+/// Phases of a request a single server handled.
+fn single_phases(
+    id: Option<u64>,
+    held: &BTreeMap<(String, u64), StepSpan>,
+    sent: Duration,
+    first_token: Option<Duration>,
+    end: Duration,
+) -> Vec<(&'static str, Duration, Duration)> {
+    let steps = id.and_then(|id| held.get(&("server".to_owned(), id)));
+    let first_step = steps.map_or(sent, |s| s.0);
+    let first_token = first_token.unwrap_or(end);
+    vec![
+        ("queue", sent, first_step),
+        ("prefill", first_step, first_token),
+        ("decode", first_token, end),
+    ]
+}
+
+fn name_process(pid: u64, name: &str) -> Value {
+    json!({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
+}
+
+fn span(pid: u64, tid: u64, name: &str, from: Duration, to: Duration, args: Value) -> Value {
     json!({"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": micros(from),
         "dur": micros(to.saturating_sub(from)), "args": args})
 }
 
-fn micros(d: std::time::Duration) -> f64 {
+fn instant(pid: u64, tid: u64, name: &str, at: Duration, scope: &str) -> Value {
+    json!({"ph": "i", "pid": pid, "tid": tid, "s": scope, "name": name, "ts": micros(at)})
+}
+
+fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }

@@ -15,6 +15,7 @@ use crate::knobs::{Knobs, Topology};
 use crate::panics;
 use crate::rng::SimRng;
 use crate::sabotage::Sabotage;
+use crate::server_events;
 use crate::topology::{self, Deployment};
 use crate::trace::SimTrace;
 
@@ -109,6 +110,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         // 4096 (somaxconn), and a trace's sessions may all connect at once.
         .tcp_capacity(4096)
         .build();
+    let log = EventLog::default();
     let healed_at = config.warmup + mix.window;
     let slow = SlowSteps { rate: mix.slow_step_rate, extra: mix.slow_step_extra, until: healed_at };
     let deployment = topology::install(
@@ -120,12 +122,12 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         config.sabotage,
         trace.vocab_size,
         config.seed,
+        log.clone(),
     );
     let mut faults = faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers);
     for fault in &mut faults {
         fault.at += config.warmup;
     }
-    let log = EventLog::default();
     let seen = Arc::new(Mutex::new(vec![Observed::default(); trace.requests.len()]));
     let plan = ClientPlan {
         requests: trace.requests.clone(),
@@ -137,6 +139,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     client::install(&mut sim, plan, seen.clone(), log.clone());
 
     panics::start_capture();
+    let router_events = server_events::capture(log.clone());
     let mut applier = FaultApplier::new(&deployment, &mix);
     let mut next_fault = 0;
     let mut steps = 0u64;
@@ -174,6 +177,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     }
     let virtual_time = sim.elapsed();
     let panics = panics::finish_capture();
+    drop(router_events);
     let held_at_end = held(&deployment);
     drop(sim);
     let observed = seen.lock().expect("the run is over").clone();

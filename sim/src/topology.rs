@@ -26,6 +26,7 @@ use lockstep_server::serve::ServeOptions;
 use lockstep_server::text::SyntheticCodec;
 
 use crate::device::{CostModel, SlowRunner, SlowSteps};
+use crate::events::{Event, EventLog};
 use crate::knobs::{Knobs, Topology};
 use crate::net::{TurmoilDial, TurmoilListener};
 use crate::rng::SimRng;
@@ -63,7 +64,8 @@ pub struct Probe {
 }
 
 impl Probes {
-    fn started(&self, host: &str, stats: Arc<EngineStats>) {
+    fn started(&self, host: &str, stats: Arc<EngineStats>, log: &EventLog) {
+        log.log(Event::Started { host: host.to_owned() });
         let mut probes = self.0.lock().expect("hosts run one at a time");
         let starts = probes.get(host).map_or(0, |p| p.starts) + 1;
         probes.insert(host.to_owned(), Probe { stats, starts });
@@ -86,6 +88,7 @@ struct HostSetup {
     vocab: u32,
     seed: u64,
     probes: Probes,
+    log: EventLog,
 }
 
 /// Registers the deployment's hosts on `sim`.
@@ -99,6 +102,7 @@ pub fn install(
     sabotage: Option<Sabotage>,
     vocab: u32,
     seed: u64,
+    log: EventLog,
 ) -> Deployment {
     let (prefills, decodes) = topology.workers();
     let prefill_hosts: Vec<String> = (1..=prefills).map(|i| format!("prefill{i}")).collect();
@@ -127,6 +131,7 @@ pub fn install(
         vocab,
         seed,
         probes: probes.clone(),
+        log,
     };
     if topology == Topology::Single {
         let s = setup;
@@ -216,6 +221,8 @@ fn device(setup: &HostSetup, host: &str, starts: u32) -> SlowRunner<InlineRunner
         setup.slow,
         setup.sabotage,
         SimRng::stream(setup.seed, &salt),
+        host.to_owned(),
+        setup.log.clone(),
     )
 }
 
@@ -230,7 +237,7 @@ async fn single(setup: HostSetup) -> turmoil::Result {
     let runner = device(&setup, "server", starts_so_far(&setup, "server"));
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start(engine, runner, codec, app_config(&setup))?;
-    setup.probes.started("server", node.state.engine.shared_stats());
+    setup.probes.started("server", node.state.engine.shared_stats(), &setup.log);
     let listener = TurmoilListener::bind(any_address(HTTP_PORT)).await?;
     node.serve(listener, std::future::pending(), Duration::from_secs(1)).await?;
     Ok(())
@@ -247,7 +254,7 @@ async fn router(setup: HostSetup) -> turmoil::Result {
     let config = router_engine_config(&setup.options, setup.knobs.timing);
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start_router(config, transport, events, codec, app_config(&setup));
-    setup.probes.started("router", node.state.engine.shared_stats());
+    setup.probes.started("router", node.state.engine.shared_stats(), &setup.log);
     let listener = TurmoilListener::bind(any_address(HTTP_PORT)).await?;
     node.serve(listener, std::future::pending(), Duration::from_secs(1)).await?;
     Ok(())
@@ -269,7 +276,7 @@ async fn worker(setup: HostSetup, host: String, role: Role, id: u32) -> turmoil:
     let metrics = Arc::new(Metrics::new(MODEL_NAME));
     let (task, stats) =
         spawn_worker(node, runner, peer, TurmoilDial, peer_listener, true, metrics.clone())?;
-    setup.probes.started(&host, stats.clone());
+    setup.probes.started(&host, stats.clone(), &setup.log);
     let listener = TurmoilListener::bind(any_address(HTTP_PORT)).await?;
     axum::serve(listener, worker_app(stats, metrics)).await?;
     task.abort();

@@ -177,6 +177,7 @@ impl RouterEngine {
                 };
                 self.live.insert(id, live);
                 self.metrics.prompt_tokens.increment(prompt_tokens);
+                tracing::debug!(request = id.0, "routed");
                 Ok(())
             }
             Err(RouterError::Busy) => Err(SubmitError::Busy),
@@ -212,7 +213,13 @@ impl RouterEngine {
     fn dispatch(&mut self, output: RouterOutput, gone: &mut Vec<RequestId>) {
         match output {
             RouterOutput::Send(envelope) => self.send(envelope),
-            RouterOutput::Decoding { request, .. } => {
+            RouterOutput::Decoding { request, key, decode } => {
+                tracing::debug!(
+                    request = request.0,
+                    transfer = key.transfer.0,
+                    decode = decode.worker.0,
+                    "decoding"
+                );
                 self.metrics.transfers_completed.increment(1);
                 if let Some(live) = self.live.get(&request) {
                     observe(&self.metrics.transfer_seconds, live.arrived.elapsed());
@@ -235,7 +242,10 @@ impl RouterEngine {
                     }
                 }
             }
-            RouterOutput::Finished { request, reason } => self.finish(request, reason),
+            RouterOutput::Finished { request, reason } => {
+                tracing::debug!(request = request.0, ?reason, "finished");
+                self.finish(request, reason);
+            }
             RouterOutput::Failed { request, reason } => {
                 let decoding = self.live.get(&request).is_some_and(|l| l.first_token_at.is_some());
                 if !decoding && reason != AbortReason::Client {

@@ -1,0 +1,76 @@
+//! What the router says of each request, taken from its `tracing` events (the production
+//! server's own debug events: `routed`, `decoding`, `finished`, `failed`) into the run's event
+//! log, for the timeline and the determinism hash. Only the router's events are enabled, so
+//! nothing else in the run pays for a subscriber; there is one router per run, so an event's host
+//! needs no lookup.
+
+use tracing::field::{Field, Visit};
+use tracing::{Event as TracingEvent, Metadata, Subscriber};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+use crate::events::{Event, EventLog};
+
+const ROUTER_TARGET: &str = "lockstep_server::roles::router";
+
+/// Sends the router's request events to `log` on this thread until the guard drops.
+pub fn capture(log: EventLog) -> tracing::subscriber::DefaultGuard {
+    let subscriber = tracing_subscriber::registry().with(RouterEvents { log });
+    tracing::subscriber::set_default(subscriber)
+}
+
+struct RouterEvents {
+    log: EventLog,
+}
+
+impl<S: Subscriber> Layer<S> for RouterEvents {
+    fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        metadata.is_event()
+            && metadata.target() == ROUTER_TARGET
+            && *metadata.level() <= tracing::Level::DEBUG
+    }
+
+    fn on_event(&self, event: &TracingEvent<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if let (Some(what), Some(request)) = (fields.message, fields.request) {
+            self.log.log(Event::Router {
+                what,
+                request,
+                transfer: fields.transfer,
+                decode: fields.decode,
+            });
+        }
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    message: Option<String>,
+    request: Option<u64>,
+    transfer: Option<u64>,
+    decode: Option<u64>,
+}
+
+impl Visit for Fields {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match field.name() {
+            "request" => self.request = Some(value),
+            "transfer" => self.transfer = Some(value),
+            "decode" => self.decode = Some(value),
+            _ => {}
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if value >= 0 {
+            self.record_u64(field, value as u64);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = Some(format!("{value:?}"));
+        }
+    }
+}
