@@ -96,6 +96,10 @@ pub struct DecodeSide {
     /// have ended and been forgotten: taking it would reserve pages nobody will ever write.
     reserved_up_to: BTreeMap<Endpoint, TransferId>,
     outputs: VecDeque<DecodeOutput>,
+    /// Transfers changed since the last incremental check; only live ones.
+    changed: BTreeSet<TransferId>,
+    /// Page references the transfers hold (`page_refs`), counted as they come and go.
+    page_refs_held: u64,
 }
 
 impl DecodeSide {
@@ -109,6 +113,8 @@ impl DecodeSide {
             peers: Peers::default(),
             reserved_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
+            changed: BTreeSet::new(),
+            page_refs_held: 0,
         }
     }
 
@@ -158,6 +164,12 @@ impl DecodeSide {
     /// accounting counts besides its own.
     pub fn page_refs(&self) -> impl Iterator<Item = PageRef> + '_ {
         self.transfers.values().flat_map(|t| t.cached.iter().chain(&t.reserved).copied())
+    }
+
+    /// How many `page_refs` there are, in O(1): what the scheduler's incremental check counts
+    /// besides its own references.
+    pub fn page_refs_count(&self) -> u64 {
+        self.page_refs_held
     }
 
     /// Pins the transfers hold in the pool: one each.
@@ -311,6 +323,8 @@ impl DecodeSide {
         };
         self.send(prefill, prepare);
         self.leases.insert((lease_until, key.transfer));
+        self.page_refs_held += (cached.len() + reserved.len()) as u64;
+        self.changed.insert(key.transfer);
         self.transfers.insert(
             key.transfer,
             Transfer {
@@ -340,6 +354,7 @@ impl DecodeSide {
             self.leases.remove(&(transfer.lease_until, key.transfer));
             self.leases.insert((until, key.transfer));
             transfer.lease_until = until;
+            self.changed.insert(key.transfer);
         }
         let (prefill, lease_ms) =
             (transfer.prefill, u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX));
@@ -369,6 +384,7 @@ impl DecodeSide {
         }
         let mut transfer = self.transfers.remove(&key.transfer).expect("looked up above");
         self.leases.remove(&(transfer.lease_until, key.transfer));
+        self.forgotten(key.transfer, &transfer);
         // Writes are over: the pages are ordinary request pages from here on.
         pool.unpin(transfer.pin).expect("a transfer's pin is released by the transfer alone");
         let page_tokens = pool.page_tokens();
@@ -457,6 +473,7 @@ impl DecodeSide {
         let transfer = self.transfers.get_mut(&key.transfer).expect("ending a live transfer");
         assert_eq!(transfer.phase, Phase::AwaitingPrefill, "transfer {key:?} ended twice");
         transfer.phase = Phase::Draining;
+        self.changed.insert(key.transfer);
         let router = transfer.router;
         self.send(router, Message::Outcome { key, failure: Some(reason) });
         self.remember(key, false);
@@ -468,10 +485,18 @@ impl DecodeSide {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
+        self.forgotten(id, &transfer);
         pool.unpin(transfer.pin).expect("a transfer's pin is released by the transfer alone");
         for page in transfer.cached.into_iter().chain(transfer.reserved) {
             pool.release(page).expect("a transfer's page reference is live");
         }
+    }
+
+    /// Bookkeeping of a transfer just removed: its references leave the count, and there is
+    /// nothing left of it to check.
+    fn forgotten(&mut self, id: TransferId, transfer: &Transfer) {
+        self.page_refs_held -= (transfer.cached.len() + transfer.reserved.len()) as u64;
+        self.changed.remove(&id);
     }
 
     fn remember(&mut self, key: TransferKey, completed: bool) {
@@ -491,9 +516,90 @@ impl DecodeSide {
     }
 
     /// Every reserved page belongs to exactly one live transfer, is live in the pool, referenced
-    /// and pinned at least until the lease ends; the lease index matches the transfers; bounds hold.
+    /// and pinned at least until the lease ends; the lease index matches the transfers; bounds
+    /// hold; the counts kept for the incremental check are right.
     pub fn check_invariants(&self, pool: &PagePool) -> Result<(), InvariantViolation> {
-        const PD: &str = "pd-decode";
+        self.check_counts()?;
+        let mut owner: BTreeMap<u32, TransferId> = BTreeMap::new();
+        for (&id, t) in &self.transfers {
+            self.check_transfer(id, t, pool)?;
+            for &page in &t.reserved {
+                if let Some(other) = owner.insert(page.index(), id) {
+                    return Err(InvariantViolation::new(
+                        PD,
+                        format!("page {} reserved by {other:?} and {id:?}", page.index()),
+                    ));
+                }
+            }
+        }
+        ensure_invariant!(
+            PD,
+            self.ended.len() <= self.config.transfers_max as usize,
+            "ended memory over its bound"
+        );
+        // After the checks of each transfer, so that a state broken by hand is reported by the
+        // check about it rather than as a count off.
+        let refs: u64 =
+            self.transfers.values().map(|t| (t.cached.len() + t.reserved.len()) as u64).sum();
+        ensure_invariant!(
+            PD,
+            refs == self.page_refs_held,
+            "{} page references counted, the transfers hold {refs}",
+            self.page_refs_held
+        );
+        if let Some(id) = self.changed.iter().find(|id| !self.transfers.contains_key(id)) {
+            return Err(InvariantViolation::new(
+                PD,
+                format!("transfer {id:?} is noted as changed but is not live"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The cheap check, for after every input; `check_invariants` is the full one.
+    ///
+    /// Checks every transfer an input changed since the last incremental check as the full
+    /// check does (filed under its id and its lease, pages reserved, live, referenced and pinned
+    /// in `pool`), then the counts: transfers within the bound, one lease per transfer, the
+    /// earliest lease a live transfer's, the memory of ended transfers within its bound.
+    /// O(pages of the transfers changed + log transfers), where the full check is O(pages of all
+    /// transfers). Takes `&mut self` to consume the set of changed transfers. That no page is
+    /// reserved by two transfers, and that the count of references (`page_refs_count`) is right,
+    /// only the full check sees: run it at quiescence and every so many inputs.
+    pub fn check_invariants_incremental(
+        &mut self,
+        pool: &PagePool,
+    ) -> Result<(), InvariantViolation> {
+        let changed = std::mem::take(&mut self.changed);
+        for &id in &changed {
+            let t = self.transfers.get(&id);
+            ensure_invariant!(
+                PD,
+                t.is_some(),
+                "transfer {id:?} is noted as changed but is not live"
+            );
+            if let Some(t) = t {
+                self.check_transfer(id, t, pool)?;
+            }
+        }
+        self.check_counts()?;
+        if let Some(&(until, id)) = self.leases.first() {
+            let lease = self.transfers.get(&id).map(|t| t.lease_until);
+            ensure_invariant!(
+                PD,
+                lease == Some(until),
+                "the earliest lease ({until:?}, {id:?}) names a transfer leased until {lease:?}"
+            );
+        }
+        ensure_invariant!(
+            PD,
+            self.ended.len() <= self.config.transfers_max as usize,
+            "ended memory over its bound"
+        );
+        Ok(())
+    }
+
+    fn check_counts(&self) -> Result<(), InvariantViolation> {
         ensure_invariant!(
             PD,
             self.transfers.len() <= self.config.transfers_max as usize,
@@ -507,53 +613,51 @@ impl DecodeSide {
             self.leases.len(),
             self.transfers.len()
         );
-        let mut owner: BTreeMap<u32, TransferId> = BTreeMap::new();
-        for (&id, t) in &self.transfers {
-            ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
-            ensure_invariant!(
-                PD,
-                self.leases.contains(&(t.lease_until, id)),
-                "transfer {id:?} missing from the lease index"
-            );
-            ensure_invariant!(
-                PD,
-                !t.reserved.is_empty(),
-                "transfer {id:?} reserved no page: an empty hand-off"
-            );
-            for &page in t.reserved.iter().chain(&t.cached) {
-                ensure_invariant!(
-                    PD,
-                    pool.is_live(page),
-                    "transfer {id:?} holds page {page:?}, which was freed or reused"
-                );
-                ensure_invariant!(
-                    PD,
-                    pool.refs(page).unwrap_or(0) >= 1,
-                    "transfer {id:?} holds page {page:?} without a reference"
-                );
-            }
-            for &page in &t.reserved {
-                if let Some(other) = owner.insert(page.index(), id) {
-                    return Err(InvariantViolation::new(
-                        PD,
-                        format!("page {} reserved by {other:?} and {id:?}", page.index()),
-                    ));
-                }
-                ensure_invariant!(
-                    PD,
-                    pool.pin_count(page).unwrap_or(0) >= 1,
-                    "reserved page {page:?} of {id:?} is not pinned while a write may land"
-                );
-            }
-        }
+        Ok(())
+    }
+
+    /// One transfer's own invariants: see `check_invariants`.
+    fn check_transfer(
+        &self,
+        id: TransferId,
+        t: &Transfer,
+        pool: &PagePool,
+    ) -> Result<(), InvariantViolation> {
+        ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
         ensure_invariant!(
             PD,
-            self.ended.len() <= self.config.transfers_max as usize,
-            "ended memory over its bound"
+            self.leases.contains(&(t.lease_until, id)),
+            "transfer {id:?} missing from the lease index"
         );
+        ensure_invariant!(
+            PD,
+            !t.reserved.is_empty(),
+            "transfer {id:?} reserved no page: an empty hand-off"
+        );
+        for &page in t.reserved.iter().chain(&t.cached) {
+            ensure_invariant!(
+                PD,
+                pool.is_live(page),
+                "transfer {id:?} holds page {page:?}, which was freed or reused"
+            );
+            ensure_invariant!(
+                PD,
+                pool.refs(page).unwrap_or(0) >= 1,
+                "transfer {id:?} holds page {page:?} without a reference"
+            );
+        }
+        for &page in &t.reserved {
+            ensure_invariant!(
+                PD,
+                pool.pin_count(page).unwrap_or(0) >= 1,
+                "reserved page {page:?} of {id:?} is not pinned while a write may land"
+            );
+        }
         Ok(())
     }
 }
+
+const PD: &str = "pd-decode";
 
 #[cfg(test)]
 #[path = "decode_invariant_tests.rs"]

@@ -14,6 +14,19 @@
 //! | one transfer per page | "page {index} reserved by {a:?} and {b:?}" | `a_page_is_reserved_twice` |
 //! | reserved pages pinned | "reserved page {page:?} of {id:?} is not pinned while a write may land" | `a_reserved_page_is_unpinned` |
 //! | ended memory bounded | "ended memory over its bound" | `the_ended_memory_outgrows_its_bound` |
+//! | references counted | "{n} page references counted, the transfers hold {m}" | `the_page_references_are_miscounted` |
+//! | changed ones live | "transfer {id:?} is noted as changed but is not live" | `a_dead_transfer_is_noted_as_changed` |
+//!
+//! `DecodeSide::check_invariants_incremental` runs the checks of one transfer above on each
+//! transfer changed since it last ran, and the counts:
+//!
+//! | check (incremental) | message | test |
+//! |---|---|---|
+//! | changed ones live | "transfer {id:?} is noted as changed but is not live" | `incremental_a_dead_transfer_is_noted_as_changed` |
+//! | each changed transfer's own checks | as above | `the_incremental_check_checks_changed_transfers` |
+//! | transfers bounded, leases match | "{n} transfers over the bound", "{n} leases for {m} transfers" | `the_incremental_check_checks_the_counts` |
+//! | earliest lease right | "the earliest lease ({t:?}, {id:?}) names a transfer leased until {u:?}" | `incremental_the_earliest_lease_is_wrong` |
+//! | ended memory bounded | "ended memory over its bound" | `incremental_the_ended_memory_outgrows_its_bound` |
 
 use super::*;
 use crate::kv::PoolConfig;
@@ -167,6 +180,128 @@ fn a_reserved_page_is_unpinned() {
 #[test]
 fn the_ended_memory_outgrows_its_bound() {
     fires(
+        |side, _| side.ended.extend((4..7).map(|id| (key(id), true))),
+        "ended memory over its bound",
+    );
+}
+
+#[test]
+fn the_page_references_are_miscounted() {
+    fires(|side, _| side.page_refs_held += 1, "5 page references counted, the transfers hold 4");
+}
+
+#[test]
+fn a_dead_transfer_is_noted_as_changed() {
+    fires(
+        |side, _| {
+            side.changed.insert(TransferId(7));
+        },
+        "transfer TransferId(7) is noted as changed but is not live",
+    );
+}
+
+// --- the incremental check ---
+
+/// Breaks the legitimate state, after an incremental check emptied the set of changed
+/// transfers, and asserts the incremental check reports `expected`.
+fn incremental_fires(break_it: impl FnOnce(&mut DecodeSide, &mut PagePool), expected: &str) {
+    let (mut side, mut pool) = legit();
+    if let Err(e) = side.check_invariants_incremental(&pool) {
+        panic!("the legitimate state is refused: {e}");
+    }
+    assert!(side.changed.is_empty());
+    break_it(&mut side, &mut pool);
+    match side.check_invariants_incremental(&pool) {
+        Ok(()) => panic!("the incremental check {expected:?} missed a broken state"),
+        Err(e) => assert!(e.what().contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn incremental_a_dead_transfer_is_noted_as_changed() {
+    incremental_fires(
+        |side, _| {
+            side.changed.insert(TransferId(7));
+        },
+        "transfer TransferId(7) is noted as changed but is not live",
+    );
+}
+
+#[test]
+fn the_incremental_check_checks_changed_transfers() {
+    // Each broken as an input would leave it: the transfer noted as changed.
+    type Break = fn(&mut DecodeSide, &mut PagePool);
+    let cases: [(u64, Break, &str); 5] = [
+        (1, |side, _| t(side, 1).key = key(9), "transfer TransferId(1) filed under another id"),
+        (
+            1,
+            |side, _| {
+                let t = t(side, 1);
+                t.lease_until = t.lease_until.saturating_add(Duration::from_millis(1));
+            },
+            "transfer TransferId(1) missing from the lease index",
+        ),
+        (2, |side, _| t(side, 2).reserved.clear(), "transfer TransferId(2) reserved no page"),
+        (
+            1,
+            |side, pool| pool.release(t(side, 1).reserved[0]).unwrap(),
+            "transfer TransferId(1) holds page PageRef { index: 0, generation: 0 } without a reference",
+        ),
+        (
+            1,
+            |side, pool| {
+                pool.unpin(t(side, 1).pin).unwrap();
+            },
+            "is not pinned while a write may land",
+        ),
+    ];
+    for (id, break_it, expected) in cases {
+        incremental_fires(
+            |side, pool| {
+                break_it(side, pool);
+                side.changed.insert(TransferId(id));
+            },
+            expected,
+        );
+    }
+}
+
+#[test]
+fn the_incremental_check_checks_the_counts() {
+    incremental_fires(
+        |side, pool| {
+            let mut third = side.transfers[&TransferId(2)].clone();
+            third.key = key(3);
+            third.reserved = vec![pool.allocate().unwrap()];
+            third.pin = pool.pin_many(&third.reserved, Time::MAX).unwrap();
+            side.leases.insert((third.lease_until, TransferId(3)));
+            side.transfers.insert(TransferId(3), third);
+        },
+        "3 transfers over the bound",
+    );
+    incremental_fires(
+        |side, _| {
+            side.leases.pop_first();
+        },
+        "1 leases for 2 transfers",
+    );
+}
+
+#[test]
+fn incremental_the_earliest_lease_is_wrong() {
+    incremental_fires(
+        |side, _| {
+            let (until, id) = side.leases.pop_first().unwrap();
+            side.leases.insert((until.saturating_add(Duration::from_millis(1)), id));
+        },
+        "the earliest lease (t+121000000ns, TransferId(2)) names a transfer leased until \
+         Some(t+120000000ns)",
+    );
+}
+
+#[test]
+fn incremental_the_ended_memory_outgrows_its_bound() {
+    incremental_fires(
         |side, _| side.ended.extend((4..7).map(|id| (key(id), true))),
         "ended memory over its bound",
     );

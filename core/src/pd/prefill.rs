@@ -107,6 +107,19 @@ struct Transfer {
     next_heartbeat: Time,
     deadline: Time,
     phase: Phase,
+    /// The time this transfer is filed under in `PrefillSide::due`.
+    filed_due: Time,
+}
+
+impl Transfer {
+    /// When something is next due for it: a heartbeat, a retransmission, a drain, its deadline.
+    fn due(&self) -> Time {
+        match self.phase {
+            Phase::Computing | Phase::Writing { .. } => self.next_heartbeat.min(self.deadline),
+            Phase::DoneSent { resend_at, .. } => resend_at.min(self.deadline),
+            Phase::Draining { drained_by, .. } => drained_by,
+        }
+    }
 }
 
 const HEARTBEATS_REMEMBERED: usize = 8;
@@ -122,6 +135,14 @@ pub struct PrefillSide {
     /// taking it would end that transfer a second time.
     prepared_up_to: BTreeMap<Endpoint, TransferId>,
     outputs: VecDeque<PrefillOutput>,
+    /// Every live transfer under the time it is next due (`Transfer::due`): the timers, read in
+    /// O(log transfers) where a scan would cost O(transfers). Every input that changes a transfer
+    /// refiles it (`touch`) before it returns.
+    due: BTreeSet<(Time, TransferId)>,
+    /// Transfers changed since the last incremental check; only live ones.
+    changed: BTreeSet<TransferId>,
+    /// Transfers holding a pin on their source pages.
+    source_pins: usize,
 }
 
 impl PrefillSide {
@@ -133,6 +154,9 @@ impl PrefillSide {
             peers: Peers::default(),
             prepared_up_to: BTreeMap::new(),
             outputs: VecDeque::new(),
+            due: BTreeSet::new(),
+            changed: BTreeSet::new(),
+            source_pins: 0,
         }
     }
 
@@ -144,9 +168,9 @@ impl PrefillSide {
         &self.config
     }
 
-    /// Pins the transfers hold in the pool: one each once its KV is computed.
+    /// Pins the transfers hold in the pool: one each once its KV is computed. O(1).
     pub fn pins_held(&self) -> usize {
-        self.transfers.values().filter(|t| t.source_pin.is_some()).count()
+        self.source_pins
     }
 
     /// Whether the transfer is live and waiting for its computation.
@@ -162,23 +186,40 @@ impl PrefillSide {
 
     /// The earliest time something is due: a heartbeat, a retransmission, a drain, a deadline.
     pub fn next_timeout(&self) -> Option<Time> {
-        self.transfers.values().map(|t| self.due(t)).min()
+        self.due.first().map(|&(at, _)| at)
     }
 
-    fn due(&self, t: &Transfer) -> Time {
-        match t.phase {
-            Phase::Computing | Phase::Writing { .. } => t.next_heartbeat.min(t.deadline),
-            Phase::DoneSent { resend_at, .. } => resend_at.min(t.deadline),
-            Phase::Draining { drained_by, .. } => drained_by,
+    /// Refiles a transfer in the due index after it changed, and notes it changed; nothing if
+    /// it is gone (`forget` unfiled it). Every input calls it for each transfer it handled.
+    fn touch(&mut self, id: TransferId) {
+        let Some(t) = self.transfers.get_mut(&id) else { return };
+        let due = t.due();
+        if due != t.filed_due {
+            self.due.remove(&(t.filed_due, id));
+            self.due.insert((due, id));
+            t.filed_due = due;
         }
+        self.changed.insert(id);
     }
 
     pub fn handle_envelope(&mut self, envelope: Envelope, pool: &mut PagePool, now: Time) {
         if envelope.to != self.me || !self.note_peer(envelope.from, pool, now) {
             return;
         }
+        if let Some(key) = envelope.body.key() {
+            self.handle_message(envelope, key, pool, now);
+            self.touch(key.transfer);
+        }
+    }
+
+    fn handle_message(
+        &mut self,
+        envelope: Envelope,
+        key: TransferKey,
+        pool: &mut PagePool,
+        now: Time,
+    ) {
         let from = envelope.from;
-        let Some(key) = envelope.body.key() else { return };
         let Some(transfer) = self.transfers.get(&key.transfer) else {
             if let Message::Prepare { request, cached_tokens, page_tokens, pages, .. } =
                 envelope.body
@@ -231,6 +272,7 @@ impl PrefillSide {
         let first_page = (t.cached_tokens / t.page_tokens) as usize;
         if sources.len() < prompt_pages || prompt_pages - first_page != t.pages.len() {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+            self.touch(key.transfer);
             return;
         }
         // Pin what the writes will read, so the prefill scheduler may finish or preempt the
@@ -239,19 +281,23 @@ impl PrefillSide {
         // expired while a write still reads the page would let the page be reused under it.
         let Ok(pin) = pool.pin_many(&sources[first_page..prompt_pages], Time::MAX) else {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+            self.touch(key.transfer);
             return;
         };
         let t = self.transfers.get_mut(&key.transfer).expect("looked up above");
         t.sources = sources[first_page..prompt_pages].to_vec();
         t.source_pin = Some(pin);
+        self.source_pins += 1;
         t.phase = Phase::Writing { first_token, issued: 0 };
         self.issue_writes(key, now);
+        self.touch(key.transfer);
     }
 
     /// The computation failed or was refused: give up.
     pub fn handle_compute_failed(&mut self, key: TransferKey, pool: &mut PagePool, now: Time) {
         if self.transfers.get(&key.transfer).is_some_and(|t| t.key == key) {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
+            self.touch(key.transfer);
         }
     }
 
@@ -277,11 +323,18 @@ impl PrefillSide {
             (Phase::Draining { .. }, _) => self.finish_drain_if_done(key, pool, now),
             _ => {}
         }
+        self.touch(key.transfer);
     }
 
     pub fn handle_timeout(&mut self, pool: &mut PagePool, now: Time) {
-        let due: Vec<TransferKey> =
-            self.transfers.values().filter(|t| self.due(t) <= now).map(|t| t.key).collect();
+        // In id order, as a scan of the transfers would find them: the order of the outputs
+        // must not depend on when each was due.
+        let mut due: Vec<TransferKey> = self
+            .due
+            .range(..=(now, TransferId(u64::MAX)))
+            .map(|(_, id)| self.transfers.get(id).expect("the due index names live transfers").key)
+            .collect();
+        due.sort_unstable_by_key(|key| key.transfer);
         for key in due {
             let Some(t) = self.transfers.get(&key.transfer) else { continue };
             match t.phase {
@@ -297,6 +350,7 @@ impl PrefillSide {
                 }
                 Phase::Computing | Phase::Writing { .. } => self.heartbeat(key, now),
             }
+            self.touch(key.transfer);
         }
     }
 
@@ -344,8 +398,10 @@ impl PrefillSide {
                 next_heartbeat: now,
                 deadline,
                 phase: Phase::Computing,
+                filed_due: now,
             },
         );
+        self.due.insert((now, key.transfer));
         self.heartbeat(key, now);
         self.outputs.push_back(PrefillOutput::Compute { key, request });
     }
@@ -467,8 +523,11 @@ impl PrefillSide {
 
     fn forget(&mut self, key: TransferKey, pool: &mut PagePool) {
         let t = self.transfers.remove(&key.transfer).expect("forgetting a live transfer");
+        self.due.remove(&(t.filed_due, key.transfer));
+        self.changed.remove(&key.transfer);
         if let Some(pin) = t.source_pin {
             pool.unpin(pin).expect("a transfer's pin is released by the transfer alone");
+            self.source_pins -= 1;
         }
     }
 
@@ -484,6 +543,7 @@ impl PrefillSide {
             self.transfers.values().filter(|t| t.decode.worker == worker).map(|t| t.key).collect();
         for key in gone {
             self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+            self.touch(key.transfer);
         }
     }
 
@@ -504,6 +564,7 @@ impl PrefillSide {
                     .collect();
                 for key in gone {
                     self.drain(key, Answer::Abort(AbortReason::PeerRestarted), pool, now);
+                    self.touch(key.transfer);
                 }
                 true
             }
@@ -520,9 +581,9 @@ impl PrefillSide {
 
     /// Writes are issued only under a lease and never beyond the pages; `Done` only after every
     /// write completed; a drain answers only once nothing is outstanding or the flight bound
-    /// passed; source pages stay pinned while writes may read them; bounds hold.
+    /// passed; source pages stay pinned while writes may read them; bounds hold; the due index
+    /// holds each transfer once, under the time it is due.
     pub fn check_invariants(&self, pool: &PagePool) -> Result<(), InvariantViolation> {
-        const PD: &str = "pd-prefill";
         ensure_invariant!(
             PD,
             self.transfers.len() <= self.config.transfers_max as usize,
@@ -530,75 +591,172 @@ impl PrefillSide {
             self.transfers.len()
         );
         for (&id, t) in &self.transfers {
-            ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+            check_transfer(id, t, pool)?;
+        }
+        // After the checks of each transfer's own state, so that a state broken by hand is
+        // reported by the check about it rather than as a transfer due at another time.
+        for (&id, t) in &self.transfers {
+            self.check_filed(id, t)?;
+        }
+        ensure_invariant!(
+            PD,
+            self.due.len() == self.transfers.len(),
+            "{} due times for {} transfers",
+            self.due.len(),
+            self.transfers.len()
+        );
+        if let Some(id) = self.changed.iter().find(|id| !self.transfers.contains_key(id)) {
+            return Err(InvariantViolation::new(
+                PD,
+                format!("transfer {id:?} is noted as changed but is not live"),
+            ));
+        }
+        let pinned = self.transfers.values().filter(|t| t.source_pin.is_some()).count();
+        ensure_invariant!(
+            PD,
+            pinned == self.source_pins,
+            "{} source pins counted, {pinned} transfers hold one",
+            self.source_pins
+        );
+        Ok(())
+    }
+
+    /// The cheap check, for after every input; `check_invariants` is the full one.
+    ///
+    /// Checks every transfer an input changed since the last incremental check as the full
+    /// check does (its state, its source pins in `pool`, its place in the due index), then the
+    /// counts: transfers within the bound, one due entry per transfer, and the earliest entry
+    /// names a live transfer due then. O(pages of the transfers changed + log transfers), where
+    /// the full check is O(pages of all transfers). Takes `&mut self` to consume the set of
+    /// changed transfers. A transfer no input touched cannot have changed, unless a bug changed
+    /// it behind the inputs' back: the full check, at quiescence and every so many inputs, sees
+    /// those too.
+    pub fn check_invariants_incremental(
+        &mut self,
+        pool: &PagePool,
+    ) -> Result<(), InvariantViolation> {
+        let changed = std::mem::take(&mut self.changed);
+        for &id in &changed {
+            let t = self.transfers.get(&id);
             ensure_invariant!(
                 PD,
-                !t.pages.is_empty(),
-                "transfer {id:?} has nothing to write: an empty hand-off"
+                t.is_some(),
+                "transfer {id:?} is noted as changed but is not live"
             );
-            ensure_invariant!(
-                PD,
-                t.heartbeats_sent.len() <= HEARTBEATS_REMEMBERED,
-                "transfer {id:?} remembers too many heartbeats"
-            );
-            ensure_invariant!(
-                PD,
-                t.outstanding.is_empty() || t.permission_until.is_some(),
-                "transfer {id:?} has writes out without ever holding a lease"
-            );
-            match t.phase {
-                Phase::Computing => ensure_invariant!(
-                    PD,
-                    t.outstanding.is_empty() && t.sources.is_empty(),
-                    "transfer {id:?} writes before its KV exists"
-                ),
-                Phase::Writing { issued, .. } => {
-                    ensure_invariant!(
-                        PD,
-                        issued as usize <= t.pages.len(),
-                        "transfer {id:?} issued {issued} writes for {} pages",
-                        t.pages.len()
-                    );
-                    ensure_invariant!(
-                        PD,
-                        t.outstanding.iter().all(|&o| o < issued),
-                        "transfer {id:?} has an outstanding write it never issued"
-                    );
-                }
-                Phase::DoneSent { .. } => {
-                    ensure_invariant!(
-                        PD,
-                        t.outstanding.is_empty(),
-                        "transfer {id:?} sent Done with {} writes unresolved",
-                        t.outstanding.len()
-                    );
-                    ensure_invariant!(
-                        PD,
-                        t.completed_writes as usize == t.pages.len(),
-                        "transfer {id:?} sent Done after {} of {} writes",
-                        t.completed_writes,
-                        t.pages.len()
-                    );
-                }
-                Phase::Draining { .. } => {}
+            if let Some(t) = t {
+                check_transfer(id, t, pool)?;
+                self.check_filed(id, t)?;
             }
-            if !t.outstanding.is_empty() {
-                ensure_invariant!(
-                    PD,
-                    t.source_pin.is_some(),
-                    "transfer {id:?} reads unpinned pages"
-                );
-                for &source in &t.sources {
-                    ensure_invariant!(
-                        PD,
-                        pool.pin_count(source).unwrap_or(0) >= 1,
-                        "source page {source:?} of {id:?} unpinned while a write reads it"
-                    );
-                }
-            }
+        }
+        ensure_invariant!(
+            PD,
+            self.transfers.len() <= self.config.transfers_max as usize,
+            "{} transfers over the bound",
+            self.transfers.len()
+        );
+        ensure_invariant!(
+            PD,
+            self.due.len() == self.transfers.len(),
+            "{} due times for {} transfers",
+            self.due.len(),
+            self.transfers.len()
+        );
+        if let Some(&(at, id)) = self.due.first() {
+            let due = self.transfers.get(&id).map(Transfer::due);
+            ensure_invariant!(
+                PD,
+                due == Some(at),
+                "the earliest due entry ({at:?}, {id:?}) names a transfer due at {due:?}"
+            );
         }
         Ok(())
     }
+
+    /// The transfer is in the due index under the time it is due.
+    fn check_filed(&self, id: TransferId, t: &Transfer) -> Result<(), InvariantViolation> {
+        let due = t.due();
+        ensure_invariant!(
+            PD,
+            t.filed_due == due,
+            "transfer {id:?} is filed as due at {:?} but is due at {due:?}",
+            t.filed_due
+        );
+        ensure_invariant!(
+            PD,
+            self.due.contains(&(due, id)),
+            "transfer {id:?} is missing from the due index"
+        );
+        Ok(())
+    }
+}
+
+const PD: &str = "pd-prefill";
+
+/// One transfer's own invariants: see `PrefillSide::check_invariants`.
+fn check_transfer(id: TransferId, t: &Transfer, pool: &PagePool) -> Result<(), InvariantViolation> {
+    ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+    ensure_invariant!(
+        PD,
+        !t.pages.is_empty(),
+        "transfer {id:?} has nothing to write: an empty hand-off"
+    );
+    ensure_invariant!(
+        PD,
+        t.heartbeats_sent.len() <= HEARTBEATS_REMEMBERED,
+        "transfer {id:?} remembers too many heartbeats"
+    );
+    ensure_invariant!(
+        PD,
+        t.outstanding.is_empty() || t.permission_until.is_some(),
+        "transfer {id:?} has writes out without ever holding a lease"
+    );
+    match t.phase {
+        Phase::Computing => ensure_invariant!(
+            PD,
+            t.outstanding.is_empty() && t.sources.is_empty(),
+            "transfer {id:?} writes before its KV exists"
+        ),
+        Phase::Writing { issued, .. } => {
+            ensure_invariant!(
+                PD,
+                issued as usize <= t.pages.len(),
+                "transfer {id:?} issued {issued} writes for {} pages",
+                t.pages.len()
+            );
+            ensure_invariant!(
+                PD,
+                t.outstanding.iter().all(|&o| o < issued),
+                "transfer {id:?} has an outstanding write it never issued"
+            );
+        }
+        Phase::DoneSent { .. } => {
+            ensure_invariant!(
+                PD,
+                t.outstanding.is_empty(),
+                "transfer {id:?} sent Done with {} writes unresolved",
+                t.outstanding.len()
+            );
+            ensure_invariant!(
+                PD,
+                t.completed_writes as usize == t.pages.len(),
+                "transfer {id:?} sent Done after {} of {} writes",
+                t.completed_writes,
+                t.pages.len()
+            );
+        }
+        Phase::Draining { .. } => {}
+    }
+    if !t.outstanding.is_empty() {
+        ensure_invariant!(PD, t.source_pin.is_some(), "transfer {id:?} reads unpinned pages");
+        for &source in &t.sources {
+            ensure_invariant!(
+                PD,
+                pool.pin_count(source).unwrap_or(0) >= 1,
+                "source page {source:?} of {id:?} unpinned while a write reads it"
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

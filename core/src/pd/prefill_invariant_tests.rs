@@ -17,6 +17,23 @@
 //! | DoneSent: every write completed | "transfer {id:?} sent Done after {n} of {m} writes" | `done_is_sent_before_every_write_completed` |
 //! | sources pinned while read | "transfer {id:?} reads unpinned pages" | `writes_read_without_a_source_pin` |
 //! | each source pinned | "source page {page:?} of {id:?} unpinned while a write reads it" | `a_source_page_is_unpinned_under_a_write` |
+//! | filed under its due time | "transfer {id:?} is filed as due at {t:?} but is due at {u:?}" | `a_transfer_is_filed_under_a_stale_due_time` |
+//! | in the due index | "transfer {id:?} is missing from the due index" | `a_transfer_is_missing_from_the_due_index` |
+//! | due index size | "{n} due times for {m} transfers" | `the_due_index_holds_an_extra_entry` |
+//! | changed ones live | "transfer {id:?} is noted as changed but is not live" | `a_dead_transfer_is_noted_as_changed` |
+//! | source pins counted | "{n} source pins counted, {m} transfers hold one" | `the_source_pins_are_miscounted` |
+//!
+//! `PrefillSide::check_invariants_incremental` runs the checks of one transfer above on each
+//! transfer changed since it last ran, and the counts:
+//!
+//! | check (incremental) | message | test |
+//! |---|---|---|
+//! | changed ones live | "transfer {id:?} is noted as changed but is not live" | `incremental_a_dead_transfer_is_noted_as_changed` |
+//! | each changed transfer's own checks | as above | `the_incremental_check_checks_changed_transfers` |
+//! | each changed transfer filed | "transfer {id:?} is filed as due at …", "… missing from the due index" | `the_incremental_check_checks_changed_transfers` |
+//! | transfers bounded | "{n} transfers over the bound" | `incremental_more_transfers_than_transfers_max` |
+//! | due index size | "{n} due times for {m} transfers" | `incremental_the_due_index_holds_an_extra_entry` |
+//! | earliest entry right | "the earliest due entry ({t:?}, {id:?}) names a transfer due at {u:?}" | `incremental_the_earliest_due_entry_is_wrong` |
 
 use super::*;
 use crate::kv::PoolConfig;
@@ -220,5 +237,171 @@ fn a_source_page_is_unpinned_under_a_write() {
             pool.unpin(t(side).source_pin.unwrap()).unwrap();
         },
         "source page PageRef { index: 0, generation: 0 } of TransferId(1) unpinned while a write reads it",
+    );
+}
+
+// --- the due index and the counts ---
+
+#[test]
+fn a_transfer_is_filed_under_a_stale_due_time() {
+    fires(
+        Stage::Computing,
+        |side, _| t(side).next_heartbeat = Time::from_millis(5),
+        "transfer TransferId(1) is filed as due at t+30000000ns but is due at t+5000000ns",
+    );
+}
+
+#[test]
+fn a_transfer_is_missing_from_the_due_index() {
+    fires(
+        Stage::Writing,
+        |side, _| {
+            side.due.clear();
+        },
+        "transfer TransferId(1) is missing from the due index",
+    );
+}
+
+#[test]
+fn the_due_index_holds_an_extra_entry() {
+    fires(
+        Stage::DoneSent,
+        |side, _| {
+            side.due.insert((Time::ZERO, TransferId(7)));
+        },
+        "2 due times for 1 transfers",
+    );
+}
+
+#[test]
+fn a_dead_transfer_is_noted_as_changed() {
+    fires(
+        Stage::Computing,
+        |side, _| {
+            side.changed.insert(TransferId(7));
+        },
+        "transfer TransferId(7) is noted as changed but is not live",
+    );
+}
+
+#[test]
+fn the_source_pins_are_miscounted() {
+    fires(
+        Stage::Writing,
+        |side, _| side.source_pins += 1,
+        "2 source pins counted, 1 transfers hold one",
+    );
+}
+
+// --- the incremental check ---
+
+/// Breaks the legitimate state, after an incremental check emptied the set of changed
+/// transfers, and asserts the incremental check reports `expected`.
+fn incremental_fires(
+    stage: Stage,
+    break_it: impl FnOnce(&mut PrefillSide, &mut PagePool),
+    expected: &str,
+) {
+    let (mut side, mut pool) = legit(stage);
+    if let Err(e) = side.check_invariants_incremental(&pool) {
+        panic!("the legitimate state is refused: {e}");
+    }
+    assert!(side.changed.is_empty());
+    break_it(&mut side, &mut pool);
+    match side.check_invariants_incremental(&pool) {
+        Ok(()) => panic!("the incremental check {expected:?} missed a broken state"),
+        Err(e) => assert!(e.what().contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn incremental_a_dead_transfer_is_noted_as_changed() {
+    incremental_fires(
+        Stage::Computing,
+        |side, _| {
+            side.changed.insert(TransferId(7));
+        },
+        "transfer TransferId(7) is noted as changed but is not live",
+    );
+}
+
+#[test]
+fn the_incremental_check_checks_changed_transfers() {
+    // Each broken as an input would leave it: the transfer noted as changed.
+    type Break = fn(&mut PrefillSide, &mut PagePool);
+    let cases: [(Stage, Break, &str); 4] = [
+        (
+            Stage::Computing,
+            |side, _| t(side).pages.clear(),
+            "transfer TransferId(1) has nothing to write: an empty hand-off",
+        ),
+        (
+            Stage::Writing,
+            |side, pool| {
+                pool.unpin(t(side).source_pin.unwrap()).unwrap();
+            },
+            "unpinned while a write reads it",
+        ),
+        (
+            Stage::Computing,
+            |side, _| t(side).next_heartbeat = Time::from_millis(5),
+            "transfer TransferId(1) is filed as due at t+30000000ns but is due at t+5000000ns",
+        ),
+        (
+            Stage::DoneSent,
+            |side, _| {
+                side.due.clear();
+            },
+            "transfer TransferId(1) is missing from the due index",
+        ),
+    ];
+    for (stage, break_it, expected) in cases {
+        incremental_fires(
+            stage,
+            |side, pool| {
+                break_it(side, pool);
+                side.changed.insert(ID);
+            },
+            expected,
+        );
+    }
+}
+
+#[test]
+fn incremental_more_transfers_than_transfers_max() {
+    incremental_fires(
+        Stage::Computing,
+        |side, pool| {
+            deliver(side, pool, prepare(2));
+            let mut third = side.transfers[&ID].clone();
+            third.key.transfer = TransferId(3);
+            side.due.insert((third.filed_due, TransferId(3)));
+            side.transfers.insert(TransferId(3), third);
+        },
+        "3 transfers over the bound",
+    );
+}
+
+#[test]
+fn incremental_the_due_index_holds_an_extra_entry() {
+    incremental_fires(
+        Stage::Writing,
+        |side, _| {
+            side.due.insert((Time::MAX, TransferId(7)));
+        },
+        "2 due times for 1 transfers",
+    );
+}
+
+#[test]
+fn incremental_the_earliest_due_entry_is_wrong() {
+    incremental_fires(
+        Stage::Computing,
+        |side, _| {
+            let filed = t(side).filed_due;
+            side.due.remove(&(filed, ID));
+            side.due.insert((Time::ZERO, ID));
+        },
+        "the earliest due entry (t+0ns, TransferId(1)) names a transfer due at Some(t+30000000ns)",
     );
 }

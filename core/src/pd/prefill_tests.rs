@@ -324,6 +324,8 @@ fn abort_path_wedge_by_hand() {
     {
         *drained_by = Time::MAX;
     }
+    // Refiled as a buggy input would leave it: the timers then agree with the broken state.
+    rig.side.touch(TransferId(1));
     assert!(!ends_within(&mut rig, 10 * FLIGHT_MS), "the wedge went unnoticed");
 }
 
@@ -335,4 +337,29 @@ fn stuck_in_handshake_by_hand() {
     // The deadline removed: no grant ever comes, and nothing ends the transfer.
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().deadline = Time::MAX;
     assert!(!ends_within(&mut rig, 2_000), "the hang went unnoticed");
+}
+
+#[test]
+fn timers_fire_in_transfer_order_whatever_fell_due_first() {
+    // The due index orders transfers by time; what fires at once goes out in id order all the
+    // same, as a scan of the transfers would have it.
+    let mut rig = Rig::new();
+    rig.deliver(prepare(2, 10, 0));
+    rig.now = Time::from_millis(10);
+    let other = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
+    let envelope = Envelope { from: other, to: P, body: prepare(1, 10, 0) };
+    rig.side.handle_envelope(envelope, &mut rig.pool, rig.now);
+    rig.drain();
+    // Transfer 2's heartbeat is due at 30 ms, transfer 1's at 40 ms.
+    assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(30)));
+    let out = rig.advance(30);
+    let heartbeats: Vec<u64> = sent(&out)
+        .iter()
+        .map(|m| match m {
+            Message::Heartbeat { key, seq: 1 } => key.transfer.0,
+            other => panic!("expected a second heartbeat, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(heartbeats, [1, 2]);
+    assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(70)));
 }

@@ -19,8 +19,10 @@ use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::sched::{FinishReason, RequestId};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Epoch, Message, RequestSpec, TransferId, TransferKey,
+    AbortReason, Endpoint, Envelope, Epoch, Message, RequestSpec, TransferId, TransferKey, WorkerId,
 };
+
+use self::index::{Index, Times};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouterConfig {
@@ -148,6 +150,9 @@ pub struct Router {
     /// In arrival order; bounded with the rest by `requests_max`.
     queue: VecDeque<Queued>,
     outputs: VecDeque<RouterOutput>,
+    /// Indexes kept in step with the above (`router/index.rs`), so that choosing a worker and
+    /// finding the next timer cost O(workers + log requests), not a scan of every request.
+    index: Index,
 }
 
 impl Router {
@@ -167,6 +172,7 @@ impl Router {
         prefills: Vec<Endpoint>,
         decodes: Vec<Endpoint>,
     ) -> Router {
+        let index = Index::new(config.requests_max as usize);
         Router {
             next_transfer: Self::first_id(me.incarnation),
             me,
@@ -180,6 +186,7 @@ impl Router {
             idle_deadlines: BTreeSet::new(),
             queue: VecDeque::new(),
             outputs: VecDeque::new(),
+            index,
         }
     }
 
@@ -210,12 +217,12 @@ impl Router {
         let idle = self.idle_deadlines.first().map(|(t, _)| *t);
         // A queued request is due at its deadline, or when its back-off ends if a worker has
         // room then (else it waits for an end, which is an input, not a timer).
-        let room = self.has_room();
-        let queued = self
-            .queue
-            .iter()
-            .map(|q| if room { q.not_before.min(q.deadline) } else { q.deadline })
-            .min();
+        let deadline = self.index.queue_deadlines.first();
+        let queued = if self.has_room() {
+            Time::earliest(self.index.queue_not_before.first(), deadline)
+        } else {
+            deadline
+        };
         [transfer, idle, queued].into_iter().flatten().min()
     }
 
@@ -225,7 +232,7 @@ impl Router {
     pub fn submit(&mut self, request: RequestSpec, now: Time) -> Result<(), RouterError> {
         if self.by_request.contains_key(&request.id)
             || self.decoding.contains_key(&request.id)
-            || self.queue.iter().any(|q| q.request.id == request.id)
+            || self.index.queued.contains(&request.id)
         {
             return Err(RouterError::DuplicateRequest(request.id));
         }
@@ -236,7 +243,7 @@ impl Router {
             return Err(RouterError::NoWorkers);
         }
         let deadline = now.saturating_add(self.config.queue_wait_max);
-        self.queue.push_back(Queued { request, attempt: 0, not_before: now, deadline });
+        self.enqueue(Queued { request, attempt: 0, not_before: now, deadline });
         self.pump(now);
         Ok(())
     }
@@ -251,19 +258,22 @@ impl Router {
         if self.prefills.is_empty() || self.decodes.is_empty() {
             // Nothing can move them, and `submit` refuses while it is so: what waits fails now
             // rather than at its deadline.
-            while let Some(q) = self.queue.pop_front() {
+            while !self.queue.is_empty() {
+                let q = self.dequeue(0);
                 let reason = AbortReason::PeerRestarted;
                 self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
             }
         }
-        while let Some(at) = self.queue.iter().position(|q| q.deadline <= now) {
-            let q = self.queue.remove(at).expect("found above");
+        // The index says whether any is due before the queue is scanned for which, in order.
+        while self.index.queue_deadlines.first().is_some_and(|t| t <= now) {
+            let at = self.queue.iter().position(|q| q.deadline <= now).expect("indexed as due");
+            let q = self.dequeue(at);
             let reason = AbortReason::Timeout;
             self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
         }
-        while self.has_room() {
-            let Some(at) = self.queue.iter().position(|q| q.not_before <= now) else { break };
-            let q = self.queue.remove(at).expect("found above");
+        while self.index.queue_not_before.first().is_some_and(|t| t <= now) && self.has_room() {
+            let at = self.queue.iter().position(|q| q.not_before <= now).expect("indexed as due");
+            let q = self.dequeue(at);
             self.start(q.request, q.attempt, now);
         }
     }
@@ -272,8 +282,22 @@ impl Router {
         self.prefill_with_room(0).is_some() && self.decode_with_room(0).is_some()
     }
 
+    /// Puts a request at the end of the queue.
+    fn enqueue(&mut self, q: Queued) {
+        self.index.enqueued(&q);
+        self.queue.push_back(q);
+    }
+
+    /// Takes the request at `at` out of the queue.
+    fn dequeue(&mut self, at: usize) -> Queued {
+        let q = self.queue.remove(at).expect("dequeuing a queued request");
+        self.index.dequeued(&q);
+        q
+    }
+
+    /// Transfers whose KV this prefill worker computes. O(log workers).
     fn prefill_load(&self, worker: &Endpoint) -> usize {
-        self.transfers.values().filter(|t| t.prefill.worker == worker.worker).count()
+        self.index.prefill_load(worker.worker)
     }
 
     /// The least loaded prefill worker below `prefill_slots`; ties as in `least_loaded`.
@@ -286,10 +310,9 @@ impl Router {
             .min_by_key(|w| self.prefill_load(w))
     }
 
-    /// A decode worker's load: what it receives and what it decodes.
+    /// A decode worker's load: what it receives and what it decodes. O(log workers).
     fn decode_load(&self, worker: &Endpoint) -> usize {
-        self.transfers.values().filter(|t| t.decode.worker == worker.worker).count()
-            + self.decoding.values().filter(|d| d.decode.worker == worker.worker).count()
+        self.index.decode_load(worker.worker)
     }
 
     /// The least loaded decode worker below `decode_slots`; ties as in `least_loaded`.
@@ -304,8 +327,9 @@ impl Router {
 
     /// The client went away: the request fails now, and the decode side is told to let go.
     pub fn abort(&mut self, request: RequestId, now: Time) -> Result<(), RouterError> {
-        if let Some(at) = self.queue.iter().position(|q| q.request.id == request) {
-            self.queue.remove(at);
+        if self.index.queued.contains(&request) {
+            let at = self.queue.iter().position(|q| q.request.id == request).expect("queued");
+            self.dequeue(at);
             self.outputs.push_back(RouterOutput::Failed { request, reason: AbortReason::Client });
             return Ok(());
         }
@@ -449,6 +473,7 @@ impl Router {
         self.decoding
             .insert(request, Decoding { key, decode: t.decode, next_index: 0, idle_deadline });
         self.idle_deadlines.insert((idle_deadline, request));
+        self.index.decoding_started(request, t.decode.worker);
         self.outputs.push_back(RouterOutput::Decoding { request, key, decode: t.decode });
         // Its prefill worker has room again.
         self.pump(now);
@@ -497,6 +522,7 @@ impl Router {
         self.idle_deadlines.remove(&(d.idle_deadline, request));
         d.idle_deadline = now.saturating_add(self.config.decode_idle_timeout);
         self.idle_deadlines.insert((d.idle_deadline, request));
+        self.index.changed(request);
         if !fresh.is_empty() {
             self.outputs.push_back(RouterOutput::Tokens { request, tokens: fresh });
         }
@@ -510,6 +536,7 @@ impl Router {
     fn forget_decoding(&mut self, request: RequestId) -> Option<Decoding> {
         let d = self.decoding.remove(&request)?;
         self.idle_deadlines.remove(&(d.idle_deadline, request));
+        self.index.decoding_ended(request, d.decode.worker);
         Some(d)
     }
 
@@ -553,6 +580,7 @@ impl Router {
         self.send(decode, Message::Reserve { key, request: request.clone(), prefill });
         self.by_request.insert(request.id, key.transfer);
         self.deadlines.insert((deadline, key.transfer));
+        self.index.transfer_started(request.id, prefill.worker, decode.worker);
         self.transfers
             .insert(key.transfer, Transfer { key, request, prefill, decode, deadline, attempt });
         key
@@ -566,10 +594,10 @@ impl Router {
             // a back-off, once a worker has room. The attempt is not used up.
             let not_before = now.saturating_add(self.config.busy_backoff);
             let (request, attempt) = (t.request, t.attempt);
-            self.queue.push_back(Queued { request, attempt, not_before, deadline });
+            self.enqueue(Queued { request, attempt, not_before, deadline });
         } else if t.attempt < self.config.retries_max && reason != AbortReason::Client {
             let (request, attempt) = (t.request, t.attempt + 1);
-            self.queue.push_back(Queued { request, attempt, not_before: now, deadline });
+            self.enqueue(Queued { request, attempt, not_before: now, deadline });
         } else {
             self.outputs.push_back(RouterOutput::Failed { request: t.request.id, reason });
         }
@@ -580,6 +608,7 @@ impl Router {
         let t = self.transfers.remove(&id).expect("forgetting a live transfer");
         self.deadlines.remove(&(t.deadline, id));
         self.by_request.remove(&t.request.id);
+        self.index.transfer_ended(t.request.id, t.prefill.worker, t.decode.worker);
         t
     }
 
@@ -589,9 +618,117 @@ impl Router {
 
     /// Each request in transfer has exactly one live transfer and the reverse; the deadline index
     /// matches; ids are below the next one to allocate and within this incarnation's range;
-    /// bounds hold.
+    /// bounds hold; the indexes of loads and of the queue are what scans find.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        const PD: &str = "pd-router";
+        self.check_counts()?;
+        let mut queued = BTreeSet::new();
+        for q in &self.queue {
+            let id = q.request.id;
+            ensure_invariant!(
+                PD,
+                !self.by_request.contains_key(&id)
+                    && !self.decoding.contains_key(&id)
+                    && queued.insert(id),
+                "{id} is queued and in flight, or queued twice"
+            );
+            ensure_invariant!(
+                PD,
+                q.attempt <= self.config.retries_max,
+                "{id} is queued for attempt {} of {}",
+                q.attempt,
+                self.config.retries_max
+            );
+        }
+        for (request, d) in &self.decoding {
+            self.check_decoding(*request, d)?;
+        }
+        ensure_invariant!(
+            PD,
+            self.requests_held() <= self.config.requests_max as usize,
+            "{} transfers, {} decoding and {} queued over the bound",
+            self.transfers.len(),
+            self.decoding.len(),
+            self.queue.len()
+        );
+        for (&id, t) in &self.transfers {
+            self.check_transfer(id, t)?;
+        }
+        // Last, so that a state broken by hand is reported by the check about it rather than as
+        // an index out of step.
+        self.check_index(queued)
+    }
+
+    /// The cheap check, for after every input; `check_invariants` is the full one.
+    ///
+    /// Checks every request changed since the last incremental check as the full check does:
+    /// in one place at most (transfer, decoding or queue), its transfer filed both ways, under
+    /// its deadline, with an id of this incarnation and an attempt within the bound, or its idle
+    /// deadline filed. Then the counts: requests against transfers, deadlines against
+    /// transfers, idle deadlines against decoding requests, the bound, the loads against the
+    /// transfers and decoding requests, the queue's index against the queue, and the earliest
+    /// deadline and idle deadline name live entries. O(requests changed · log requests +
+    /// workers), where the full check is O(requests · log requests). Takes `&mut self` to
+    /// consume the set of changed requests; if more changed than it holds (`requests_max`), the
+    /// full check runs instead. Which worker carries which load, and the queue's entries one by
+    /// one, only the full check sees: run it at quiescence and every so many inputs.
+    pub fn check_invariants_incremental(&mut self) -> Result<(), InvariantViolation> {
+        let Some(changed) = self.index.take_changed() else {
+            return self.check_invariants();
+        };
+        for &request in &changed {
+            self.check_request(request)?;
+        }
+        self.check_counts()?;
+        ensure_invariant!(
+            PD,
+            self.requests_held() <= self.config.requests_max as usize,
+            "{} transfers, {} decoding and {} queued over the bound",
+            self.transfers.len(),
+            self.decoding.len(),
+            self.queue.len()
+        );
+        if let Some(&(at, id)) = self.deadlines.first() {
+            let deadline = self.transfers.get(&id).map(|t| t.deadline);
+            ensure_invariant!(
+                PD,
+                deadline == Some(at),
+                "the earliest deadline ({at:?}, {id:?}) names a transfer due at {deadline:?}"
+            );
+        }
+        if let Some(&(at, request)) = self.idle_deadlines.first() {
+            let idle = self.decoding.get(&request).map(|d| d.idle_deadline);
+            ensure_invariant!(
+                PD,
+                idle == Some(at),
+                "the earliest idle deadline ({at:?}, {request}) names a request idle at {idle:?}"
+            );
+        }
+        let prefill: usize = self.index.prefill_loads.values().sum();
+        let decode: usize = self.index.decode_loads.values().sum();
+        ensure_invariant!(
+            PD,
+            prefill == self.transfers.len() && decode == self.transfers.len() + self.decoding.len(),
+            "loads of {prefill} on prefill and {decode} on decode workers for {} transfers and {} \
+             decoding requests",
+            self.transfers.len(),
+            self.decoding.len()
+        );
+        let q = &self.index;
+        ensure_invariant!(
+            PD,
+            q.queued.len() == self.queue.len()
+                && q.queue_deadlines.len() == self.queue.len()
+                && q.queue_not_before.len() == self.queue.len(),
+            "the queue index holds {}, {} and {} entries for {} queued requests",
+            q.queued.len(),
+            q.queue_deadlines.len(),
+            q.queue_not_before.len(),
+            self.queue.len()
+        );
+        Ok(())
+    }
+
+    fn check_counts(&self) -> Result<(), InvariantViolation> {
         ensure_invariant!(
             PD,
             self.by_request.len() == self.transfers.len(),
@@ -613,73 +750,126 @@ impl Router {
             self.idle_deadlines.len(),
             self.decoding.len()
         );
-        for (i, q) in self.queue.iter().enumerate() {
-            let id = q.request.id;
-            ensure_invariant!(
-                PD,
-                !self.by_request.contains_key(&id)
-                    && !self.decoding.contains_key(&id)
-                    && self.queue.iter().skip(i + 1).all(|other| other.request.id != id),
-                "{id} is queued and in flight, or queued twice"
-            );
-            ensure_invariant!(
-                PD,
-                q.attempt <= self.config.retries_max,
-                "{id} is queued for attempt {} of {}",
-                q.attempt,
-                self.config.retries_max
-            );
-        }
-        for (request, d) in &self.decoding {
-            ensure_invariant!(
-                PD,
-                !self.by_request.contains_key(request),
-                "{request} is decoding and in transfer at once"
-            );
-            ensure_invariant!(
-                PD,
-                self.idle_deadlines.contains(&(d.idle_deadline, *request)),
-                "{request} is missing from the idle deadlines"
-            );
-        }
+        Ok(())
+    }
+
+    /// A request, wherever it is: in one place at most, and filed there as the full check asks.
+    fn check_request(&self, request: RequestId) -> Result<(), InvariantViolation> {
+        let transfer = self.by_request.get(&request).copied();
+        let decoding = self.decoding.get(&request);
+        let queued = self.index.queued.contains(&request);
         ensure_invariant!(
             PD,
-            self.requests_held() <= self.config.requests_max as usize,
-            "{} transfers, {} decoding and {} queued over the bound",
-            self.transfers.len(),
-            self.decoding.len(),
-            self.queue.len()
+            !queued || (transfer.is_none() && decoding.is_none()),
+            "{request} is queued and in flight, or queued twice"
         );
-        let first = Self::first_id(self.me.incarnation);
-        for (&id, t) in &self.transfers {
-            ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+        if let Some(d) = decoding {
+            self.check_decoding(request, d)?;
+        }
+        if let Some(id) = transfer {
+            let t = self.transfers.get(&id);
             ensure_invariant!(
                 PD,
-                id.0 >= first && id.0 < self.next_transfer,
-                "transfer {id:?} outside this incarnation's ids"
+                t.is_some_and(|t| t.request.id == request),
+                "{request} maps to transfer {id:?}, which is not live or not its"
             );
-            ensure_invariant!(
-                PD,
-                self.by_request.get(&t.request.id) == Some(&id),
-                "{} does not map to its transfer {id:?}",
-                t.request.id
-            );
-            ensure_invariant!(
-                PD,
-                self.deadlines.contains(&(t.deadline, id)),
-                "transfer {id:?} missing from the deadlines"
-            );
-            ensure_invariant!(
-                PD,
-                t.attempt <= self.config.retries_max,
-                "transfer {id:?} is attempt {} of {}",
-                t.attempt,
-                self.config.retries_max
-            );
+            if let Some(t) = t {
+                self.check_transfer(id, t)?;
+            }
         }
         Ok(())
     }
+
+    fn check_decoding(&self, request: RequestId, d: &Decoding) -> Result<(), InvariantViolation> {
+        ensure_invariant!(
+            PD,
+            !self.by_request.contains_key(&request),
+            "{request} is decoding and in transfer at once"
+        );
+        ensure_invariant!(
+            PD,
+            self.idle_deadlines.contains(&(d.idle_deadline, request)),
+            "{request} is missing from the idle deadlines"
+        );
+        Ok(())
+    }
+
+    fn check_transfer(&self, id: TransferId, t: &Transfer) -> Result<(), InvariantViolation> {
+        let first = Self::first_id(self.me.incarnation);
+        ensure_invariant!(PD, t.key.transfer == id, "transfer {id:?} filed under another id");
+        ensure_invariant!(
+            PD,
+            id.0 >= first && id.0 < self.next_transfer,
+            "transfer {id:?} outside this incarnation's ids"
+        );
+        ensure_invariant!(
+            PD,
+            self.by_request.get(&t.request.id) == Some(&id),
+            "{} does not map to its transfer {id:?}",
+            t.request.id
+        );
+        ensure_invariant!(
+            PD,
+            self.deadlines.contains(&(t.deadline, id)),
+            "transfer {id:?} missing from the deadlines"
+        );
+        ensure_invariant!(
+            PD,
+            t.attempt <= self.config.retries_max,
+            "transfer {id:?} is attempt {} of {}",
+            t.attempt,
+            self.config.retries_max
+        );
+        Ok(())
+    }
+
+    /// The indexes against scans of what they index. `queued` is the queue's requests.
+    fn check_index(&self, queued: BTreeSet<RequestId>) -> Result<(), InvariantViolation> {
+        let mut prefill: BTreeMap<WorkerId, usize> = BTreeMap::new();
+        let mut decode: BTreeMap<WorkerId, usize> = BTreeMap::new();
+        for t in self.transfers.values() {
+            *prefill.entry(t.prefill.worker).or_default() += 1;
+            *decode.entry(t.decode.worker).or_default() += 1;
+        }
+        for d in self.decoding.values() {
+            *decode.entry(d.decode.worker).or_default() += 1;
+        }
+        ensure_invariant!(
+            PD,
+            prefill == self.index.prefill_loads,
+            "prefill loads {:?} are not the transfers' {prefill:?}",
+            self.index.prefill_loads
+        );
+        ensure_invariant!(
+            PD,
+            decode == self.index.decode_loads,
+            "decode loads {:?} are not the transfers' and decoding requests' {decode:?}",
+            self.index.decode_loads
+        );
+        let (mut deadlines, mut not_before) = (Times::default(), Times::default());
+        for q in &self.queue {
+            deadlines.insert(q.deadline);
+            not_before.insert(q.not_before);
+        }
+        ensure_invariant!(
+            PD,
+            queued == self.index.queued
+                && deadlines == self.index.queue_deadlines
+                && not_before == self.index.queue_not_before,
+            "the queue index is not the queue's: {:?}",
+            self.index
+        );
+        ensure_invariant!(
+            PD,
+            self.index.changed_within_bound(),
+            "{} requests noted as changed, over the bound",
+            self.index.changed.len()
+        );
+        Ok(())
+    }
 }
+
+const PD: &str = "pd-router";
 
 /// The worker with the least `load`; ties go to the lowest in the list, rotated by the attempt
 /// number so that a retry prefers another worker.
@@ -691,6 +881,8 @@ fn least_loaded(workers: &[Endpoint], attempt: u32, load: impl Fn(&Endpoint) -> 
         .expect("workers were checked to be there")
 }
 
+#[path = "router_index.rs"]
+mod index;
 #[cfg(test)]
 #[path = "router_invariant_tests.rs"]
 mod invariant_tests;
