@@ -5,6 +5,7 @@
 //! needs no lookup.
 
 use tracing::field::{Field, Visit};
+use tracing::subscriber::Interest;
 use tracing::{Event as TracingEvent, Metadata, Subscriber};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -24,10 +25,14 @@ struct RouterEvents {
 }
 
 impl<S: Subscriber> Layer<S> for RouterEvents {
+    /// Decided once per callsite, so that the spans turmoil opens for every host at every tick
+    /// cost nothing.
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if wanted(metadata) { Interest::always() } else { Interest::never() }
+    }
+
     fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
-        metadata.is_event()
-            && metadata.target() == ROUTER_TARGET
-            && *metadata.level() <= tracing::Level::DEBUG
+        wanted(metadata)
     }
 
     fn on_event(&self, event: &TracingEvent<'_>, _: Context<'_, S>) {
@@ -42,6 +47,12 @@ impl<S: Subscriber> Layer<S> for RouterEvents {
             });
         }
     }
+}
+
+fn wanted(metadata: &Metadata<'_>) -> bool {
+    metadata.is_event()
+        && metadata.target() == ROUTER_TARGET
+        && *metadata.level() <= tracing::Level::DEBUG
 }
 
 #[derive(Default)]

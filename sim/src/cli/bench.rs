@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use lockstep_sim::run::{RunConfig, run as run_once};
+use lockstep_sim::run::run as run_once;
 
 use super::{Parsed, option, refuse_unknown, report, seed_range};
 
@@ -32,8 +32,7 @@ pub fn run(parsed: Parsed) -> Result<ExitCode, String> {
     );
     let (mut virtual_total, mut wall_total) = (0.0, 0.0);
     for seed in seeds.clone() {
-        let mut config = RunConfig::new(seed, common.topology, common.faults);
-        config.cost = common.cost;
+        let config = common.config(seed);
         let outcome = run_once(&trace, &config);
         let (v, w) = (outcome.virtual_time.as_secs_f64(), outcome.wall_time.as_secs_f64());
         virtual_total += v;

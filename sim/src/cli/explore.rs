@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use indicatif::{ProgressBar, ProgressStyle};
 use lockstep_sim::oracle::{self, Violation};
 use lockstep_sim::reference::Reference;
-use lockstep_sim::run::{RunConfig, RunOutcome, run as run_once};
+use lockstep_sim::run::{RunOutcome, run as run_once};
 
 use super::{Parsed, number, option, refuse_unknown, report, seed_range};
 
@@ -62,8 +62,7 @@ pub fn run(parsed: Parsed) -> Result<ExitCode, String> {
                 while !stop.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&seed) = seeds.get(i) else { break };
-                    let mut config = RunConfig::new(seed, common.topology, common.faults);
-                    config.cost = common.cost;
+                    let config = common.config(seed);
                     let outcome = run_once(&trace, &config);
                     let violations = oracle::check(&reference, &outcome);
                     bar.inc(1);

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use lockstep_sim::device::CostModel;
 use lockstep_sim::faults::FaultLevel;
 use lockstep_sim::knobs::Topology;
+use lockstep_sim::run::RunConfig;
 use lockstep_sim::trace::{self, ImportOptions, SimTrace};
 
 pub const USAGE: &str = "\
@@ -28,6 +29,8 @@ usage:
                                 over N machines (a CI matrix, a Kubernetes indexed Job)
   --jobs N                      seeds run on N threads (default: the machine's cores)
   --cost FILE                   the step cost model (default: sim/cost_model.json, built in)
+  --tick-ms N                   turmoil's tick (default 1): messages are delivered on its
+                                boundaries; 2 runs about twice as fast
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
@@ -45,6 +48,9 @@ pub struct Common {
     pub faults: FaultLevel,
     pub cost: CostModel,
     pub cost_arg: Option<String>,
+    /// turmoil's tick: network deliveries happen on its boundaries (timers fire at their own
+    /// times within it); a longer one runs faster.
+    pub tick_ms: u64,
 }
 
 impl Common {
@@ -54,6 +60,14 @@ impl Common {
             return Err(format!("{}: no requests", self.trace_path.display()));
         }
         Ok(trace)
+    }
+
+    /// How to run `seed` with these options.
+    pub fn config(&self, seed: u64) -> RunConfig {
+        let mut config = RunConfig::new(seed, self.topology, self.faults);
+        config.cost = self.cost;
+        config.tick = std::time::Duration::from_millis(self.tick_ms);
+        config
     }
 
     /// `sim replay` of one seed with these options: how to reproduce it.
@@ -68,6 +82,9 @@ impl Common {
         for arg in self.import_args.iter().map(String::as_str).chain(cost) {
             command.push(' ');
             command.push_str(arg);
+        }
+        if self.tick_ms != 1 {
+            command.push_str(&format!(" --tick-ms {}", self.tick_ms));
         }
         command
     }
@@ -89,6 +106,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut faults = FaultLevel::Default;
     let mut cost = CostModel::default_model();
     let mut cost_arg = None;
+    let mut tick_ms = 1;
     let mut rest = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -124,6 +142,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         match flag {
             "--topology" => topology = value.parse()?,
+            "--tick-ms" => {
+                tick_ms = number(&value, flag)?;
+                if tick_ms == 0 {
+                    return Err("--tick-ms: at least 1".into());
+                }
+            }
             "--faults" => faults = value.parse()?,
             "--cost" => {
                 cost = CostModel::load(std::path::Path::new(&value))?;
@@ -134,7 +158,16 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     }
     let trace_path = trace_path.ok_or("no trace given")?;
     Ok(Parsed {
-        common: Common { trace_path, import, import_args, topology, faults, cost, cost_arg },
+        common: Common {
+            trace_path,
+            import,
+            import_args,
+            topology,
+            faults,
+            cost,
+            cost_arg,
+            tick_ms,
+        },
         rest,
     })
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use lockstep_sim::oracle::{self, determinism};
 use lockstep_sim::reference::Reference;
-use lockstep_sim::run::{RunConfig, run as run_once};
+use lockstep_sim::run::run as run_once;
 
 use super::{Parsed, has, number, option, refuse_unknown, report};
 
@@ -18,8 +18,7 @@ pub fn run(parsed: Parsed) -> Result<ExitCode, String> {
     let json = has(&rest, "--json");
     let trace = common.load_trace()?;
     let reproduce = common.reproduce(seed);
-    let mut config = RunConfig::new(seed, common.topology, common.faults);
-    config.cost = common.cost;
+    let mut config = common.config(seed);
     // Not in the usage: plants a bug in the simulated device, to see an oracle fire.
     config.sabotage = option(&rest, "--sabotage").map(str::parse).transpose()?;
     let jobs = std::thread::available_parallelism().map_or(1, usize::from);
