@@ -143,6 +143,11 @@ impl Harness {
     }
 
     fn after_input(&mut self) {
+        // Both checks after every input: the incremental one must pass wherever the full one
+        // does, whatever the inputs (it runs alone after most inputs in the simulator).
+        if let Err(e) = self.sched.check_invariants_incremental() {
+            panic!("incremental check: {e}");
+        }
         if let Err(e) = self.sched.check_invariants() {
             panic!("{e}");
         }

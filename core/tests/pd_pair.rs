@@ -463,7 +463,16 @@ impl Pair {
         }
     }
 
-    fn check(&self) {
+    fn check(&mut self) {
+        // The incremental checks first: they must pass wherever the full ones do.
+        let incremental = |r: Result<(), lockstep_core::InvariantViolation>| {
+            r.unwrap_or_else(|e| panic!("incremental check: {e}"))
+        };
+        incremental(self.router.check_invariants_incremental());
+        incremental(self.decode.check_invariants_incremental(&self.decode_pool));
+        incremental(self.prefill.check_invariants_incremental(&self.prefill_pool));
+        incremental(self.decode_pool.check_invariants_incremental());
+        incremental(self.prefill_pool.check_invariants_incremental());
         self.router.check_invariants().unwrap_or_else(|e| panic!("{e}"));
         for (request, count) in &self.router_ends {
             assert_eq!(*count, 1, "router: {request} ended {count} times");

@@ -71,6 +71,31 @@ impl LruList {
         Some(head)
     }
 
+    /// Whether `page` is in the list, with its links checked both ways: its neighbours (or the
+    /// head and tail, at the ends) point back at it, or it has no links and is neither end. O(1):
+    /// for the pool's incremental check, which looks at the pages it changed and no others.
+    pub(crate) fn linked(&self, page: u32) -> Result<bool, String> {
+        let i = page as usize;
+        let (Some(&prev), Some(&next)) = (self.prev.get(i), self.next.get(i)) else {
+            return Err(format!("lru page {page} is beyond the list's {} pages", self.prev.len()));
+        };
+        let back_from_prev = if prev == NIL {
+            self.head == page
+        } else {
+            self.next.get(prev as usize) == Some(&page)
+        };
+        let back_from_next = if next == NIL {
+            self.tail == page
+        } else {
+            self.prev.get(next as usize) == Some(&page)
+        };
+        match (back_from_prev, back_from_next) {
+            (true, true) => Ok(true),
+            (false, false) if prev == NIL && next == NIL => Ok(false),
+            _ => Err(format!("lru page {page}: its links {prev} and {next} do not both lead back")),
+        }
+    }
+
     /// The pages from least to most recently used, with the links checked both ways.
     /// For invariant checks only; stops at `len + 1` steps so a cycle cannot hang it.
     pub(crate) fn walk(&self) -> Result<Vec<u32>, String> {

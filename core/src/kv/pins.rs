@@ -37,6 +37,9 @@ pub(crate) struct PinTable {
     /// released first-made first, whatever slots they sit in.
     by_expiry: BTreeSet<(Time, u64, u32)>,
     serial_next: u64,
+    /// Pages named by live pins, a page once per pin: kept as pins come and go so that the pool's
+    /// incremental check compares it with its pages' pin counts in O(1).
+    pages_pinned: u64,
 }
 
 impl PinTable {
@@ -47,11 +50,17 @@ impl PinTable {
             free: (0..pins_max).rev().collect(),
             by_expiry: BTreeSet::new(),
             serial_next: 0,
+            pages_pinned: 0,
         }
     }
 
     pub(crate) fn live_count(&self) -> usize {
         self.slots.len() - self.free.len()
+    }
+
+    /// Pages named by live pins, a page once per pin that names it.
+    pub(crate) fn pages_pinned(&self) -> u64 {
+        self.pages_pinned
     }
 
     pub(crate) fn insert(&mut self, pin: Pin) -> Option<PinId> {
@@ -63,6 +72,7 @@ impl PinTable {
         let serial = self.serial_next;
         self.serial_next += 1;
         let expires_at = pin.expires_at;
+        self.pages_pinned += pin.pages.len() as u64;
         self.slots[slot as usize] = PinSlot::Live { generation, pin, serial };
         self.by_expiry.insert((expires_at, serial, slot));
         Some(PinId { slot, generation })
@@ -87,6 +97,7 @@ impl PinTable {
             unreachable!("pin {id:?} was found live");
         };
         self.free.push(id.slot);
+        self.pages_pinned -= pin.pages.len() as u64;
         Some(pin)
     }
 
@@ -142,6 +153,7 @@ impl PinTable {
             }
         }
         let mut expiries = 0;
+        let mut pages_pinned = 0u64;
         for (slot, s) in self.slots.iter().enumerate() {
             match s {
                 PinSlot::Free { .. } if !on_free_list[slot] => {
@@ -152,6 +164,7 @@ impl PinTable {
                         return Err(format!("pin slot {slot} is missing from the expiry order"));
                     }
                     expiries += 1;
+                    pages_pinned += pin.pages.len() as u64;
                 }
                 PinSlot::Free { .. } => {}
             }
@@ -160,6 +173,12 @@ impl PinTable {
             return Err(format!(
                 "expiry order holds {} entries for {expiries} live pins",
                 self.by_expiry.len()
+            ));
+        }
+        if pages_pinned != self.pages_pinned {
+            return Err(format!(
+                "pin table counts {} pinned pages, its live pins name {pages_pinned}",
+                self.pages_pinned
             ));
         }
         Ok(())

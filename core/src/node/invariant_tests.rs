@@ -12,6 +12,10 @@
 //! | prefill: pool pins are the transfers' | "the pool holds {n} pins, the transfers {m}" | `prefill_a_pin_nobody_holds` |
 //! | prefill: computation under its transfer's id | "computation {id} filed under another id" | `prefill_a_computation_under_another_id` |
 //! | prefill: computation of a held request | "computation {id} has no request in the scheduler: …" | `prefill_a_computation_without_its_request` |
+//!
+//! Each node's `check_invariants_incremental` runs its parts' incremental checks and the same
+//! checks across them (tests: `incremental_*`): the decode node's counts the transfers'
+//! references (`DecodeSide::page_refs_count`) beside the requests'.
 
 use crate::Time;
 use crate::sched::{RequestId, StepMode};
@@ -142,4 +146,53 @@ fn prefill_a_computation_without_its_request() {
         }
     }
     fires(c.prefill.check_invariants(), "has no request in the scheduler");
+}
+
+#[test]
+fn incremental_decode_a_pin_nobody_holds() {
+    let mut c = decoding();
+    let page = c.decode.sched.pool_mut().allocate().unwrap();
+    c.decode.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.decode.sched.pool_mut().release(page).unwrap();
+    fires(c.decode.check_invariants_incremental(), "the pool holds 1 pins, the transfers 0");
+}
+
+#[test]
+fn incremental_decode_a_reference_nobody_holds() {
+    // Reserved: the transfer holds references, which the count must include to pass, and does.
+    let mut c = reserved();
+    assert!(c.decode.side().page_refs_count() > 0);
+    c.decode.check_invariants_incremental().unwrap();
+    c.decode.sched.pool_mut().allocate().unwrap();
+    fires(
+        c.decode.check_invariants_incremental(),
+        "running and draining requests, kept pages and transfers hold",
+    );
+}
+
+#[test]
+fn incremental_decode_a_stream_outlives_its_request() {
+    let mut c = decoding();
+    let (&id, _) = c.decode.streams.first_key_value().unwrap();
+    c.decode.sched.abort(id, c.now).unwrap();
+    while c.decode.sched.poll_event().is_some() {}
+    fires(c.decode.check_invariants_incremental(), "outlives its request");
+}
+
+#[test]
+fn incremental_prefill_a_pin_nobody_holds() {
+    let mut c = reserved();
+    c.step_prefill();
+    let page = c.prefill.sched.pool_mut().allocate().unwrap();
+    c.prefill.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.prefill.sched.pool_mut().release(page).unwrap();
+    fires(c.prefill.check_invariants_incremental(), "the pool holds 1 pins, the transfers 0");
+}
+
+#[test]
+fn incremental_prefill_a_computation_under_another_id() {
+    let mut c = reserved();
+    let computation = c.prefill.computing.pop_first().unwrap().1;
+    c.prefill.computing.insert(RequestId(77), computation);
+    fires(c.prefill.check_invariants_incremental(), "filed under another id");
 }

@@ -50,6 +50,24 @@
 //! | positions counted | "{id} counts {n} positions in flight, steps hold {m}" | `a_request_miscounts_its_positions_in_flight` |
 //! | samples counted | "{id} counts {n} samples in flight, steps hold {m}" | `a_request_miscounts_its_samples_in_flight` |
 //! | placeholder source | "{id} has samples in flight but no source for its next input" | `a_sample_in_flight_has_no_source` |
+//!
+//! `Scheduler::check_invariants_incremental` runs the same checks on the requests the steps work
+//! on (running, and draining with a step in flight); each fires from it too. The tests below
+//! break the legitimate state after an incremental check emptied the pool's log.
+//!
+//! | check (incremental) | message | test |
+//! |---|---|---|
+//! | the pool's incremental check | (see `kv/pool/incremental_tests.rs`) | there: the pool's API cannot break it |
+//! | `check_bounds`, all six | as above | `the_incremental_check_checks_the_bounds` |
+//! | orders name their requests (running order) | "an order names entry {entry}, …" | `incremental_a_running_order_names_no_request` |
+//! | steps in flight (planned, sampling rows, live rows) | as above | `the_incremental_check_checks_the_steps_in_flight` |
+//! | free slot in range, once | "free slot {slot} out of range", "slot {slot} is free twice" | `the_incremental_check_checks_the_free_slots` |
+//! | request filed under its entry | "{id} in entry {entry} is filed under entry {filed:?}" | `incremental_a_running_request_is_filed_elsewhere` |
+//! | phase | "{id} is draining but still ordered" (and the others) | `incremental_a_draining_request_is_still_ordered` |
+//! | one holder per slot | "{id}'s slot {slot} is out of range, free, or held twice" | `incremental_a_slot_is_out_of_range_free_or_held_twice` |
+//! | counters | "{id} computed {n} of {m} tokens" (and the others) | `the_incremental_check_checks_the_counters` |
+//! | in-flight counts | "{id} counts {n} steps in flight, {m} name it" (and the others) | `the_incremental_check_checks_the_in_flight_counts` |
+//! | reference total | "the pool counts {n} page references, running and draining requests, kept pages and transfers hold {m}" | `incremental_an_unlisted_page_is_referenced`, `incremental_a_page_has_a_reference_nobody_lists`, `incremental_a_listed_page_was_freed` |
 
 use super::request::{AfterDrain, Phase, Request};
 use super::*;
@@ -378,4 +396,187 @@ fn a_sample_in_flight_has_no_source() {
         |s| r(s, 1).last_sample = None,
         "req-1 has samples in flight but no source for its next input",
     );
+}
+
+// --- the incremental check ---
+
+/// A way to break the scheduler's state.
+type Break = fn(&mut Scheduler);
+
+/// Breaks the legitimate state, after an incremental check emptied the pool's log, and asserts
+/// the incremental check reports `expected`.
+fn incremental_fires(break_it: impl FnOnce(&mut Scheduler), expected: &str) {
+    let mut h = legit();
+    if let Err(e) = h.sched.check_invariants_incremental() {
+        panic!("the legitimate state is refused: {e}");
+    }
+    break_it(&mut h.sched);
+    match h.sched.check_invariants_incremental() {
+        Ok(()) => panic!("the incremental check {expected:?} missed a broken state"),
+        Err(e) => assert!(e.what().contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn the_incremental_check_checks_the_bounds() {
+    let cases: [(Break, &str); 6] = [
+        (|s| s.free_slots.extend([0, 1, 2, 3]), "5 slots on the free list, over running_max 4"),
+        (|s| s.free_slots.extend([0, 2]), "2 running but 1 slots held"),
+        (
+            |s| {
+                let again = s.in_flight[0].clone();
+                s.in_flight.push_back(again);
+            },
+            "2 steps in flight in Sync mode",
+        ),
+        (|s| s.running.swap(0, 1), "running order is not sorted"),
+        (
+            |s| {
+                s.free_entries.pop();
+            },
+            "4 requests + 7 free entries != 12",
+        ),
+        (
+            |s| {
+                s.waiting_deadlines.pop_first();
+            },
+            "1 waiting, 0 queue deadlines",
+        ),
+    ];
+    for (break_it, expected) in cases {
+        incremental_fires(break_it, expected);
+    }
+}
+
+#[test]
+fn incremental_a_running_order_names_no_request() {
+    incremental_fires(
+        |s| s.running.push(((0, Time::MAX, RequestId(7)), 9)),
+        "an order names entry 9, which holds another request or none",
+    );
+}
+
+#[test]
+fn the_incremental_check_checks_the_steps_in_flight() {
+    let cases: [(Break, &str); 3] = [
+        (|s| s.in_flight[0].step = StepId(99), "step StepId(99) in flight was never planned"),
+        (|s| s.in_flight[0].sampling_rows += 1, "miscounts its sampling rows"),
+        (
+            |s| s.in_flight[0].rows[0].request = RequestId(42),
+            "names req-42, which is gone: its pages may be reused",
+        ),
+    ];
+    for (break_it, expected) in cases {
+        incremental_fires(break_it, expected);
+    }
+}
+
+#[test]
+fn the_incremental_check_checks_the_free_slots() {
+    incremental_fires(|s| s.free_slots[0] = 9, "free slot 9 out of range");
+    incremental_fires(|s| s.free_slots.push(3), "slot 3 is free twice");
+}
+
+#[test]
+fn incremental_a_running_request_is_filed_elsewhere() {
+    incremental_fires(
+        |s| {
+            let entry = s.by_id[&RequestId(2)];
+            s.by_id.insert(RequestId(1), entry);
+        },
+        "req-1 in entry 0 is filed under entry Some(3)",
+    );
+}
+
+#[test]
+fn incremental_a_draining_request_is_still_ordered() {
+    incremental_fires(
+        |s| r(s, 1).phase = Phase::Draining { slot: 0, then: AfterDrain::Remove },
+        "req-1 is draining but still ordered",
+    );
+}
+
+#[test]
+fn incremental_a_slot_is_out_of_range_free_or_held_twice() {
+    for slot in [9, 3, 0] {
+        incremental_fires(
+            |s| r(s, 4).phase = Phase::Running { slot },
+            &format!("req-4's slot {slot} is out of range, free, or held twice"),
+        );
+    }
+}
+
+#[test]
+fn the_incremental_check_checks_the_counters() {
+    let cases: [(Break, &str); 4] = [
+        (|s| r(s, 1).computed = 8, "req-1 computed 8 of 7 tokens"),
+        (|s| r(s, 4).pages_sent = 3, "req-4 sent 3 of 1 pages"),
+        (|s| r(s, 1).pages_cached = 2, "req-1 cached 2 pages of 6 computed tokens"),
+        (|s| r(s, 3).draft_row = Some(0), "req-3 has a draft row outside planning"),
+    ];
+    for (break_it, expected) in cases {
+        incremental_fires(break_it, expected);
+    }
+}
+
+#[test]
+fn incremental_a_listed_page_was_freed() {
+    incremental_fires(
+        |s| {
+            let page = r(s, 1).pages[1];
+            s.pool.release(page).unwrap();
+        },
+        "the pool counts 3 page references, running and draining requests, kept pages and \
+         transfers hold 4",
+    );
+}
+
+#[test]
+fn the_incremental_check_checks_the_in_flight_counts() {
+    let cases: [(Break, &str); 4] = [
+        (|s| r(s, 3).in_flight_steps = 2, "req-3 counts 2 steps in flight, 1 name it"),
+        (|s| r(s, 1).in_flight_tokens = 0, "req-1 counts 0 positions in flight, steps hold 1"),
+        (|s| r(s, 4).in_flight_samples = 2, "req-4 counts 2 samples in flight, steps hold 1"),
+        (
+            |s| r(s, 1).last_sample = None,
+            "req-1 has samples in flight but no source for its next input",
+        ),
+    ];
+    for (break_it, expected) in cases {
+        incremental_fires(break_it, expected);
+    }
+}
+
+#[test]
+fn incremental_an_unlisted_page_is_referenced() {
+    incremental_fires(
+        |s| {
+            s.pool.allocate().unwrap();
+        },
+        "the pool counts 5 page references, running and draining requests, kept pages and \
+         transfers hold 4",
+    );
+}
+
+#[test]
+fn incremental_a_page_has_a_reference_nobody_lists() {
+    // Which page has the extra reference only the full check says; the total tells there is one.
+    incremental_fires(
+        |s| {
+            let page = r(s, 1).pages[0];
+            s.pool.retain(page).unwrap();
+        },
+        "the pool counts 5 page references, running and draining requests, kept pages and \
+         transfers hold 4",
+    );
+}
+
+#[test]
+fn the_incremental_check_does_not_see_waiting_requests() {
+    // The price of its cost: a waiting request no step touches is the full check's to see.
+    let mut h = legit();
+    h.sched.check_invariants_incremental().unwrap();
+    r(&mut h.sched, 2).computed = 4;
+    assert_eq!(h.sched.check_invariants_incremental(), Ok(()));
+    assert!(h.sched.check_invariants().is_err());
 }

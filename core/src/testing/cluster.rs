@@ -420,7 +420,18 @@ impl Cluster {
         self.decode.check_invariants().unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Every machine's incremental check: it must pass wherever the full one does.
+    pub fn check_invariants_incremental(&mut self) {
+        let incremental = |r: Result<(), crate::InvariantViolation>| {
+            r.unwrap_or_else(|e| panic!("incremental check: {e}"))
+        };
+        incremental(self.router.check_invariants_incremental());
+        incremental(self.prefill.check_invariants_incremental());
+        incremental(self.decode.check_invariants_incremental());
+    }
+
     fn after_input(&mut self) {
+        self.check_invariants_incremental();
         self.check_invariants();
         while let Some(output) = self.router.poll_output() {
             match output {

@@ -9,6 +9,13 @@
 //! | back links | "lru page {page}: back link {b} but came from {prev}" | `a_back_link_is_wrong` |
 //! | tail | "lru tail is {tail} but the walk ended at {prev}" | `the_tail_is_wrong` |
 //! | length | "lru holds {n} pages but says {len}" | `the_length_is_wrong` |
+//!
+//! `LruList::linked`, the one-page check of the pool's incremental check:
+//!
+//! | check | message | test |
+//! |---|---|---|
+//! | page in range | "lru page {page} is beyond the list's {n} pages" | `linked_is_asked_about_a_page_beyond_the_list` |
+//! | links lead back | "lru page {page}: its links {prev} and {next} do not both lead back" | `a_pages_links_do_not_lead_back` (four ways) |
 
 use super::*;
 
@@ -55,4 +62,42 @@ fn the_tail_is_wrong() {
 #[test]
 fn the_length_is_wrong() {
     fires(|l| l.len = 4, "lru holds 3 pages but says 4");
+}
+
+#[test]
+fn linked_tells_listed_pages_from_others() {
+    let list = legit();
+    let linked: Vec<_> = (0..4).map(|page| list.linked(page)).collect();
+    assert_eq!(linked, [Ok(true), Ok(false), Ok(true), Ok(true)]);
+    let mut alone = LruList::new(2);
+    alone.push_back(1);
+    assert_eq!((alone.linked(0), alone.linked(1)), (Ok(false), Ok(true)));
+}
+
+#[test]
+fn linked_is_asked_about_a_page_beyond_the_list() {
+    assert_eq!(legit().linked(4), Err("lru page 4 is beyond the list's 4 pages".to_string()));
+}
+
+#[test]
+fn a_pages_links_do_not_lead_back() {
+    type Break = fn(&mut LruList);
+    let cases: [(Break, u32); 4] = [
+        // Page 0's successor does not point back at it.
+        (|l| l.prev[3] = 2, 0),
+        // The head is page 2, yet page 0 claims no predecessor.
+        (|l| l.prev[0] = NIL, 0),
+        // An unlisted page that the head names.
+        (|l| l.head = 1, 1),
+        // The tail's successor link leaves the list's end.
+        (|l| l.next[3] = 1, 3),
+    ];
+    for (break_it, page) in cases {
+        let mut list = legit();
+        break_it(&mut list);
+        match list.linked(page) {
+            Err(e) => assert!(e.contains(&format!("lru page {page}: its links")), "{e}"),
+            Ok(linked) => panic!("page {page}'s broken links were taken for linked={linked}"),
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! | free slots listed | "free pin slot {slot} is not on the free list" | `a_free_slot_is_not_on_the_free_list` |
 //! | live pins ordered by expiry | "pin slot {slot} is missing from the expiry order" | `a_live_pin_is_missing_from_the_expiry_order` |
 //! | expiry order size | "expiry order holds {n} entries for {m} live pins" | `the_expiry_order_holds_an_extra_entry` |
+//! | pinned pages counted | "pin table counts {n} pinned pages, its live pins name {m}" | `the_pinned_pages_are_miscounted` |
 
 use super::*;
 
@@ -65,4 +66,9 @@ fn the_expiry_order_holds_an_extra_entry() {
         },
         "expiry order holds 3 entries for 2 live pins",
     );
+}
+
+#[test]
+fn the_pinned_pages_are_miscounted() {
+    fires(|t| t.pages_pinned += 1, "pin table counts 3 pinned pages, its live pins name 2");
 }
