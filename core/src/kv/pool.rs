@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use self::incremental::Checked;
 use super::PageRef;
 use super::lru::LruList;
 use super::pins::{Pin, PinId, PinTable};
@@ -165,6 +166,8 @@ pub struct PagePool {
     /// `page_tokens` token ids per page, meaningful for cached pages: every hit is checked against
     /// them, so a hash collision is a miss, never another request's KV.
     cached_tokens: Vec<u32>,
+    /// Pages changed since the last incremental check, and what it saw (`pool/incremental.rs`).
+    checked: Checked,
     pins: PinTable,
     expired: VecDeque<PinExpired>,
 }
@@ -193,6 +196,7 @@ impl PagePool {
             lru: LruList::new(total),
             index: PrefixIndex::with_capacity(total),
             cached_tokens: vec![0; total * config.page_tokens as usize],
+            checked: Checked::new(total),
             pins: PinTable::new(config.pins_max),
             expired: VecDeque::with_capacity(config.pins_max as usize),
         })
@@ -298,7 +302,9 @@ impl PagePool {
         let page = &mut self.pages[index as usize];
         debug_assert_eq!(page.state, PageState::Free);
         page.state = PageState::Held { refs: 1, pins: 0, cache: None };
-        Ok(PageRef { index, generation: page.generation })
+        let generation = page.generation;
+        self.checked.touch(index);
+        Ok(PageRef { index, generation })
     }
 
     /// Takes `count` pages, all or none.
@@ -327,6 +333,7 @@ impl PagePool {
             PageState::Free => return Err(KvError::StaleHandle(page)),
         };
         self.pages[page.index as usize].state = next;
+        self.checked.touch(page.index);
         Ok(())
     }
 
@@ -338,6 +345,7 @@ impl PagePool {
                 self.pages[page.index as usize].state =
                     PageState::Held { refs: refs - 1, pins, cache };
                 self.settle(page.index);
+                self.checked.touch(page.index);
                 Ok(())
             }
             PageState::Held { .. } | PageState::Evictable { .. } => Err(KvError::NotHeld(page)),
@@ -369,6 +377,7 @@ impl PagePool {
                 unreachable!("checked above");
             };
             self.pages[page.index as usize].state = PageState::Held { refs, pins: pins + 1, cache };
+            self.checked.touch(page.index);
         }
         Ok(id)
     }
@@ -390,6 +399,7 @@ impl PagePool {
             assert!(pins > 0, "page {page:?} has a live pin but a pin count of zero");
             self.pages[page.index as usize].state = PageState::Held { refs, pins: pins - 1, cache };
             self.settle(page.index);
+            self.checked.touch(page.index);
         }
         Ok(pages)
     }
@@ -444,6 +454,7 @@ impl PagePool {
         }
         self.page_tokens_mut(page.index).copy_from_slice(tokens);
         self.pages[page.index as usize].state = PageState::Held { refs, pins, cache: Some(key) };
+        self.checked.touch(page.index);
         Ok(CacheInsert::Inserted)
     }
 
@@ -683,6 +694,9 @@ impl PagePool {
             "{cached} cached pages but {} index entries",
             self.index.len()
         );
+        // Last, so that a state broken by hand is reported by the check about it, not as a
+        // change the log missed.
+        self.check_change_log()?;
         Ok(())
     }
 
@@ -751,6 +765,8 @@ fn cache_hash(pages: &[Page], index: u32) -> Option<u64> {
         PageState::Free => None,
     }
 }
+
+mod incremental;
 
 #[cfg(test)]
 mod invariant_tests;

@@ -320,10 +320,26 @@ impl DecodeNode {
     /// transfers', its pins the transfers'; every stream is a live request of the scheduler, and
     /// a reserved one a transfer the protocol side holds.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        const NODE: &str = "node-decode";
         let transfer_refs: Vec<PageRef> = self.side.page_refs().collect();
         self.sched.check_invariants_sharing_pool(&transfer_refs)?;
         self.side.check_invariants(self.sched.pool())?;
+        self.check_across()
+    }
+
+    /// The cheap check, for after every input: each part's incremental check (the scheduler's
+    /// counting the transfers' references, `DecodeSide::check_invariants_incremental`), then the
+    /// same checks across them as `check_invariants`, which cost O(streams · log requests): a
+    /// stream is a request the steps work on, or one reserved. Run the full check at quiescence
+    /// and every so many inputs.
+    pub fn check_invariants_incremental(&mut self) -> Result<(), InvariantViolation> {
+        let transfer_refs = self.side.page_refs_count();
+        self.sched.check_invariants_incremental_sharing_pool(transfer_refs)?;
+        self.side.check_invariants_incremental(self.sched.pool())?;
+        self.check_across()
+    }
+
+    fn check_across(&self) -> Result<(), InvariantViolation> {
+        const NODE: &str = "node-decode";
         let pins = self.sched.pool().pins_live_count() as usize;
         ensure_invariant!(
             NODE,

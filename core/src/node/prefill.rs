@@ -246,9 +246,23 @@ impl PrefillNode {
     /// Each part's checks, then across them: the pool's pins are the transfers'; every prompt
     /// being computed is a request the scheduler holds, for a transfer that waits for it.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        const NODE: &str = "node-prefill";
         self.sched.check_invariants()?;
         self.side.check_invariants(self.sched.pool())?;
+        self.check_across()
+    }
+
+    /// The cheap check, for after every input: each part's incremental check
+    /// (`Scheduler::check_invariants_incremental`, `PrefillSide::check_invariants_incremental`),
+    /// then the same checks across them as `check_invariants`, which cost O(prompts being
+    /// computed · log requests). Run the full check at quiescence and every so many inputs.
+    pub fn check_invariants_incremental(&mut self) -> Result<(), InvariantViolation> {
+        self.sched.check_invariants_incremental()?;
+        self.side.check_invariants_incremental(self.sched.pool())?;
+        self.check_across()
+    }
+
+    fn check_across(&self) -> Result<(), InvariantViolation> {
+        const NODE: &str = "node-prefill";
         let pins = self.sched.pool().pins_live_count() as usize;
         ensure_invariant!(
             NODE,
