@@ -14,6 +14,7 @@
 //! a step that never ends shows as a stall on `/health` instead.
 
 mod handle;
+mod invariant_cadence;
 mod runner;
 mod stats;
 mod step_loop;
@@ -28,6 +29,7 @@ use lockstep_core::sched::{SchedConfig, SchedConfigError, Scheduler};
 pub use runner::{
     InlineRunner, PageRead, PageRunner, StepCost, StepOrRead, StepResult, StepRunner, ThreadRunner,
 };
+pub(crate) use invariant_cadence::InvariantCadence;
 pub use stats::EngineStats;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

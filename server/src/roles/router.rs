@@ -18,7 +18,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::engine::{Command, EngineHandle, EngineStats, RequestEvent, SubmitError};
+use crate::engine::{
+    Command, EngineHandle, EngineStats, InvariantCadence, RequestEvent, SubmitError,
+};
 use crate::metrics::{Metrics, observe};
 use crate::peer::{PeerEvent, Transport};
 
@@ -50,6 +52,7 @@ struct RouterEngine {
     live: BTreeMap<RequestId, Live>,
     stats: Arc<EngineStats>,
     metrics: Arc<Metrics>,
+    cadence: InvariantCadence,
 }
 
 /// Starts the router's engine task; its handle serves the HTTP app as a single engine's does.
@@ -82,6 +85,7 @@ pub fn spawn(
         live: BTreeMap::new(),
         stats,
         metrics,
+        cadence: InvariantCadence::default(),
     };
     (handle, tokio::spawn(engine.run()))
 }
@@ -201,10 +205,15 @@ impl RouterEngine {
                 let _ = self.router.abort(request, self.now());
             }
         }
-        if self.config.check_invariants
-            && let Err(e) = self.router.check_invariants()
-        {
-            panic!("router: {e}");
+        if self.config.check_invariants {
+            let checked = if self.cadence.full_check_now(self.live.is_empty()) {
+                self.router.check_invariants()
+            } else {
+                self.router.check_invariants_incremental()
+            };
+            if let Err(e) = checked {
+                panic!("router: {e}");
+            }
         }
         self.stats.set_requests_held(self.live.len());
         self.stats.record_progress(self.live.len());
