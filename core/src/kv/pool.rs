@@ -170,6 +170,8 @@ pub struct PagePool {
     checked: Checked,
     pins: PinTable,
     expired: VecDeque<PinExpired>,
+    /// Pages that lost their contents since the last `take_freed`, for the executor to poison.
+    freed: FreedPages,
 }
 
 impl fmt::Debug for PagePool {
@@ -199,6 +201,7 @@ impl PagePool {
             checked: Checked::new(total),
             pins: PinTable::new(config.pins_max),
             expired: VecDeque::with_capacity(config.pins_max as usize),
+            freed: FreedPages::new(total),
         })
     }
 
@@ -537,6 +540,16 @@ impl PagePool {
         pages_max
     }
 
+    /// Moves to `out` every page whose contents ended since the last call: returned to the free
+    /// list, or evicted from the prefix cache (a page merely becoming evictable keeps its KV and
+    /// is not listed). Each page once, however often it was freed in between, so at most
+    /// `pages_total` of them. A page listed may already be held again: it was handed out after it
+    /// was freed. The driver passes them to the executor (`Executor::release_pages`) before any
+    /// call that may write KV, which is what makes that safe: see the engine loops.
+    pub fn take_freed(&mut self, out: &mut Vec<u32>) {
+        self.freed.take(out);
+    }
+
     /// Checks every invariant in the module docs. O(pages + pins + cached tokens).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         const KV: &str = "kv";
@@ -694,6 +707,7 @@ impl PagePool {
             "{cached} cached pages but {} index entries",
             self.index.len()
         );
+        self.freed.check()?;
         // Last, so that a state broken by hand is reported by the check about it, not as a
         // change the log missed.
         self.check_change_log()?;
@@ -724,6 +738,7 @@ impl PagePool {
                 // Every handle to the old contents is stale from here on.
                 page.generation = page.generation.wrapping_add(1);
                 self.free.push(index);
+                self.freed.push(index);
             }
         }
     }
@@ -742,6 +757,7 @@ impl PagePool {
         let page = &mut self.pages[index as usize];
         page.state = PageState::Free;
         page.generation = page.generation.wrapping_add(1);
+        self.freed.push(index);
     }
 
     fn page_tokens_of(&self, index: u32) -> &[u32] {
@@ -752,6 +768,60 @@ impl PagePool {
     fn page_tokens_mut(&mut self, index: u32) -> &mut [u32] {
         let n = self.config.page_tokens as usize;
         &mut self.cached_tokens[index as usize * n..(index as usize + 1) * n]
+    }
+}
+
+/// Pages freed since the driver last took them: a list in freeing order and a mark per page, so a
+/// page freed twice is listed once and the list never outgrows the pool.
+#[derive(Clone, Debug)]
+struct FreedPages {
+    list: Vec<u32>,
+    listed: Vec<bool>,
+}
+
+impl FreedPages {
+    fn new(pages_total: usize) -> FreedPages {
+        FreedPages { list: Vec::new(), listed: vec![false; pages_total] }
+    }
+
+    fn push(&mut self, index: u32) {
+        let listed = &mut self.listed[index as usize];
+        if !*listed {
+            *listed = true;
+            self.list.push(index);
+        }
+    }
+
+    fn take(&mut self, out: &mut Vec<u32>) {
+        for &index in &self.list {
+            self.listed[index as usize] = false;
+        }
+        out.append(&mut self.list);
+    }
+
+    /// The list and the marks name the same pages, each once.
+    fn check(&self) -> Result<(), InvariantViolation> {
+        const KV: &str = "kv";
+        let mut seen = vec![false; self.listed.len()];
+        for &index in &self.list {
+            let i = index as usize;
+            ensure_invariant!(
+                KV,
+                i < self.listed.len(),
+                "freed list names page {index}, which is not in the pool"
+            );
+            ensure_invariant!(KV, !seen[i], "page {index} is on the freed list twice");
+            ensure_invariant!(KV, self.listed[i], "freed page {index} is listed but not marked");
+            seen[i] = true;
+        }
+        let marked = self.listed.iter().filter(|&&m| m).count();
+        ensure_invariant!(
+            KV,
+            marked == self.list.len(),
+            "{marked} pages marked freed, {} listed",
+            self.list.len()
+        );
+        Ok(())
     }
 }
 
@@ -768,6 +838,8 @@ fn cache_hash(pages: &[Page], index: u32) -> Option<u64> {
 
 mod incremental;
 
+#[cfg(test)]
+mod freed_tests;
 #[cfg(test)]
 mod invariant_tests;
 #[cfg(test)]

@@ -8,9 +8,9 @@
 //! A driver tells the executor how each request samples before the first plan that names it
 //! (`start_request`) and when it may forget it (`end_request`, after the last step that names it
 //! has executed). A sampling row of a request it was not told about is an error: there is no
-//! silent greedy fallback. Calls come in one order (starts, steps, ends as the driver issued
-//! them), so an executor that runs steps elsewhere (a thread, a device stream) takes them through
-//! one queue.
+//! silent greedy fallback. Calls come in one order (starts, steps, page releases, ends as the
+//! driver issued them), so an executor that runs steps elsewhere (a thread, a device stream)
+//! takes them through one queue.
 
 use std::fmt;
 
@@ -29,6 +29,16 @@ pub trait Executor {
     /// A plan the executor cannot compute (a position without a page, an unknown placeholder, a
     /// request never started) is an error, never a guess.
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError>;
+
+    /// Pages (by number) whose contents ended since the last call: freed, or evicted from the
+    /// prefix cache (`PagePool::take_freed`). No correct plan reads them again before writing
+    /// them. A real executor may ignore this (the default does). The provenance model poisons
+    /// them: pages are reused last freed first, so a write that never happened could otherwise
+    /// hide behind identical KV the previous owner left. Like every call, it comes in order: after
+    /// the steps and writes issued before it, before those issued after.
+    fn release_pages(&mut self, pages: &[u32]) {
+        let _ = pages;
+    }
 }
 
 /// A plan an executor could not compute, and why.

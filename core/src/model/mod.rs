@@ -3,6 +3,7 @@
 //! `ProvenanceModel` is the simulator's oracle of record (DESIGN.md section 5): any KV read that
 //! does not belong to the request, or was not completely written, changes its output.
 
+mod digest;
 mod executor;
 mod page_store;
 mod provenance;

@@ -6,16 +6,32 @@
 //! batch-mates it had, unless a page it reads holds another request's KV, stale KV, or KV that
 //! was never written: then they change. Running a request alone and in a crowd and comparing is
 //! the whole correctness check.
+//!
+//! Two things keep that check honest and cheap:
+//! - Freed pages are poisoned (`Executor::release_pages`). Pages are reused last freed first, so
+//!   a request that skips a write into a page another request with the same prefix just freed
+//!   could read exactly the KV it should have written, and nothing would show. Poison is unlike
+//!   any written value and unlike `UNWRITTEN`, and no two poisonings are alike, so such a read
+//!   changes the output in the crowd (poison) while the same request alone reads `UNWRITTEN`.
+//! - The digest that sampling hashes is kept up to date per page and per slot (`digest.rs`), so
+//!   a sampled token costs O(new tokens), not a pass over the whole context. It depends on the
+//!   values and their positions only, never on the page size or the chunking.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::digest::{Digests, mix};
 use super::{ExecError, Executor, PageStore, Sampler, SamplingSpec, TokenLogprobs, logprobs};
+use crate::invariant::InvariantViolation;
 use crate::kv::PoolConfig;
 use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 /// Marks a KV slot that no step has written since the model started.
 const UNWRITTEN: u64 = 0;
+
+/// The low two bits of every poison value (see `poison`): a written value has its low bit set
+/// (`kv_value`) and `UNWRITTEN` is zero, so poison never equals either.
+const POISON_TAG: u64 = 0b10;
 
 /// Tokens the model gives a logit per sampled position; every other token has none (minus
 /// infinity). Enough for temperature, top-k and top-p to choose among, few enough to be cheap.
@@ -27,6 +43,10 @@ pub struct ProvenanceModel {
     vocab_size: u32,
     kv: Vec<u64>,
     tables: PageTables,
+    /// What sampling hashes, kept up to date as pages change and tables are cut.
+    digests: Digests,
+    /// Values poisoned since the start: numbers each poison value, so no two are alike.
+    poisoned: u64,
     /// What recent steps sampled, to resolve the placeholders of overlap-mode plans.
     recent: RecentSamples,
     /// How each started request samples.
@@ -49,9 +69,24 @@ impl ProvenanceModel {
             vocab_size: vocab_size.max(1),
             kv: vec![UNWRITTEN; pool.pages_total as usize * pool.page_tokens as usize],
             tables: PageTables::new(slots),
+            digests: Digests::new(pool.pages_total, pool.page_tokens, slots),
+            poisoned: 0,
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
         }
+    }
+
+    /// Checks that the digests it keeps say what recomputing them from the KV would (see
+    /// `digest.rs`). O(store + tables): tests call it, the engine does not.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.digests.check(&self.tables, &self.kv).map_err(|e| InvariantViolation::new("model", e))
+    }
+
+    /// Hash steps sampling took since the start (one per KV value read, one per page folded
+    /// into a slot's sum): its work, for tests and benchmarks that count it rather than time it.
+    /// Per decode token it does not grow with the context.
+    pub fn hash_steps(&self) -> u64 {
+        self.digests.hash_steps()
     }
 }
 
@@ -66,7 +101,13 @@ impl Executor for ProvenanceModel {
 
     /// Writes the KV of every planned position, then samples each sampling row.
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
+        self.check_pages(plan)?;
         self.tables.apply(plan).map_err(ExecError)?;
+        for row in &plan.rows {
+            // Two rows of one slot (a broken plan) cut at the lower of their cuts, which is what
+            // is left of the table as it was.
+            self.digests.table_cut(row.slot, row.page_table_from);
+        }
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
         let mut row_logprobs = Vec::new();
@@ -84,8 +125,9 @@ impl Executor for ProvenanceModel {
                     0 => 0x5eed,
                     p => self.read(row.slot, p - 1)?,
                 };
-                let slot = self.kv_index(row.slot, position)?;
+                let (page, slot) = self.kv_index(row.slot, position)?;
                 self.kv[slot] = kv_value(token, position, previous);
+                self.digests.page_changed(page);
             }
             if row.sample {
                 let &(sampler, top) = self.samplers.get(&row.request).ok_or_else(|| {
@@ -104,6 +146,19 @@ impl Executor for ProvenanceModel {
             row_logprobs.clear();
         }
         Ok(StepOutputs { step: plan.step, sampled, logprobs: row_logprobs })
+    }
+
+    /// Overwrites each page with poison. A page outside the store is no page of this model and
+    /// is skipped: a plan naming it is refused anyway.
+    fn release_pages(&mut self, pages: &[u32]) {
+        for &page in pages {
+            let Ok(values) = self.page_values(page) else { continue };
+            for value in &mut self.kv[values] {
+                *value = poison(self.poisoned);
+                self.poisoned += 1;
+            }
+            self.digests.page_changed(page);
+        }
     }
 }
 
@@ -131,11 +186,22 @@ impl PageStore for ProvenanceModel {
         for (value, bytes) in self.kv[values].iter_mut().zip(data.chunks_exact(8)) {
             *value = u64::from_le_bytes(bytes.try_into().expect("chunks of 8"));
         }
+        self.digests.page_changed(page);
         Ok(())
     }
 }
 
 impl ProvenanceModel {
+    /// Refuses a plan naming a page the store does not have, before anything changes: every
+    /// page a table holds is then a page of the store.
+    fn check_pages(&self, plan: &StepPlan) -> Result<(), ExecError> {
+        let pages_total = self.kv.len() / self.page_tokens as usize;
+        match plan.page_updates.iter().find(|p| p.index() as usize >= pages_total) {
+            Some(page) => Err(ExecError(format!("page {} is outside the store", page.index()))),
+            None => Ok(()),
+        }
+    }
+
     fn page_values(&self, page: u32) -> Result<std::ops::Range<usize>, ExecError> {
         let start = page as usize * self.page_tokens as usize;
         let end = start + self.page_tokens as usize;
@@ -149,7 +215,7 @@ impl ProvenanceModel {
     /// logits come from a digest of every KV value read through the page table: `CANDIDATES`
     /// consecutive token ids from a point the digest picks, each with a logit the digest draws.
     fn sample(
-        &self,
+        &mut self,
         slot: u32,
         len: u32,
         sampler: Sampler,
@@ -174,25 +240,25 @@ impl ProvenanceModel {
         Ok((token_of(chosen), lp))
     }
 
-    /// A hash of every KV value the first `len` positions of the slot's table hold.
-    fn digest(&self, slot: u32, len: u32) -> Result<u64, ExecError> {
-        let mut acc = 0x0123_4567_89ab_cdef_u64;
-        for position in 0..len {
-            let value = self.read(slot, position)?;
-            if value == UNWRITTEN {
-                // Never masked: an unwritten read is exactly what must change the output.
-                acc ^= 0xdead_beef;
-            }
-            acc = mix(acc ^ value);
+    /// A hash of every KV value the first `len` positions of the slot's table hold, in order.
+    fn digest(&mut self, slot: u32, len: u32) -> Result<u64, ExecError> {
+        let table = self.tables.table(slot);
+        if (table.len() as u64) * u64::from(self.page_tokens) < u64::from(len) {
+            return Err(ExecError(format!(
+                "slot {slot} position {} has no page (table of {})",
+                table.len() as u64 * u64::from(self.page_tokens),
+                table.len()
+            )));
         }
-        Ok(acc)
+        Ok(self.digests.digest(slot, table, len, &self.kv))
     }
 
     fn read(&self, slot: u32, position: u32) -> Result<u64, ExecError> {
-        Ok(self.kv[self.kv_index(slot, position)?])
+        Ok(self.kv[self.kv_index(slot, position)?.1])
     }
 
-    fn kv_index(&self, slot: u32, position: u32) -> Result<usize, ExecError> {
+    /// The page holding `position` of the slot, and where its value is in the store.
+    fn kv_index(&self, slot: u32, position: u32) -> Result<(u32, usize), ExecError> {
         let table = self.tables.table(slot);
         let page = table.get((position / self.page_tokens) as usize).ok_or_else(|| {
             ExecError(format!(
@@ -200,8 +266,9 @@ impl ProvenanceModel {
                 table.len()
             ))
         })?;
-        Ok(page.index() as usize * self.page_tokens as usize
-            + (position % self.page_tokens) as usize)
+        let index = page.index() as usize * self.page_tokens as usize
+            + (position % self.page_tokens) as usize;
+        Ok((page.index(), index))
     }
 }
 
@@ -210,10 +277,10 @@ fn kv_value(token: u32, position: u32, previous: u64) -> u64 {
     mix(u64::from(token) ^ u64::from(position) << 32 ^ previous.rotate_left(17)) | 1
 }
 
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+/// The `n`th poison value since the model started: distinct for every `n` below 2^62 (more
+/// values than a store could be poisoned with), and never a written value nor `UNWRITTEN`.
+fn poison(n: u64) -> u64 {
+    (n << 2) | POISON_TAG
 }
 
 #[cfg(test)]

@@ -1,12 +1,16 @@
 //! The oracle's promise, shown directly: the same plans give the same tokens, and a request that
-//! reads a page of another request, or a page of its own that was only partly written, samples
-//! something else. (The proptest and fuzz suites rely on exactly this to catch scheduler bugs.)
+//! reads a page of another request, a page of its own that was only partly written, or a freed
+//! page it never wrote (however alike the KV left in it), samples something else. (The proptest
+//! and fuzz suites rely on exactly this to catch scheduler bugs.) And what keeps it cheap: the
+//! cached digest equals the one from scratch, and a decode token costs the same at any context.
 
 use super::*;
 use crate::Time;
 use crate::kv::PageRef;
 use crate::model::SamplingSpec;
-use crate::sched::{RequestId, Scheduler, StepMode};
+use crate::sched::{
+    Bucket, InputToken, RequestId, RowPlan, SchedConfig, Scheduler, StepId, StepMode,
+};
 use crate::testing::{request, small_config};
 
 /// A vocabulary so large that two different KV histories sample the same token with odds of
@@ -133,4 +137,233 @@ fn sampling_follows_the_seed_and_logprobs_come_when_asked() {
     assert_eq!((l.token, l.top.len()), (sampled[a], 3));
     assert!(l.logprob <= 0.0 && l.top.windows(2).all(|w| w[0].1 >= w[1].1));
     assert_eq!(logprobs[row_of(&run.second, 2)], None, "request 2 did not ask");
+}
+
+/// Request 1 (three prompt tokens, one page, one output token) runs to its end on `model` and
+/// frees its page; request 2, the same prompt, is planned next and gets that very page. Returns
+/// request 2's prefill plan and the pages request 1 freed.
+fn same_prompt_after_a_free(model: &mut ProvenanceModel) -> (StepPlan, Vec<u32>) {
+    let config = SchedConfig { prefix_cache: false, ..small_config(StepMode::Sync, 16) };
+    let mut sched = Scheduler::new(config).unwrap();
+    let prompt = vec![21, 22, 23];
+    sched.submit(request(1, prompt.clone(), 1), Time::ZERO).unwrap();
+    let first = sched.plan_step(Time::ZERO).unwrap();
+    let outputs = model.execute(&first).unwrap();
+    sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+    assert_eq!(sched.requests_held(), 0, "request 1 ended after its one token");
+    let mut freed = Vec::new();
+    sched.take_freed_pages(&mut freed);
+    sched.submit(request(2, prompt, 1), Time::ZERO).unwrap();
+    let second = sched.plan_step(Time::ZERO).unwrap();
+    let index = |plan: &StepPlan| plan.page_updates.iter().map(|p| p.index()).collect::<Vec<_>>();
+    assert_eq!(index(&first), index(&second), "request 2 reuses request 1's page");
+    assert_eq!(freed, vec![first.page_updates[0].index()]);
+    (second, freed)
+}
+
+/// The same plan with its first two positions not computed, as a prefix-cache hit or a transfer
+/// that claimed them but never wrote them would leave it.
+fn skipping_two_writes(plan: &StepPlan) -> StepPlan {
+    let mut bad = plan.clone();
+    let row = &mut bad.rows[0];
+    row.positions.start += 2;
+    row.inputs.start += 2;
+    bad
+}
+
+#[test]
+fn a_freed_page_reused_without_being_written_changes_the_output() {
+    let mut honest_model = model(&two_steps());
+    let (plan, freed) = same_prompt_after_a_free(&mut honest_model);
+    honest_model.release_pages(&freed);
+    let honest = honest_model.clone().execute(&plan).unwrap().sampled;
+    let mut alone = model(&two_steps());
+    assert_eq!(alone.execute(&plan).unwrap().sampled, honest, "poison is never read when correct");
+    assert_ne!(honest_model.execute(&skipping_two_writes(&plan)).unwrap().sampled, honest);
+
+    // What the poison is for: a model not told of the free still holds request 1's KV, which is
+    // exactly what request 2 should have written, and the skipped writes would not show.
+    let mut unpoisoned = model(&two_steps());
+    let (plan, _) = same_prompt_after_a_free(&mut unpoisoned);
+    assert_eq!(unpoisoned.execute(&skipping_two_writes(&plan)).unwrap().sampled, honest);
+}
+
+#[test]
+fn poison_differs_from_unwritten_kv_and_from_earlier_poison() {
+    // The same skipped writes on a page never written (a request alone in a fresh model) and on
+    // pages poisoned once and twice: three different tokens, so the alone run and the crowd run
+    // of a request that skips a write disagree.
+    let mut m = model(&two_steps());
+    let (plan, freed) = same_prompt_after_a_free(&mut m);
+    let bad = skipping_two_writes(&plan);
+    let unwritten = model(&two_steps()).execute(&bad).unwrap().sampled;
+    m.release_pages(&freed);
+    let once = m.clone().execute(&bad).unwrap().sampled;
+    m.release_pages(&freed);
+    let twice = m.execute(&bad).unwrap().sampled;
+    assert_ne!(once, unwritten);
+    assert_ne!(twice, unwritten);
+    assert_ne!(once, twice);
+}
+
+#[test]
+fn a_page_freed_under_a_running_request_changes_its_output() {
+    let run = two_steps();
+    let honest = a_second_token(&run, &run.first, &run.second);
+    let a = &run.first.rows[row_of(&run.first, 1)];
+    let a_first_page = run.first.page_updates[a.page_updates.start as usize].index();
+    let mut m = model(&run);
+    m.execute(&run.first).unwrap();
+    // A's first page is full and folded into its slot's digest by now: the release must reach
+    // that digest, not only the page.
+    m.release_pages(&[a_first_page]);
+    let outputs = m.execute(&run.second).unwrap();
+    let sampling_index = run.second.rows[..row_of(&run.second, 1)].iter().filter(|r| r.sample);
+    assert_ne!(outputs.sampled[sampling_index.count()], honest);
+}
+
+/// A one-row plan for slot 0: `positions`, the table cut at `from` and `pages` appended.
+fn row_plan(step: u64, positions: std::ops::Range<u32>, from: u32, pages: &[u32]) -> StepPlan {
+    let tokens = positions.len() as u32;
+    StepPlan {
+        step: StepId(step),
+        rows: vec![RowPlan {
+            request: RequestId(1),
+            slot: 0,
+            positions: positions.clone(),
+            inputs: 0..tokens,
+            page_table_from: from,
+            page_updates: 0..pages.len() as u32,
+            sample: true,
+        }],
+        input_tokens: positions.map(|p| InputToken::Known(p % 89)).collect(),
+        page_updates: pages.iter().map(|&p| PageRef::from_parts(p, 0)).collect(),
+        bucket: Bucket::Eager,
+    }
+}
+
+/// The tokens one request samples, its 37-token prompt prefilled in chunks of `chunk` and then
+/// 20 tokens decoded, on a model of `page_tokens` tokens a page.
+fn tokens_with(page_tokens: u32, chunk: u32) -> Vec<u32> {
+    let pages_total = 64u32.div_ceil(page_tokens);
+    let pool = PoolConfig { pages_total, page_tokens, pins_max: 0 };
+    let mut m = started(ProvenanceModel::new(pool, 1, VOCAB));
+    let pages: Vec<u32> = (0..pages_total).rev().collect();
+    let mut sampled = Vec::new();
+    let mut step = 0;
+    let mut run = |positions: std::ops::Range<u32>, first: bool| {
+        let (from, new) = if first { (0, &pages[..]) } else { (pages_total, &[][..]) };
+        step += 1;
+        sampled.push(m.execute(&row_plan(step, positions, from, new)).unwrap().sampled[0]);
+    };
+    for start in (0..37).step_by(chunk as usize) {
+        run(start..(start + chunk).min(37), start == 0);
+    }
+    for at in 37..57 {
+        run(at..at + 1, false);
+    }
+    sampled.split_off(sampled.len() - 21)
+}
+
+#[test]
+fn the_tokens_do_not_depend_on_the_page_size_or_the_chunking() {
+    // The simulator compares runs whose engines draw different page sizes against one reference.
+    let tokens = tokens_with(16, 37);
+    for (page_tokens, chunk) in [(4, 37), (4, 5), (8, 3), (32, 1), (16, 16)] {
+        assert_eq!(
+            tokens_with(page_tokens, chunk),
+            tokens,
+            "{page_tokens} a page, chunks of {chunk}"
+        );
+    }
+}
+
+/// Hash steps of `decodes` decode steps after a prefill of `context` tokens, 4 a page.
+fn decode_work(context: u32, decodes: u32) -> u64 {
+    let pages_total = (context + decodes).div_ceil(4);
+    let pool = PoolConfig { pages_total, page_tokens: 4, pins_max: 0 };
+    let mut m = started(ProvenanceModel::new(pool, 1, VOCAB));
+    let pages: Vec<u32> = (0..pages_total).collect();
+    m.execute(&row_plan(0, 0..context, 0, &pages)).unwrap();
+    let before = m.hash_steps();
+    for i in 0..decodes {
+        let at = context + i;
+        m.execute(&row_plan(1 + u64::from(i), at..at + 1, pages_total, &[])).unwrap();
+    }
+    m.hash_steps() - before
+}
+
+#[test]
+fn a_decode_token_costs_the_same_at_any_context() {
+    // Counted work, not time: each decode reads the partial page's values and, once a page
+    // fills, that page's and one chain step; never the pages before.
+    let short = decode_work(16, 64);
+    assert_eq!(decode_work(4_096, 64), short);
+    assert!(short <= 64 * (2 * 4 + 1), "{short} hash steps for 64 tokens");
+}
+
+/// A small PRNG for the test below: xorshift64*, seeded.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u32) -> u32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % u64::from(n.max(1))) as u32
+    }
+}
+
+#[test]
+fn the_cached_digest_always_equals_one_computed_from_scratch() {
+    // Random steps on three slots sharing eight pages (tables cut and regrown, pages in several
+    // tables at once), page writes and releases; after each, every slot's digest at several
+    // lengths must equal the digest from scratch. A change the cache missed shows here.
+    const PAGES: u32 = 8;
+    const SLOTS: u32 = 3;
+    let pool = PoolConfig { pages_total: PAGES, page_tokens: 4, pins_max: 0 };
+    for seed in 1..=20u64 {
+        let mut draw = Draw(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut m = ProvenanceModel::new(pool, SLOTS, VOCAB);
+        for slot in 0..SLOTS {
+            m.start_request(RequestId(u64::from(slot)), SamplingSpec::GREEDY);
+        }
+        for step in 0..200 {
+            match draw.below(4) {
+                0 | 1 => {
+                    let slot = draw.below(SLOTS);
+                    let table_len = m.tables.table(slot).len() as u32;
+                    let from = draw.below(table_len + 1);
+                    let added = if from == 0 { 1 + draw.below(3) } else { draw.below(3) };
+                    let pages: Vec<u32> = (0..added).map(|_| draw.below(PAGES)).collect();
+                    let capacity = (from + added) * 4;
+                    let end = 1 + draw.below(capacity);
+                    let start = draw.below(end);
+                    let mut plan = row_plan(step, start..end, from, &pages);
+                    plan.rows[0].slot = slot;
+                    plan.rows[0].request = RequestId(u64::from(slot));
+                    m.execute(&plan).unwrap();
+                }
+                2 => {
+                    let data: Vec<u8> = (0..32).map(|_| draw.below(256) as u8).collect();
+                    m.write_page(draw.below(PAGES), &data).unwrap();
+                }
+                _ => {
+                    let pages: Vec<u32> =
+                        (0..1 + draw.below(3)).map(|_| draw.below(PAGES)).collect();
+                    m.release_pages(&pages);
+                }
+            }
+            m.check_invariants().unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
+            for slot in 0..SLOTS {
+                let table = m.tables.table(slot).to_vec();
+                for _ in 0..3 {
+                    let len = draw.below(table.len() as u32 * 4 + 1);
+                    let scratch = m.digests.digest_from_scratch(&table, len, &m.kv);
+                    let cached = m.digests.digest(slot, &table, len, &m.kv);
+                    assert_eq!(cached, scratch, "seed {seed} step {step} slot {slot} len {len}");
+                }
+            }
+        }
+    }
 }

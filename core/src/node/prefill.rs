@@ -81,6 +81,11 @@ impl PrefillNode {
         &self.sched
     }
 
+    /// See `Scheduler::take_freed_pages`: the transfer side frees into the same pool.
+    pub fn take_freed_pages(&mut self, out: &mut Vec<u32>) {
+        self.sched.take_freed_pages(out);
+    }
+
     pub fn side(&self) -> &PrefillSide {
         &self.side
     }

@@ -158,6 +158,12 @@ impl Scheduler {
         &self.pool
     }
 
+    /// Pages whose contents ended since the last call (`PagePool::take_freed`): the driver hands
+    /// them to its executor before its next step launch or page read or write.
+    pub fn take_freed_pages(&mut self, out: &mut Vec<u32>) {
+        self.pool.take_freed(out);
+    }
+
     /// The pool, for a transfer sharing it on the same worker (`core::node`): what the transfer
     /// takes it holds, and the node's check counts it (`check_invariants_sharing_pool`).
     pub(crate) fn pool_mut(&mut self) -> &mut PagePool {

@@ -1,0 +1,83 @@
+//! Each check of `Digests::check` fires on a cache broken by hand (the promise that the cache
+//! equals recomputing is shown in `provenance_tests.rs`).
+
+use super::*;
+use crate::sched::{Bucket, RequestId, RowPlan, StepId, StepPlan};
+
+/// Slot 0's table cut at `from`, then `pages` appended.
+fn table_update(from: u32, pages: &[u32]) -> StepPlan {
+    StepPlan {
+        step: StepId(0),
+        rows: vec![RowPlan {
+            request: RequestId(1),
+            slot: 0,
+            positions: 0..0,
+            inputs: 0..0,
+            page_table_from: from,
+            page_updates: 0..pages.len() as u32,
+            sample: false,
+        }],
+        input_tokens: Vec::new(),
+        page_updates: pages.iter().map(|&p| PageRef::from_parts(p, 0)).collect(),
+        bucket: Bucket::Eager,
+    }
+}
+
+struct Legit {
+    digests: Digests,
+    tables: PageTables,
+    kv: Vec<u64>,
+}
+
+/// Four pages of two values, two slots; slot 0's table is pages 2, 0, 1, all three folded.
+fn legit() -> Legit {
+    let mut digests = Digests::new(4, 2, 2);
+    let mut tables = PageTables::new(2);
+    tables.apply(&table_update(0, &[2, 0, 1])).unwrap();
+    let kv: Vec<u64> = (1..=8).collect();
+    digests.digest(0, tables.table(0), 6, &kv);
+    digests.check(&tables, &kv).unwrap();
+    Legit { digests, tables, kv }
+}
+
+fn fires(break_it: impl FnOnce(&mut Legit), expected: &str) {
+    let mut l = legit();
+    break_it(&mut l);
+    match l.digests.check(&l.tables, &l.kv) {
+        Ok(()) => panic!("the check {expected:?} missed a broken cache"),
+        Err(e) => assert!(e.contains(expected), "expected {expected:?}, got {e}"),
+    }
+}
+
+#[test]
+fn a_value_changed_behind_the_caches_back() {
+    fires(|l| l.kv[4] = 99, "page 2's cached terms are not its values'");
+}
+
+#[test]
+fn a_fold_loses_a_sum() {
+    fires(|l| _ = l.digests.folds[0].sums.pop(), "slot 0's fold has vectors of different lengths");
+}
+
+#[test]
+fn a_table_cut_the_fold_missed() {
+    fires(
+        |l| l.tables.apply(&table_update(1, &[])).unwrap(),
+        "slot 0's fold covers 3 pages of a table of 1",
+    );
+}
+
+#[test]
+fn a_fold_names_a_page_its_table_does_not() {
+    fires(|l| l.digests.folds[0].pages[1] = 3, "slot 0's fold has page 3 at 1, its table 0");
+}
+
+#[test]
+fn a_sum_is_wrong() {
+    fires(|l| l.digests.folds[0].sums[1] ^= 1, "slot 0's sum at 1 is not its pages' values'");
+}
+
+#[test]
+fn a_folding_is_off_its_pages_watch_list() {
+    fires(|l| l.digests.pages[0].watches.clear(), "slot 0's folding at 1 is not watched by page 0");
+}
