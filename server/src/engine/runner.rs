@@ -30,6 +30,14 @@ pub trait StepRunner: Send + 'static {
     /// The oldest launched step, once it is done. Cancel-safe: dropped before it resolves, it
     /// loses nothing, and the next call waits for the same step.
     fn completed(&mut self) -> Pin<Box<dyn Future<Output = StepResult> + Send + '_>>;
+    /// Pages freed since the last call (`Scheduler::take_freed_pages`), for the executor to
+    /// poison (`Executor::release_pages`), in order with the launches, reads and writes around
+    /// it. The default drops them, which is right only for a runner whose executor ignores
+    /// releases: a runner that wraps another must forward them, or the provenance model under it
+    /// cannot see a missing write hide behind stale KV.
+    fn release_pages(&mut self, pages: Vec<u32>) {
+        let _ = pages;
+    }
 }
 
 /// A page read for the transfer data plane: its tag, and its bytes.
@@ -146,6 +154,11 @@ impl<E: Executor + Send + 'static> StepRunner for InlineRunner<E> {
         self.executor.end_request(request);
     }
 
+    /// At once, like a write: the steps launched before it have already run.
+    fn release_pages(&mut self, pages: Vec<u32>) {
+        self.executor.release_pages(&pages);
+    }
+
     fn launch(&mut self, plan: StepPlan) {
         // Steps run one after another: this one starts when the previous one is done.
         let start = self.done.back().map_or_else(Instant::now, |(at, _)| *at).max(Instant::now());
@@ -179,11 +192,21 @@ enum Job {
     WritePage(u32, Vec<u8>),
 }
 
+/// A job and the pages released before it was issued, released (poisoned) just before it runs.
+type Queued = (Vec<u32>, Job);
+
 /// Runs the executor on a thread of its own (the CPU executor then fans each step out to its
 /// team). The engine's tokio tasks never block on a step.
 #[derive(Debug)]
 pub struct ThreadRunner {
-    jobs: std::sync::mpsc::SyncSender<Job>,
+    jobs: std::sync::mpsc::SyncSender<Queued>,
+    /// Pages released since the last job was sent. They ride with the next job, of whatever
+    /// kind, instead of taking a place in the bounded queue of their own: nothing can observe a
+    /// release before the next job runs, and every job runs after the releases issued before it.
+    released: Vec<u32>,
+    /// When `released` next gets sorted and deduplicated: it may name a page again (freed, handed
+    /// out and freed again with no job between), and this keeps it within twice the pool.
+    released_dedup_at: usize,
     results: mpsc::Receiver<StepResult>,
     launched: usize,
     reads: mpsc::Receiver<PageRead>,
@@ -229,12 +252,15 @@ impl ThreadRunner {
         jobs_max: usize,
         page_bytes: Option<usize>,
     ) -> std::io::Result<ThreadRunner> {
-        let (jobs, inbox) = std::sync::mpsc::sync_channel::<Job>(jobs_max);
+        let (jobs, inbox) = std::sync::mpsc::sync_channel::<Queued>(jobs_max);
         let (outbox, results) = mpsc::channel(4);
         let (read_outbox, reads) = mpsc::channel(jobs_max.max(1));
         std::thread::Builder::new().name("lockstep-executor".into()).spawn(move || {
             let mut executor = executor;
-            while let Ok(job) = inbox.recv() {
+            while let Ok((released, job)) = inbox.recv() {
+                if !released.is_empty() {
+                    executor.release_pages(&released);
+                }
                 match job {
                     Job::Start(id, spec) => executor.start_request(id, spec),
                     Job::End(id) => executor.end_request(id),
@@ -261,17 +287,33 @@ impl ThreadRunner {
                 }
             }
         })?;
-        Ok(ThreadRunner { jobs, results, launched: 0, reads, reads_issued: 0, page_bytes })
+        Ok(ThreadRunner {
+            jobs,
+            released: Vec::new(),
+            released_dedup_at: RELEASED_DEDUP_MIN,
+            results,
+            launched: 0,
+            reads,
+            reads_issued: 0,
+            page_bytes,
+        })
     }
 
-    fn send(&self, job: Job) {
+    fn send(&mut self, job: Job) {
+        let released = std::mem::take(&mut self.released);
+        self.released_dedup_at = RELEASED_DEDUP_MIN;
         // Full would mean the engine broke its own bound; gone means the thread died, which
         // `completed` reports as a failed step.
-        if let Err(std::sync::mpsc::TrySendError::Full(job)) = self.jobs.try_send(job) {
+        if let Err(std::sync::mpsc::TrySendError::Full((_, job))) =
+            self.jobs.try_send((released, job))
+        {
             panic!("the executor's job queue is full: {job:?}");
         }
     }
 }
+
+/// Pages `ThreadRunner::released` holds before it is first deduplicated.
+const RELEASED_DEDUP_MIN: usize = 1024;
 
 impl StepRunner for ThreadRunner {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
@@ -280,6 +322,16 @@ impl StepRunner for ThreadRunner {
 
     fn end_request(&mut self, request: RequestId) {
         self.send(Job::End(request));
+    }
+
+    fn release_pages(&mut self, pages: Vec<u32>) {
+        self.released.extend(pages);
+        if self.released.len() >= self.released_dedup_at {
+            // Releasing a page twice before a job runs is releasing it once.
+            self.released.sort_unstable();
+            self.released.dedup();
+            self.released_dedup_at = 2 * self.released.len().max(RELEASED_DEDUP_MIN);
+        }
     }
 
     fn launch(&mut self, plan: StepPlan) {
@@ -370,6 +422,10 @@ impl<E: Executor> Executor for NoPages<E> {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
         self.0.execute(plan)
     }
+
+    fn release_pages(&mut self, pages: &[u32]) {
+        self.0.release_pages(pages);
+    }
 }
 
 impl<E> PageStore for NoPages<E> {
@@ -403,3 +459,7 @@ fn execute_catching<E: Executor>(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "runner_tests.rs"]
+mod tests;

@@ -157,6 +157,9 @@ impl<R: StepRunner> Engine<R> {
         while self.launched.len() < self.config.sched.mode.steps_in_flight_max() {
             let now = self.now();
             let Some(plan) = self.sched.plan_step(now) else { break };
+            // Planning may have freed pages (a preemption, an eviction) and handed them to this
+            // very plan: their poison goes first.
+            self.release_freed();
             let at = Instant::now();
             for row in &plan.rows {
                 if let Some(live) = self.live.get_mut(&row.request)
@@ -257,12 +260,30 @@ impl<R: StepRunner> Engine<R> {
                 self.abort(id);
             }
         }
+        self.release_freed();
         if self.config.check_invariants
             && let Err(e) = self.sched.check_invariants()
         {
             panic!("engine: {e}");
         }
         self.stats.set_requests_held(self.sched.requests_held());
+    }
+
+    /// Hands the pages freed since the last call to the executor, to poison (see
+    /// `Executor::release_pages`).
+    ///
+    /// Called at the end of every input and between planning a step and launching it. A step is
+    /// the only way this engine writes KV, so every page freed is released after the steps
+    /// launched before the free (which may still write or read it for its old owner: the runner
+    /// keeps call order) and before any step launched after it. A page freed and handed out
+    /// again at once is therefore poisoned before its new owner's first write, never after it,
+    /// which would destroy good KV.
+    fn release_freed(&mut self) {
+        let mut pages = Vec::new();
+        self.sched.take_freed_pages(&mut pages);
+        if !pages.is_empty() {
+            self.runner.release_pages(pages);
+        }
     }
 
     fn dispatch(&mut self, event: SchedEvent, gone: &mut Vec<RequestId>) {
@@ -346,3 +367,7 @@ async fn sleep_until_or_never(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "step_loop_tests.rs"]
+mod tests;

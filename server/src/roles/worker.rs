@@ -135,6 +135,13 @@ impl WorkerNode {
         }
     }
 
+    fn take_freed_pages(&mut self, out: &mut Vec<u32>) {
+        match self {
+            WorkerNode::Prefill(n) => n.take_freed_pages(out),
+            WorkerNode::Decode(n) => n.take_freed_pages(out),
+        }
+    }
+
     fn scheduler(&self) -> &lockstep_core::sched::Scheduler {
         match self {
             WorkerNode::Prefill(n) => n.scheduler(),
@@ -277,6 +284,9 @@ impl<R: PageRunner> WorkerEngine<R> {
         while self.launched.len() < self.steps_in_flight_max {
             let now = self.now();
             let Some(plan) = self.node.plan_step(now) else { break };
+            // Planning may have freed pages (a preemption, an eviction) and handed them to this
+            // very plan: their poison goes first.
+            self.release_freed();
             self.launched.push_back((plan.step, Instant::now()));
             self.runner.launch(plan);
             self.after_input();
@@ -310,6 +320,9 @@ impl<R: PageRunner> WorkerEngine<R> {
                 // The lease check before landing: only into a page its transfer still holds.
                 let allowed = node.write_allowed(key, page);
                 let bytes = data.len() as u64;
+                // Nothing was freed since the last input ended; releasing here anyway keeps the
+                // rule local: every write to the executor comes after the releases before it.
+                self.release_freed();
                 let landed = allowed && self.runner.write_page(page.index, data).is_ok();
                 if landed {
                     self.metrics.kv_bytes_received.increment(bytes);
@@ -396,7 +409,26 @@ impl<R: PageRunner> WorkerEngine<R> {
         }
     }
 
+    /// Hands the pages freed since the last call to the executor, to poison (see
+    /// `Executor::release_pages`).
+    ///
+    /// Called at the end of every input (before its page reads are issued), between planning a
+    /// step and launching it, and before landing a KV write: so before every call that may
+    /// write KV (a launch, a landed write) and after every such call made before the free. A
+    /// page freed and handed out again is then poisoned before its new owner's first write:
+    /// whether it came back to this worker's own step or to a transfer's reservation, whose
+    /// writes land in later inputs. And the poison lands after the steps launched before the
+    /// free, which may still touch it for its old owner (the runner keeps call order).
+    fn release_freed(&mut self) {
+        let mut pages = Vec::new();
+        self.node.take_freed_pages(&mut pages);
+        if !pages.is_empty() {
+            self.runner.release_pages(pages);
+        }
+    }
+
     fn after_input(&mut self) {
+        self.release_freed();
         while let Some(todo) = self.node.poll() {
             match todo {
                 Todo::Send(envelope) => self.send(envelope),
