@@ -206,6 +206,10 @@ impl<R: PageRunner> StepRunner for SlowRunner<R> {
         self.inner.launch(plan);
     }
 
+    fn release_pages(&mut self, pages: Vec<u32>) {
+        self.inner.release_pages(pages);
+    }
+
     fn completed(&mut self) -> Pin<Box<dyn Future<Output = StepResult> + Send + '_>> {
         Box::pin(async move {
             if self.held.is_none() {

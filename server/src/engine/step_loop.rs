@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::EngineConfig;
+use super::invariant_cadence::InvariantCadence;
 use super::handle::{Command, RequestEvent, SubmitError};
 use super::runner::{StepResult, StepRunner};
 use super::stats::EngineStats;
@@ -50,6 +51,7 @@ pub(super) struct Engine<R> {
     aborts: mpsc::Receiver<RequestId>,
     stats: Arc<EngineStats>,
     metrics: Arc<Metrics>,
+    cadence: InvariantCadence,
 }
 
 /// Marks the engine stopped however its task ends, a panic included, so `/health` fails.
@@ -82,6 +84,7 @@ impl<R: StepRunner> Engine<R> {
             aborts,
             stats,
             metrics,
+            cadence: InvariantCadence::default(),
         }
     }
 
@@ -261,10 +264,15 @@ impl<R: StepRunner> Engine<R> {
             }
         }
         self.release_freed();
-        if self.config.check_invariants
-            && let Err(e) = self.sched.check_invariants()
-        {
-            panic!("engine: {e}");
+        if self.config.check_invariants {
+            let checked = if self.cadence.full_check_now(self.sched.requests_held() == 0) {
+                self.sched.check_invariants()
+            } else {
+                self.sched.check_invariants_incremental()
+            };
+            if let Err(e) = checked {
+                panic!("engine: {e}");
+            }
         }
         self.stats.set_requests_held(self.sched.requests_held());
     }

@@ -17,7 +17,9 @@ use lockstep_core::wire::{Endpoint, Envelope, Message, PageSlot, TransferId, Tra
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::engine::{EngineStats, PageRead, PageRunner, StepOrRead, StepResult};
+use crate::engine::{
+    EngineStats, InvariantCadence, PageRead, PageRunner, StepOrRead, StepResult,
+};
 use crate::metrics::{Metrics, observe};
 use crate::peer::{PeerEvent, SendError, Transport};
 
@@ -127,6 +129,13 @@ impl WorkerNode {
         }
     }
 
+    fn check_invariants_incremental(&mut self) -> Result<(), lockstep_core::InvariantViolation> {
+        match self {
+            WorkerNode::Prefill(n) => n.check_invariants_incremental(),
+            WorkerNode::Decode(n) => n.check_invariants_incremental(),
+        }
+    }
+
     /// Transfers the node's protocol side holds, and the pool pins they hold.
     fn transfers_and_pins(&self) -> (usize, usize) {
         match self {
@@ -189,6 +198,7 @@ pub struct WorkerEngine<R> {
     /// Protocol messages waiting for room, sent before any held write.
     held_control: VecDeque<(Envelope, Time)>,
     check_invariants: bool,
+    cadence: InvariantCadence,
     stats: Arc<EngineStats>,
     metrics: Arc<Metrics>,
 }
@@ -229,6 +239,7 @@ impl<R: PageRunner> WorkerEngine<R> {
             held: VecDeque::new(),
             held_control: VecDeque::new(),
             check_invariants,
+            cadence: InvariantCadence::default(),
             stats,
             metrics,
         }
@@ -442,10 +453,17 @@ impl<R: PageRunner> WorkerEngine<R> {
                 }
             }
         }
-        if self.check_invariants
-            && let Err(e) = self.node.check_invariants()
-        {
-            panic!("worker: {e}");
+        if self.check_invariants {
+            let holding_nothing = self.node.scheduler().requests_held() == 0
+                && self.node.transfers_and_pins() == (0, 0);
+            let checked = if self.cadence.full_check_now(holding_nothing) {
+                self.node.check_invariants()
+            } else {
+                self.node.check_invariants_incremental()
+            };
+            if let Err(e) = checked {
+                panic!("worker: {e}");
+            }
         }
         let sched = self.node.scheduler();
         let pool = sched.pool();
