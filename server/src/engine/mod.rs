@@ -25,11 +25,11 @@ use std::time::Duration;
 
 pub(crate) use handle::Command;
 pub use handle::{EngineHandle, RequestEvent, RequestStream, SubmitError};
+pub(crate) use invariant_cadence::InvariantCadence;
 use lockstep_core::sched::{SchedConfig, SchedConfigError, Scheduler};
 pub use runner::{
     InlineRunner, PageRead, PageRunner, StepCost, StepOrRead, StepResult, StepRunner, ThreadRunner,
 };
-pub(crate) use invariant_cadence::InvariantCadence;
 pub use stats::EngineStats;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

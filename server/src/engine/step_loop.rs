@@ -16,8 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::EngineConfig;
-use super::invariant_cadence::InvariantCadence;
 use super::handle::{Command, RequestEvent, SubmitError};
+use super::invariant_cadence::InvariantCadence;
 use super::runner::{StepResult, StepRunner};
 use super::stats::EngineStats;
 use crate::metrics::{Metrics, observe};

@@ -17,9 +17,7 @@ use lockstep_core::wire::{Endpoint, Envelope, Message, PageSlot, TransferId, Tra
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::engine::{
-    EngineStats, InvariantCadence, PageRead, PageRunner, StepOrRead, StepResult,
-};
+use crate::engine::{EngineStats, InvariantCadence, PageRead, PageRunner, StepOrRead, StepResult};
 use crate::metrics::{Metrics, observe};
 use crate::peer::{PeerEvent, SendError, Transport};
 
