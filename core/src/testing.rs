@@ -102,6 +102,9 @@ impl Harness {
         self.sched.handle_timeout(self.now);
         let planned = match self.sched.plan_step(self.now) {
             Some(plan) => {
+                // Planning may free pages (preemption, eviction) and hand them to this plan:
+                // their poison goes first, as the engine loops do it.
+                self.release_freed();
                 let outputs = self.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
                 self.pending.push_back(outputs);
                 self.steps += 1;
@@ -142,7 +145,16 @@ impl Harness {
         self.after_input();
     }
 
+    /// Hands the pages the pool freed to the model, which poisons them: a missing write then
+    /// cannot hide behind the KV the last owner left.
+    fn release_freed(&mut self) {
+        let mut freed = Vec::new();
+        self.sched.take_freed_pages(&mut freed);
+        self.model.release_pages(&freed);
+    }
+
     fn after_input(&mut self) {
+        self.release_freed();
         // Both checks after every input: the incremental one must pass wherever the full one
         // does, whatever the inputs (it runs alone after most inputs in the simulator).
         if let Err(e) = self.sched.check_invariants_incremental() {

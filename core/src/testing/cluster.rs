@@ -190,6 +190,7 @@ impl Cluster {
         let Some(w) = self.writes.remove(i) else { return };
         let landed = !fail && self.decode.write_allowed(w.key, w.page);
         if landed {
+            self.release_freed();
             self.decode_model.write_page(w.page.index, &w.data).expect("a page-sized write");
         } else if !fail {
             self.writes_late += 1;
@@ -201,6 +202,7 @@ impl Cluster {
     /// Plans, executes and applies one prefill step; false if none could be planned.
     pub fn step_prefill(&mut self) -> bool {
         let Some(plan) = self.prefill.plan_step(self.now) else { return false };
+        self.release_freed();
         let outputs = self.prefill_model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
         self.prefill.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
@@ -209,6 +211,7 @@ impl Cluster {
 
     pub fn step_decode(&mut self) -> bool {
         let Some(plan) = self.decode.plan_step(self.now) else { return false };
+        self.release_freed();
         let outputs = self.decode_model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
         self.decode.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
@@ -430,7 +433,19 @@ impl Cluster {
         incremental(self.decode.check_invariants_incremental());
     }
 
+    /// Hands each worker's freed pages to its model, which poisons them (in order with the
+    /// steps and writes, as the engine loops do).
+    fn release_freed(&mut self) {
+        let mut freed = Vec::new();
+        self.prefill.take_freed_pages(&mut freed);
+        self.prefill_model.release_pages(&freed);
+        freed.clear();
+        self.decode.take_freed_pages(&mut freed);
+        self.decode_model.release_pages(&freed);
+    }
+
     fn after_input(&mut self) {
+        self.release_freed();
         self.check_invariants_incremental();
         self.check_invariants();
         while let Some(output) = self.router.poll_output() {
