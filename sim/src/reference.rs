@@ -66,6 +66,8 @@ fn alone(
     let mut config = RunConfig::new(0, Topology::Single, FaultLevel::None);
     config.cost = cost;
     config.knobs = Some(Knobs::plain(context, 1));
+    // A single server has no links to wait for: the warm-up would be most of each run.
+    config.warmup = Duration::ZERO;
     let outcome = run(&single, &config);
     let observed = &outcome.observed[0];
     match &observed.ending {
