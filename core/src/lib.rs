@@ -15,6 +15,7 @@ pub mod kv;
 pub mod model;
 pub mod node;
 pub mod pd;
+pub mod planted;
 pub mod sched;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -16,6 +16,7 @@ pub mod net;
 pub mod oracle;
 pub mod panics;
 pub mod perfetto;
+pub mod plants;
 pub mod reference;
 pub mod rng;
 pub mod run;

@@ -7,6 +7,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lockstep_core::planted::PlantedBug;
+
 use crate::client::{self, ClientPlan, Observed};
 use crate::device::{CostModel, SlowSteps};
 use crate::events::{Event, EventLog, Logged};
@@ -32,6 +34,9 @@ pub struct RunConfig {
     pub mix: Option<FaultMix>,
     /// A bug planted in every worker's device (`sabotage`): for showing the oracles fire.
     pub sabotage: Option<Sabotage>,
+    /// A bug class of shared/bugs.md put back for this run (`planted!`); only a build with
+    /// feature `planted-bugs` can plant one.
+    pub plant: Option<PlantedBug>,
     /// turmoil's step: every host runs this much virtual time per step.
     pub tick: Duration,
     /// The longest a client waits for its answer.
@@ -55,6 +60,7 @@ impl RunConfig {
             knobs: None,
             mix: None,
             sabotage: None,
+            plant: None,
             tick: Duration::from_millis(1),
             client_timeout: Duration::from_secs(600),
             settle_max: Duration::from_secs(30),
@@ -93,6 +99,11 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     // The one wall-clock read: how fast the simulation itself ran, for the report.
     #[allow(clippy::disallowed_methods)]
     let started = Instant::now();
+    // The run is this thread's: every host, the reference never (it runs alone, unplanted).
+    #[cfg(feature = "planted-bugs")]
+    let _planting = lockstep_core::planted::plant(config.plant);
+    #[cfg(not(feature = "planted-bugs"))]
+    assert!(config.plant.is_none(), "planting a bug needs a build with feature planted-bugs");
     let knobs = config
         .knobs
         .clone()

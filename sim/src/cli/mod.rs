@@ -8,6 +8,7 @@ mod report;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use lockstep_core::planted::PlantedBug;
 use lockstep_sim::device::CostModel;
 use lockstep_sim::faults::FaultLevel;
 use lockstep_sim::knobs::Topology;
@@ -31,6 +32,8 @@ usage:
   --cost FILE                   the step cost model (default: sim/cost_model.json, built in)
   --tick-ms N                   turmoil's tick (default 1): messages are delivered on its
                                 boundaries; 2 runs about twice as fast
+  --plant CLASS                 put back one bug class of shared/bugs.md (`sim hunt` lists
+                                them); needs a sim built with --features planted-bugs
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
@@ -51,6 +54,8 @@ pub struct Common {
     /// turmoil's tick: network deliveries happen on its boundaries (timers fire at their own
     /// times within it); a longer one runs faster.
     pub tick_ms: u64,
+    /// A bug class put back (`--plant`), in a sim built with feature `planted-bugs`.
+    pub plant: Option<PlantedBug>,
 }
 
 impl Common {
@@ -67,6 +72,7 @@ impl Common {
         let mut config = RunConfig::new(seed, self.topology, self.faults);
         config.cost = self.cost;
         config.tick = std::time::Duration::from_millis(self.tick_ms);
+        config.plant = self.plant;
         config
     }
 
@@ -82,6 +88,9 @@ impl Common {
         for arg in self.import_args.iter().map(String::as_str).chain(cost) {
             command.push(' ');
             command.push_str(arg);
+        }
+        if let Some(bug) = self.plant {
+            command.push_str(&format!(" --plant {bug}"));
         }
         if self.tick_ms != 1 {
             command.push_str(&format!(" --tick-ms {}", self.tick_ms));
@@ -107,6 +116,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut cost = CostModel::default_model();
     let mut cost_arg = None;
     let mut tick_ms = 1;
+    let mut plant = None;
     let mut rest = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -149,6 +159,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                 }
             }
             "--faults" => faults = value.parse()?,
+            "--plant" => plant = Some(planted_bug(&value)?),
             "--cost" => {
                 cost = CostModel::load(std::path::Path::new(&value))?;
                 cost_arg = Some(value);
@@ -167,9 +178,23 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             cost,
             cost_arg,
             tick_ms,
+            plant,
         },
         rest,
     })
+}
+
+/// `--plant CLASS`: only a sim built with feature `planted-bugs` has the bugs to plant.
+fn planted_bug(name: &str) -> Result<PlantedBug, String> {
+    let bug = name.parse()?;
+    if cfg!(feature = "planted-bugs") {
+        Ok(bug)
+    } else {
+        Err(format!(
+            "--plant {bug}: this sim was built without the planted bugs; run it as \
+             `cargo run --release -p lockstep-sim --features planted-bugs --bin sim -- ...`"
+        ))
+    }
 }
 
 pub fn number<T: std::str::FromStr>(text: &str, flag: &str) -> Result<T, String> {

@@ -1,0 +1,114 @@
+//! Where each planted bug class is hunted (issue 11): the trace, topology and fault level whose
+//! runs reach the code the bug lives in, and a seed known to catch it. `sim hunt` explores each
+//! scenario from several seed ranges for the seeds-to-detection table in BENCHMARKS.md;
+//! tests/planted.rs replays each known seed planted (caught) and unplanted (clean).
+//!
+//! The bugs themselves sit where the real ones lived, behind `planted!` (lockstep-core's module
+//! `planted`, compiled only with feature `planted-bugs`).
+
+use lockstep_core::planted::PlantedBug;
+
+use crate::faults::FaultLevel;
+use crate::knobs::Topology;
+use crate::oracle::Oracle;
+use crate::trace::ImportOptions;
+
+/// A run that reaches a bug class.
+#[derive(Clone, Copy, Debug)]
+pub struct Scenario {
+    /// From the repository root.
+    pub trace: &'static str,
+    /// Trace options as on the command line (`--max-requests 40`, …).
+    pub import: &'static [&'static str],
+    pub topology: Topology,
+    pub faults: FaultLevel,
+    /// A seed whose run catches the bug when planted (and holds every oracle when not).
+    pub caught_at: u64,
+    /// The oracle that fires first at `caught_at`.
+    pub fires: Oracle,
+}
+
+const RECORDED: &str = "traces/recorded_router_1p1d_smollm2.jsonl";
+const WEKA_80: &str = "traces/weka_agentic_80.jsonl";
+
+impl Scenario {
+    /// The trace options as the importer takes them.
+    pub fn import_options(&self) -> Result<ImportOptions, String> {
+        let mut options = ImportOptions::default();
+        let mut args = self.import.iter();
+        while let Some(&flag) = args.next() {
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            let bad = || format!("{flag}: {value:?} is not a valid number");
+            match flag {
+                "--scale-tokens" => options.scale_tokens = value.parse().map_err(|_| bad())?,
+                "--max-input" => options.max_input = Some(value.parse().map_err(|_| bad())?),
+                "--max-output" => options.max_output = Some(value.parse().map_err(|_| bad())?),
+                "--max-requests" => options.max_requests = Some(value.parse().map_err(|_| bad())?),
+                other => return Err(format!("{other} is not a trace option of a scenario")),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The scenario of `bug`.
+pub fn scenario(bug: PlantedBug) -> Scenario {
+    use FaultLevel::{Default, Heavy};
+    use Oracle::*;
+    use PlantedBug::*;
+    use Topology::{OneP1D, Single, TwoP2D};
+    let s = |trace, import, topology, faults, caught_at, fires| Scenario {
+        trace,
+        import,
+        topology,
+        faults,
+        caught_at,
+        fires,
+    };
+    // The 80-session agentic trace, cut to what a CI test affords; `sim hunt` uses it whole for
+    // the incident.
+    const WEKA_SMALL: &[&str] =
+        &["--scale-tokens", "0.25", "--max-output", "32", "--max-requests", "40"];
+    let _ = (Single, TwoP2D, Default, WEKA_80, WEKA_SMALL);
+    match bug {
+        SlotReuse => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        FreeWhileWriteLands => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        FreeBeforeLastReader => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        PrematureRelease => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        AbortPathWedge => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
+        StuckInBootstrap => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
+        FailOpen => s(RECORDED, &[], OneP1D, Heavy, 0, FailClosed),
+        DoubleCompletion => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
+        LeakWhenPeerSilent => s(RECORDED, &[], OneP1D, Heavy, 0, Leaks),
+        EmptyHandOff => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        AbortRacesCompletion => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
+        PoisonedCachedPrefix => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        CancelNearSharedPrefix => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        AbortInMultiTurnSession => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        CollectiveMismatch => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
+        PinnedBufferOverwritten => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        TransferWithoutCancellation => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        AccumulatingCorruption => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        StaleKvAfterResume => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        ScheduledTwiceInOverlap => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        LeaseShorterThanWrite => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        HeartbeatNotExtendingLease => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        OldIncarnationStateKept => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        DecodeReadsUnfinishedTransfer => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_names_a_committed_trace_and_valid_options() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for bug in PlantedBug::ALL {
+            let scenario = scenario(bug);
+            assert!(root.join(scenario.trace).is_file(), "{bug}: {} is missing", scenario.trace);
+            scenario.import_options().unwrap_or_else(|e| panic!("{bug}: {e}"));
+        }
+    }
+}
