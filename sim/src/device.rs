@@ -3,7 +3,7 @@
 //! step now and then takes longer, as a GPU's would behind a straggling collective or a page
 //! fault). The engine loop above it is the production one.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -59,6 +59,20 @@ pub struct SlowSteps {
     pub until: Duration,
 }
 
+/// Planted `TransferWithoutCancellation` only: a KV write the device acknowledged and has not
+/// landed yet (its DMA is still running), and when it lands.
+#[derive(Debug)]
+struct InFlightWrite {
+    page: u32,
+    data: Vec<u8>,
+    due: Duration,
+    /// Its page was released while the write was in flight: nobody waits for it any more.
+    orphaned: bool,
+}
+
+/// The longest a planted in-flight write takes to land.
+const WRITE_LANDS_WITHIN: Duration = Duration::from_millis(100);
+
 /// A step on the device, from its launch.
 #[derive(Debug)]
 struct LaunchedStep {
@@ -87,6 +101,13 @@ pub struct SlowRunner<R> {
     /// A completed step held back, and until when. Kept here, not in a future, so that dropping
     /// `completed` while it waits loses nothing (the runner's cancel-safety promise).
     held: Option<(Instant, StepResult)>,
+    /// Planted `PinnedBufferOverwritten` only: a step launched behind another whose block ids
+    /// the device has not copied yet (it copies them when it gets to the step).
+    staged: Option<StepPlan>,
+    /// Planted `TransferWithoutCancellation` only: writes acknowledged and not landed, in order.
+    in_flight_writes: VecDeque<InFlightWrite>,
+    /// Planted `AccumulatingCorruption` only: per page, a digest of the last write landed in it.
+    landed: BTreeMap<u32, u64>,
 }
 
 impl<R> std::fmt::Debug for SlowRunner<R> {
@@ -115,6 +136,9 @@ impl<R: PageRunner> SlowRunner<R> {
             launched: VecDeque::new(),
             last_end: Duration::ZERO,
             held: None,
+            staged: None,
+            in_flight_writes: VecDeque::new(),
+            landed: BTreeMap::new(),
         }
     }
 
@@ -170,6 +194,50 @@ impl<R: PageRunner> SlowRunner<R> {
         result
     }
 
+    /// Planted `PinnedBufferOverwritten` only: hands the staged step to the device, which copies
+    /// its block ids now. Every call that reaches the device does this first, in call order.
+    fn copy_staged(&mut self) {
+        if let Some(plan) = self.staged.take() {
+            self.inner.launch(plan);
+        }
+    }
+
+    /// Planted `PinnedBufferOverwritten` only: the device copies a step's block ids from one
+    /// pinned host buffer when it starts the step, which for a step launched behind another is
+    /// once that one is done.
+    fn launch_staged(&mut self, plan: StepPlan) {
+        if let Some(mut staged) = self.staged.take() {
+            // trtllm#15546: the next plan's block ids went into the pinned buffer before the
+            // async copy of the staged step's read it; that step runs with another batch's ids.
+            let overwritten = staged.page_updates.len().min(plan.page_updates.len());
+            staged.page_updates[..overwritten].copy_from_slice(&plan.page_updates[..overwritten]);
+            self.inner.launch(staged);
+        }
+        if self.launched.len() > 1 {
+            self.staged = Some(plan);
+        } else {
+            self.inner.launch(plan);
+        }
+    }
+
+    /// Planted `TransferWithoutCancellation` only: lands the in-flight writes that are due, or
+    /// that `wait_for` waits for, in the order they were issued.
+    fn land_writes(&mut self, wait_for: impl Fn(&InFlightWrite) -> bool) {
+        if self.in_flight_writes.is_empty() {
+            return;
+        }
+        let now = sabotage::now();
+        let mut still = VecDeque::new();
+        for write in std::mem::take(&mut self.in_flight_writes) {
+            if write.due <= now || wait_for(&write) {
+                let _ = self.inner.write_page(write.page, write.data);
+            } else {
+                still.push_back(write);
+            }
+        }
+        self.in_flight_writes = still;
+    }
+
     async fn release_held(&mut self) -> StepResult {
         let (at, _) = self.held.as_ref().expect("called with a step held");
         tokio::time::sleep_until(*at).await;
@@ -180,10 +248,12 @@ impl<R: PageRunner> SlowRunner<R> {
 
 impl<R: PageRunner> StepRunner for SlowRunner<R> {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.copy_staged();
         self.inner.start_request(request, spec);
     }
 
     fn end_request(&mut self, request: RequestId) {
+        self.copy_staged();
         self.inner.end_request(request);
     }
 
@@ -203,15 +273,33 @@ impl<R: PageRunner> StepRunner for SlowRunner<R> {
             }
         }
         self.launched.push_back(step);
+        // A step waits for the in-flight writes into the pages its table takes on.
+        self.land_writes(|w| !w.orphaned && plan.page_updates.iter().any(|p| p.index() == w.page));
+        if lockstep_core::planted!(PinnedBufferOverwritten) {
+            return self.launch_staged(plan);
+        }
         self.inner.launch(plan);
     }
 
     fn release_pages(&mut self, pages: Vec<u32>) {
+        self.copy_staged();
+        self.land_writes(|_| false);
+        if lockstep_core::planted!(TransferWithoutCancellation) {
+            // nixl#2067, nixl#2044: the release returns while writes into these pages are still
+            // in flight (no cancellation); they land whenever they land, on the pages' next owner.
+            for write in &mut self.in_flight_writes {
+                write.orphaned |= pages.contains(&write.page);
+            }
+        }
         self.inner.release_pages(pages);
     }
 
     fn completed(&mut self) -> Pin<Box<dyn Future<Output = StepResult> + Send + '_>> {
         Box::pin(async move {
+            if self.launched.len() == 1 {
+                // The staged step is the oldest: the device gets to it.
+                self.copy_staged();
+            }
             if self.held.is_none() {
                 let result = self.inner.completed().await;
                 let delay = self.draw_delay();
@@ -231,11 +319,17 @@ impl<R: PageRunner> PageRunner for SlowRunner<R> {
     }
 
     fn read_page(&mut self, tag: u64, page: u32) {
+        self.copy_staged();
+        self.land_writes(|w| !w.orphaned && w.page == page);
         self.inner.read_page(tag, page);
     }
 
     fn step_or_read(&mut self) -> Pin<Box<dyn Future<Output = StepOrRead> + Send + '_>> {
         Box::pin(async move {
+            if self.launched.len() == 1 {
+                // The staged step is the oldest: the device gets to it.
+                self.copy_staged();
+            }
             if self.held.is_some() {
                 return StepOrRead::Step(self.release_held().await);
             }
@@ -254,6 +348,25 @@ impl<R: PageRunner> PageRunner for SlowRunner<R> {
     }
 
     fn write_page(&mut self, page: u32, data: Vec<u8>) -> Result<(), ExecError> {
+        self.copy_staged();
+        self.land_writes(|_| false);
+        if lockstep_core::planted!(AccumulatingCorruption) && data.len() == self.page_bytes() {
+            // sgl#23020: a write equal to the last one landed in the page is taken for a resent
+            // duplicate and skipped, and a release never forgets that record: the page keeps
+            // what its occupants left since (here their poison), more of them as pages recycle.
+            let digest = data.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            if self.landed.insert(page, digest) == Some(digest) {
+                return Ok(());
+            }
+        }
+        if lockstep_core::planted!(TransferWithoutCancellation) && data.len() == self.page_bytes() {
+            // The write is acknowledged once issued; its DMA lands within a bound, in order.
+            let due = sabotage::now() + self.rng.millis(Duration::ZERO, WRITE_LANDS_WITHIN);
+            self.in_flight_writes.push_back(InFlightWrite { page, data, due, orphaned: false });
+            return Ok(());
+        }
         if let Some(Sabotage::DropKvWrite { every }) = self.sabotage {
             self.writes += 1;
             if self.writes.is_multiple_of(every.max(1)) {

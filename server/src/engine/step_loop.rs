@@ -242,6 +242,13 @@ impl<R: StepRunner> Engine<R> {
 
     fn abort(&mut self, id: RequestId) {
         if self.sched.abort(id, self.now()).is_ok() {
+            if lockstep_core::planted!(CollectiveMismatch)
+                && self.launched.back().is_some_and(|step| step.sampling.contains(&id))
+            {
+                // Planted (sglang#28039): the abort takes its request's newest step off the
+                // engine's count while the device still runs it; the two never agree again.
+                self.launched.pop_back();
+            }
             self.metrics.client_aborts.increment(1);
             tracing::debug!(request = id.0, "aborted by its client");
         }
