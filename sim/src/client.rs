@@ -2,8 +2,11 @@
 //! API, as an OpenAI client would (a streamed completion with token-id prompts, a new connection
 //! per request). Open-loop requests go out at their times; a session's next turn goes out after
 //! the previous answer plus its think time. A client may go away mid-request (the cancellation
-//! fault), and gives up after a bound. What each client saw is kept for the oracles.
+//! fault), and gives up after a bound. What each client saw is kept for the oracles. A board
+//! tells the run loop when the next client will send and how many requests are out, so that it can
+//! fast-forward through idle time (`run`).
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +60,31 @@ pub struct Observed {
 
 pub type Observations = Arc<Mutex<Vec<Observed>>>;
 
+/// What the clients tell the run loop, for the idle fast-forward: when each client waiting to send
+/// will send, and how many requests are out (sent and not yet ended). An open-loop request is on it
+/// from the start; a session's next turn from the previous turn's end (in the same tick: a host's
+/// time does not move on while it has a task ready to run).
+#[derive(Debug, Default)]
+pub struct Board {
+    /// (send time, request) of each client sleeping until its send.
+    next_sends: BTreeSet<(Duration, usize)>,
+    outstanding: usize,
+}
+
+impl Board {
+    /// The earliest time a client will send, if any is waiting to.
+    pub fn next_send(&self) -> Option<Duration> {
+        self.next_sends.first().map(|&(at, _)| at)
+    }
+
+    /// Requests sent and not yet ended.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+}
+
+pub type ClientBoard = Arc<Mutex<Board>>;
+
 /// The clients' part of a run.
 #[derive(Clone, Debug)]
 pub struct ClientPlan {
@@ -72,7 +100,21 @@ pub struct ClientPlan {
 }
 
 /// Registers the clients' host on `sim`; the run is over when it returns.
-pub fn install(sim: &mut turmoil::Sim<'_>, plan: ClientPlan, seen: Observations, log: EventLog) {
+pub fn install(
+    sim: &mut turmoil::Sim<'_>,
+    plan: ClientPlan,
+    seen: Observations,
+    log: EventLog,
+    board: ClientBoard,
+) {
+    {
+        let mut board = board.lock().expect("before the run");
+        for (index, request) in plan.requests.iter().enumerate() {
+            if let Start::At(at) = request.start {
+                board.next_sends.insert((plan.start_offset + at, index));
+            }
+        }
+    }
     sim.client("clients", async move {
         let plan = Arc::new(plan);
         let (ended, watchers): (Vec<_>, Vec<_>) =
@@ -83,9 +125,9 @@ pub fn install(sim: &mut turmoil::Sim<'_>, plan: ClientPlan, seen: Observations,
                 Start::After { previous, .. } => Some(watchers[previous].clone()),
                 Start::At(_) => None,
             };
-            let (plan, seen, log) = (plan.clone(), seen.clone(), log.clone());
+            let (plan, seen, log, board) = (plan.clone(), seen.clone(), log.clone(), board.clone());
             tasks.push(tokio::spawn(async move {
-                one_request(&plan, index, previous, &seen, &log).await;
+                one_request(&plan, index, previous, &seen, &log, &board).await;
                 // Later turns wait on this; nobody listening is fine.
                 let _ = done.send(true);
             }));
@@ -103,20 +145,28 @@ async fn one_request(
     previous: Option<watch::Receiver<bool>>,
     seen: &Observations,
     log: &EventLog,
+    board: &ClientBoard,
 ) {
     let request = &plan.requests[index];
-    match request.start {
-        Start::At(at) => {
-            let now = turmoil::sim_elapsed().unwrap_or_default();
-            tokio::time::sleep((plan.start_offset + at).saturating_sub(now)).await;
-        }
+    let send_at = match request.start {
+        // On the board since `install`.
+        Start::At(at) => plan.start_offset + at,
         Start::After { think, .. } => {
             if let Some(mut previous) = previous {
                 // The sender is dropped only after sending `true`.
                 let _ = previous.wait_for(|ended| *ended).await;
             }
-            tokio::time::sleep(think).await;
+            let send_at = turmoil::sim_elapsed().unwrap_or_default() + think;
+            board.lock().expect("one task at a time").next_sends.insert((send_at, index));
+            send_at
         }
+    };
+    let now = turmoil::sim_elapsed().unwrap_or_default();
+    tokio::time::sleep(send_at.saturating_sub(now)).await;
+    {
+        let mut board = board.lock().expect("one task at a time");
+        board.next_sends.remove(&(send_at, index));
+        board.outstanding += 1;
     }
     let sent_at = turmoil::sim_elapsed().unwrap_or_default();
     seen.lock().expect("one task at a time")[index].sent_at = Some(sent_at);
@@ -127,6 +177,7 @@ async fn one_request(
         () = sleep_or_never(cancel) => Ending::Cancelled,
         () = tokio::time::sleep(plan.timeout) => Ending::TimedOut,
     };
+    board.lock().expect("one task at a time").outstanding -= 1;
     let mut all = seen.lock().expect("one task at a time");
     let observed = &mut all[index];
     observed.ended_at = turmoil::sim_elapsed();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::planted::PlantedBug;
 
-use crate::client::{self, ClientPlan, Observed};
+use crate::client::{self, ClientBoard, ClientPlan, Observed};
 use crate::device::{CostModel, SlowSteps};
 use crate::events::{Event, EventLog, Logged};
 use crate::faults::{self, FaultAction, FaultLevel, FaultMix, ScheduledFault};
@@ -48,6 +48,9 @@ pub struct RunConfig {
     /// Clients start this long after the hosts, as a load balancer waits for a new deployment's
     /// links to come up; the fault window starts with them.
     pub warmup: Duration,
+    /// Steps through idle spans (nothing on the network, nothing held, no request out) in one
+    /// long turmoil step each instead of tick by tick (`idle_step`); off: every step is a tick.
+    pub fast_forward: bool,
 }
 
 impl RunConfig {
@@ -66,6 +69,7 @@ impl RunConfig {
             settle_max: Duration::from_secs(30),
             virtual_time_max: Duration::from_secs(4 * 3600),
             warmup: Duration::from_secs(2),
+            fast_forward: true,
         }
     }
 }
@@ -92,6 +96,9 @@ pub struct RunOutcome {
     pub virtual_time: Duration,
     pub wall_time: Duration,
     pub steps: u64,
+    /// Steps longer than a tick (the idle fast-forward), and the virtual time they covered.
+    pub long_steps: u64,
+    pub fast_forwarded: Duration,
 }
 
 /// Runs `trace` once.
@@ -147,13 +154,16 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         timeout: config.client_timeout,
         start_offset: config.warmup,
     };
-    client::install(&mut sim, plan, seen.clone(), log.clone());
+    let board = ClientBoard::default();
+    client::install(&mut sim, plan, seen.clone(), log.clone(), board.clone());
+    let cap = fast_forward_cap(&knobs);
 
     panics::start_capture();
     let router_events = server_events::capture(log.clone());
     let mut applier = FaultApplier::new(&deployment, &mix);
     let mut next_fault = 0;
     let mut steps = 0u64;
+    let (mut long_steps, mut fast_forwarded) = (0u64, Duration::ZERO);
     let mut sim_error = None;
     let mut settling_since = None;
     loop {
@@ -165,7 +175,26 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
             next_fault += 1;
         }
         steps += 1;
-        match catch_unwind(AssertUnwindSafe(|| sim.step())) {
+        let long = config.fast_forward.then(|| {
+            let mut horizon = config.virtual_time_max;
+            if let Some(fault) = faults.get(next_fault) {
+                horizon = horizon.min(fault.at);
+            }
+            if now < config.warmup {
+                horizon = horizon.min(config.warmup);
+            }
+            idle_step(&sim, &deployment, &board, now, horizon.min(now + cap), config.tick)
+        });
+        let long = long.flatten();
+        if let Some(span) = long {
+            long_steps += 1;
+            fast_forwarded += span;
+        }
+        let step = |sim: &mut turmoil::Sim<'_>| match long {
+            Some(span) => sim.step_for(span),
+            None => sim.step(),
+        };
+        match catch_unwind(AssertUnwindSafe(|| step(&mut sim))) {
             Ok(Ok(clients_done)) => {
                 if clients_done && next_fault >= faults.len() {
                     let since = *settling_since.get_or_insert(now);
@@ -208,6 +237,8 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         virtual_time,
         wall_time: started.elapsed(),
         steps,
+        long_steps,
+        fast_forwarded,
     }
 }
 
@@ -222,6 +253,54 @@ fn cancellations(seed: u64, mix: &FaultMix, requests: usize) -> Vec<Option<Durat
     (0..requests)
         .map(|_| rng.chance(mix.cancel_rate).then(|| rng.millis(Duration::ZERO, mix.cancel_within)))
         .collect()
+}
+
+/// The longest step the idle fast-forward takes: a sixteenth of the lease (18 ms at the shortest
+/// lease drawn, 300 ms; 125 ms at 2 s). Inside a long step every host's timers still fire at their
+/// own times (each host's clock is paused and moves from timer to timer), but what they send
+/// (heartbeats every lease/4, peer-link pings, reconnects) is stamped and delivered at the step's
+/// end: up to this much later than with tick-by-tick stepping. That is the fast-forward's one cost
+/// in fidelity: of the order of the faults' message latency (up to 20 ms by default), and well
+/// inside every timeout it could trip (a lease runs out after 4 heartbeats, a peer link is dead
+/// after 2 s without a ping).
+pub fn fast_forward_cap(knobs: &Knobs) -> Duration {
+    knobs.timing.lease / 16
+}
+
+/// How long the next step may be, if longer than two ticks: when nothing is on the network (sent
+/// and not yet delivered, held messages included), no client request is out, and every host holds
+/// nothing (`quiescent`), nothing can happen before the next timer, and the only timers that can
+/// change what happens next are the clients' sends (on `board`), the faults, the warm-up's end and
+/// the run's end (`until` is the earliest of those and `now` + the cap). Rounded down to whole
+/// ticks, so steps stay on the tick grid. Messages turmoil already moved off a link for delivery
+/// at the next step's start are not visible here; they are delivered at that start whatever the
+/// step's length.
+fn idle_step(
+    sim: &turmoil::Sim<'_>,
+    deployment: &Deployment,
+    board: &ClientBoard,
+    now: Duration,
+    until: Duration,
+    tick: Duration,
+) -> Option<Duration> {
+    let next_send = {
+        let board = board.lock().expect("the hosts are between steps");
+        if board.outstanding() > 0 {
+            return None;
+        }
+        board.next_send()
+    };
+    let until = next_send.map_or(until, |send| until.min(send));
+    let ticks = until.saturating_sub(now).as_nanos() / tick.as_nanos().max(1);
+    if ticks < 2 {
+        return None;
+    }
+    let mut network_quiet = true;
+    sim.links(|mut links| network_quiet = links.all(|mut link| link.next().is_none()));
+    if !network_quiet || !quiescent(deployment) {
+        return None;
+    }
+    Some(tick * u32::try_from(ticks).unwrap_or(u32::MAX))
 }
 
 /// True when every host holds nothing: no request, page, transfer or pin.

@@ -32,6 +32,8 @@ usage:
   --cost FILE                   the step cost model (default: sim/cost_model.json, built in)
   --tick-ms N                   turmoil's tick (default 1): messages are delivered on its
                                 boundaries; 2 runs about twice as fast
+  --no-fast-forward             step tick by tick through idle spans too (by default one long
+                                step crosses each: run.rs, `idle_step`)
   --plant CLASS                 put back one bug class of shared/bugs.md (`sim hunt` lists
                                 them); needs a sim built with --features planted-bugs
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
@@ -54,6 +56,8 @@ pub struct Common {
     /// turmoil's tick: network deliveries happen on its boundaries (timers fire at their own
     /// times within it); a longer one runs faster.
     pub tick_ms: u64,
+    /// Idle spans in one long step each (`RunConfig::fast_forward`).
+    pub fast_forward: bool,
     /// A bug class put back (`--plant`), in a sim built with feature `planted-bugs`.
     pub plant: Option<PlantedBug>,
 }
@@ -72,6 +76,7 @@ impl Common {
         let mut config = RunConfig::new(seed, self.topology, self.faults);
         config.cost = self.cost;
         config.tick = std::time::Duration::from_millis(self.tick_ms);
+        config.fast_forward = self.fast_forward;
         config.plant = self.plant;
         config
     }
@@ -95,6 +100,9 @@ impl Common {
         if self.tick_ms != 1 {
             command.push_str(&format!(" --tick-ms {}", self.tick_ms));
         }
+        if !self.fast_forward {
+            command.push_str(" --no-fast-forward");
+        }
         command
     }
 }
@@ -116,6 +124,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut cost = CostModel::default_model();
     let mut cost_arg = None;
     let mut tick_ms = 1;
+    let mut fast_forward = true;
     let mut plant = None;
     let mut rest = Vec::new();
     let mut i = 0;
@@ -125,6 +134,11 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             if trace_path.replace(PathBuf::from(flag)).is_some() {
                 return Err(format!("one trace at a time ({flag:?} is a second)"));
             }
+            i += 1;
+            continue;
+        }
+        if flag == "--no-fast-forward" {
+            fast_forward = false;
             i += 1;
             continue;
         }
@@ -178,6 +192,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             cost,
             cost_arg,
             tick_ms,
+            fast_forward,
             plant,
         },
         rest,
