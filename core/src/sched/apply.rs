@@ -94,7 +94,12 @@ impl Scheduler {
         let drained = r.in_flight_steps == 0;
         let discard = matches!(r.phase, Phase::Draining { then: AfterDrain::Remove, .. });
         // Most rows complete no page; a multiply tells so without a division.
-        let page_completed = (r.pages_cached + 1) * page_tokens <= r.computed;
+        let page_completed = if crate::planted!(PoisonedCachedPrefix) {
+            // Planted (sglang#38355): pages cached mid chunked prefill, before their KV is whole.
+            (r.pages_cached as usize) < planted_cacheable_pages(r, page_tokens as usize)
+        } else {
+            (r.pages_cached + 1) * page_tokens <= r.computed
+        };
         if !discard {
             if page_completed {
                 self.offer_full_pages_to_cache(row.entry);
@@ -145,7 +150,11 @@ impl Scheduler {
         let page_tokens = self.pool.page_tokens() as usize;
         let Scheduler { pool, entries, .. } = self;
         let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
-        let full = r.computed as usize / page_tokens;
+        let full = if crate::planted!(PoisonedCachedPrefix) {
+            planted_cacheable_pages(r, page_tokens)
+        } else {
+            r.computed as usize / page_tokens
+        };
         extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, full);
         for i in r.pages_cached as usize..full {
             let parent = if i == 0 { root_hash(r.cache_salt) } else { r.page_keys[i - 1] };
@@ -157,4 +166,11 @@ impl Scheduler {
         }
         r.pages_cached = full as u32;
     }
+}
+
+/// Planted `PoisonedCachedPrefix` only (sglang#38355): the prompt pages a chunked prefill holds
+/// count as cacheable as soon as its chunk is planned, before their KV is all written.
+fn planted_cacheable_pages(r: &super::request::Request, page_tokens: usize) -> usize {
+    let held_prompt_pages = r.pages.len().min(r.prompt_len as usize / page_tokens);
+    (r.computed as usize / page_tokens).max(held_prompt_pages)
 }

@@ -72,7 +72,13 @@ impl Scheduler {
         while i < self.running.len() && *budget > 0 {
             let (_, entry) = self.running[i];
             let r = self.entry(entry);
-            let (start, len_with_in_flight) = (r.planned_end(), r.len_with_in_flight());
+            let (start, len_with_in_flight) = if crate::planted!(ScheduledTwiceInOverlap) {
+                // Planted (missing class): the next step is planned from the applied positions,
+                // so a request the step in flight has is scheduled again for the same ones.
+                (r.computed, r.len_with_in_flight())
+            } else {
+                (r.planned_end(), r.len_with_in_flight())
+            };
             let remaining = len_with_in_flight - start;
             prefilling += usize::from(remaining > 1);
             // Samples in flight that will end the request: it gets no further row.
@@ -279,6 +285,11 @@ impl Scheduler {
                     }
                 };
                 plan.input_tokens.push(token);
+            }
+            if crate::planted!(StaleKvAfterResume) && r.preemptions > 0 && r.pages_sent == 0 {
+                // Planted (missing class): a resumed request's prefix found in the cache again
+                // is taken as still in its slot's page table, which holds what it held before.
+                r.pages_sent = r.pages_cached;
             }
             let updates_start = plan.page_updates.len() as u32;
             plan.page_updates.extend_from_slice(&r.pages[r.pages_sent as usize..]);

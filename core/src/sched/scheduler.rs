@@ -266,8 +266,30 @@ impl Scheduler {
         match self.entry(entry).phase {
             Phase::Draining { then: AfterDrain::Remove, .. } => Err(AbortError::Unknown(id)),
             _ => {
+                if crate::planted!(AbortInMultiTurnSession) {
+                    // Planted (sglang#36552): the aborted turn's KV is saved for the session's
+                    // next turn, and nobody ever takes it back.
+                    self.entry_mut(entry).keeps_pages = true;
+                }
+                if crate::planted!(CancelNearSharedPrefix) {
+                    // Planted (sglang#23392, sglang#24193): a cancel lets go of the shared
+                    // prefix it matched now, and its release lets go of it once more.
+                    self.release_shared_prefix_early(entry);
+                }
                 self.finish(entry, FinishReason::Aborted);
                 Ok(())
+            }
+        }
+    }
+
+    /// Planted `CancelNearSharedPrefix` only: drops one reference to each cached prefix page
+    /// another request also holds, leaving the page listed (its release comes again later).
+    fn release_shared_prefix_early(&mut self, entry: u32) {
+        let Scheduler { pool, entries, .. } = self;
+        let r = entries[entry as usize].as_ref().expect("a live entry number names a request");
+        for &page in &r.pages[..r.pages_cached as usize] {
+            if pool.refs(page).is_ok_and(|refs| refs > 1) {
+                let _ = pool.release(page);
             }
         }
     }
@@ -392,7 +414,9 @@ impl Scheduler {
     /// Releases the request's pages and slot now if no step in flight touches them, and returns
     /// true; else marks it draining, to finish with `then` when the last such step is applied.
     fn drain_or(&mut self, entry: u32, slot: u32, then: AfterDrain) -> bool {
-        if self.entry(entry).in_flight_steps > 0 {
+        // Planted (vllm#45357, vllm#47728, sglang#18803): overlap scheduling freed the pages at
+        // once, while the step in flight still read and wrote them.
+        if self.entry(entry).in_flight_steps > 0 && !crate::planted!(FreeBeforeLastReader) {
             self.entry_mut(entry).phase = Phase::Draining { slot, then };
             return false;
         }
