@@ -249,6 +249,10 @@ impl PrefillSide {
                 self.on_grant(key, seq, lease_ms, pool, now)
             }
             Message::DoneAck { .. } => self.on_done_ack(key, pool),
+            // sgl#34692: a sender still in its handshake (no lease granted yet) polls for nothing
+            // but the grant: an abort then is never seen.
+            Message::Abort { .. }
+                if crate::planted!(StuckInBootstrap) && transfer.permission_until.is_none() => {}
             Message::Abort { .. } => self.drain(key, Answer::AbortAck, pool, now),
             _ => {}
         }
@@ -317,6 +321,11 @@ impl PrefillSide {
         t.completed_writes += u32::from(landed);
         match (&t.phase, landed) {
             (Phase::Writing { .. }, false) => {
+                if crate::planted!(PrematureRelease) {
+                    // sgl#36707, sgl#38961: the failed transfer's outstanding writes are erased,
+                    // so its abort goes out (and decode frees the pages) while they may land.
+                    self.transfer_mut(key).outstanding.clear();
+                }
                 self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now)
             }
             (Phase::Writing { .. }, true) => self.issue_writes(key, now),
@@ -377,7 +386,12 @@ impl PrefillSide {
             self.send(decode, Message::Abort { key, reason: AbortReason::PrefillFailed });
             return;
         }
-        let deadline = now.saturating_add(self.config.transfer_deadline);
+        let deadline = if crate::planted!(StuckInBootstrap) {
+            // sgl#34692: no bootstrap timeout: the handshake may wait forever (see `on_grant`).
+            Time::MAX
+        } else {
+            now.saturating_add(self.config.transfer_deadline)
+        };
         self.transfers.insert(
             key.transfer,
             Transfer {
@@ -428,6 +442,12 @@ impl PrefillSide {
         _pool: &mut PagePool,
         now: Time,
     ) {
+        if crate::planted!(StuckInBootstrap) {
+            // sgl#34692: the transfer's deadline only starts once the handshake is done.
+            let deadline = now.saturating_add(self.config.transfer_deadline);
+            let t = self.transfer_mut(key);
+            t.deadline = t.deadline.min(deadline);
+        }
         let t = self.transfer_mut(key);
         // The lease runs from when its heartbeat was sent, never from when the grant arrived.
         let Some(&(_, sent_at)) = t.heartbeats_sent.iter().find(|(s, _)| *s == seq) else { return };
@@ -493,13 +513,25 @@ impl PrefillSide {
                 self.send(decode, Message::AbortAck { key });
                 self.outputs.push_back(PrefillOutput::Ended { key, completed: false });
                 self.forget(key, pool);
-                return;
+                if crate::planted!(DoubleCompletion) {
+                    // vllm#46240: the send's completion freed the transfer and the abort's is
+                    // handled too: its lookup below asserts the transfer is live: the engine dies.
+                } else {
+                    return;
+                }
             }
             Phase::Computing => self.outputs.push_back(PrefillOutput::Cancel { key }),
             _ => {}
         }
         let t = self.transfer_mut(key);
-        let drained_by = t.last_write_at.map_or(now, |at| at.saturating_add(flight));
+        let drained_by = if crate::planted!(AbortPathWedge) {
+            // sgl#30352: the abort path waits for every write's completion, with no flight bound:
+            // a completion that never comes (its ack lost with a link) leaves the transfer ending
+            // forever.
+            Time::MAX
+        } else {
+            t.last_write_at.map_or(now, |at| at.saturating_add(flight))
+        };
         t.phase = Phase::Draining { answer, drained_by };
         self.outputs.push_back(PrefillOutput::Ended { key, completed: false });
         self.finish_drain_if_done(key, pool, now);

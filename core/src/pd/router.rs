@@ -450,7 +450,17 @@ impl Router {
         let from = envelope.from;
         match envelope.body {
             Message::Outcome { key, failure } => {
-                let Some(t) = self.transfers.get(&key.transfer) else { return };
+                let Some(t) = self.transfers.get(&key.transfer) else {
+                    if crate::planted!(AbortRacesCompletion)
+                        && failure.is_none()
+                        && !self.decoding.values().any(|d| d.key == key)
+                    {
+                        // vllm#25067: an abort raced the transfer's completion; the completion
+                        // finds its request gone and asserts it is in flight: a crash.
+                        panic!("transfer {key:?} completed, but its request is not in flight");
+                    }
+                    return;
+                };
                 if t.key != key || t.decode != from {
                     return;
                 }
