@@ -42,6 +42,13 @@ pub enum Event {
         transfer: Option<u64>,
         decode: Option<u64>,
     },
+    /// A KV write of `transfer` on a decode worker: it arrived (and was acknowledged), or it
+    /// landed in the KV buffer (the worker's own debug events; the two coincide unless a write
+    /// is acknowledged before it lands).
+    KvWrite {
+        transfer: u64,
+        landed: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,8 +1,9 @@
 //! What the router says of each request, taken from its `tracing` events (the production
 //! server's own debug events: `routed`, `decoding`, `finished`, `failed`) into the run's event
-//! log, for the timeline and the determinism hash. Only the router's events are enabled, so
-//! nothing else in the run pays for a subscriber; there is one router per run, so an event's host
-//! needs no lookup.
+//! log, for the timeline and the determinism hash, and when each KV write arrives at and lands on
+//! a decode worker (its `kv write arrived` and `kv write landed`). Only those events are enabled,
+//! so nothing else in the run pays for a subscriber; there is one router per run, so an event's
+//! host needs no lookup, and a write names its transfer, whose id is unique in the run.
 
 use tracing::field::{Field, Visit};
 use tracing::subscriber::Interest;
@@ -13,6 +14,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use crate::events::{Event, EventLog};
 
 const ROUTER_TARGET: &str = "lockstep_server::roles::router";
+const KV_WRITES_TARGET: &str = lockstep_server::roles::worker::KV_WRITES;
 
 /// Sends the router's request events to `log` on this thread until the guard drops.
 pub fn capture(log: EventLog) -> tracing::subscriber::DefaultGuard {
@@ -38,6 +40,12 @@ impl<S: Subscriber> Layer<S> for RouterEvents {
     fn on_event(&self, event: &TracingEvent<'_>, _: Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
+        if event.metadata().target() == KV_WRITES_TARGET {
+            if let (Some(what), Some(transfer)) = (fields.message, fields.transfer) {
+                self.log.log(Event::KvWrite { transfer, landed: what == "kv write landed" });
+            }
+            return;
+        }
         if let (Some(what), Some(request)) = (fields.message, fields.request) {
             self.log.log(Event::Router {
                 what,
@@ -51,7 +59,7 @@ impl<S: Subscriber> Layer<S> for RouterEvents {
 
 fn wanted(metadata: &Metadata<'_>) -> bool {
     metadata.is_event()
-        && metadata.target() == ROUTER_TARGET
+        && (metadata.target() == ROUTER_TARGET || metadata.target() == KV_WRITES_TARGET)
         && *metadata.level() <= tracing::Level::DEBUG
 }
 

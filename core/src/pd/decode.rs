@@ -100,6 +100,19 @@ pub struct DecodeSide {
     changed: BTreeSet<TransferId>,
     /// Page references the transfers hold (`page_refs`), counted as they come and go.
     page_refs_held: u64,
+    /// Planted bugs' own memory (feature `planted-bugs` only; see `crate::planted`).
+    #[cfg(feature = "planted-bugs")]
+    planted: PlantedMemory,
+}
+
+/// What the planted bugs of this side remember; nothing of it exists in production builds.
+#[cfg(feature = "planted-bugs")]
+#[derive(Clone, Debug, Default)]
+struct PlantedMemory {
+    /// SlotReuse: the page slot (index) each released transfer's first reserved page had.
+    slot_of: BTreeMap<TransferId, u32>,
+    /// FreeWhileWriteLands: pages freed at an abort whose transfer may still write them.
+    unrevoked: BTreeSet<(TransferKey, u32)>,
 }
 
 impl DecodeSide {
@@ -115,6 +128,8 @@ impl DecodeSide {
             outputs: VecDeque::new(),
             changed: BTreeSet::new(),
             page_refs_held: 0,
+            #[cfg(feature = "planted-bugs")]
+            planted: PlantedMemory::default(),
         }
     }
 
@@ -152,6 +167,14 @@ impl DecodeSide {
     /// that transfer. Checked by the data plane before a write lands, as RDMA checks a memory
     /// key: once the transfer let go of its pages (they may be reused), a late write is dropped.
     pub fn write_allowed(&self, key: TransferKey, page: PageSlot) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted!(FreeWhileWriteLands)
+            && self.planted.unrevoked.contains(&(key, page.index))
+        {
+            // sgl#32564, sgl#35049: the freed page is still a valid target (the whole pool is
+            // registered with the NIC); the write lands in whoever holds the page now.
+            return true;
+        }
         self.transfers.get(&key.transfer).is_some_and(|t| {
             t.key == key
                 && t.reserved
@@ -200,7 +223,7 @@ impl DecodeSide {
                 self.on_done(key, first_token, pages_written, pool)
             }
             Message::Abort { reason, .. } if from == transfer.router => {
-                self.on_router_abort(key, reason)
+                self.on_router_abort(key, reason, pool)
             }
             Message::Abort { reason, .. } => self.on_prefill_abort(key, reason, pool),
             Message::AbortAck { .. } if transfer.phase == Phase::Draining => {
@@ -218,6 +241,9 @@ impl DecodeSide {
             }
             let transfer = &self.transfers[&id];
             let (key, phase) = (transfer.key, transfer.phase);
+            if phase == Phase::AwaitingPrefill && self.fail_open(key, pool) {
+                continue;
+            }
             if phase == Phase::AwaitingPrefill {
                 self.send_to_prefill(key, Message::Abort { key, reason: AbortReason::Timeout });
                 self.end(key, AbortReason::Timeout);
@@ -254,6 +280,16 @@ impl DecodeSide {
             }
             Message::Done { .. } if completed == Some(true) => {
                 self.send(from, Message::DoneAck { key })
+            }
+            #[cfg(feature = "planted-bugs")]
+            Message::Done { first_token, .. }
+                if crate::planted!(SlotReuse) && self.slot_occupant(key, from).is_some() =>
+            {
+                // sgl#17259, sgl#22716, sgl#27374: the late Done is matched by its slot (the page
+                // index), not by transfer and generation: the slot's new occupant takes it.
+                let occupant = self.slot_occupant(key, from).expect("matched above");
+                let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
+                self.on_done(occupant, first_token, pages, pool);
             }
             Message::Heartbeat { .. } | Message::Done { .. } => {
                 self.send(from, Message::Abort { key, reason: AbortReason::DecodeFailed });
@@ -294,7 +330,12 @@ impl DecodeSide {
             needed >= 1,
             "the last prompt page is never shared, so a hand-off is never empty"
         );
-        let lease_until = now.saturating_add(self.config.lease + self.config.write_flight_max);
+        let lease_until = if crate::planted!(LeakWhenPeerSilent) {
+            // vllm#46283: no timeout on the reservation: decode waits for prefill forever.
+            Time::MAX
+        } else {
+            now.saturating_add(self.config.lease + self.config.write_flight_max)
+        };
         let mut reserved = Vec::with_capacity(needed);
         // The lease is tracked here alone: the pin never expires on the pool's clock, so the
         // order in which a driver fires the two machines' timers cannot free a page under a
@@ -350,7 +391,8 @@ impl DecodeSide {
             return;
         }
         let until = now.saturating_add(self.config.lease + self.config.write_flight_max);
-        if until > transfer.lease_until {
+        // HeartbeatNotExtendingLease (a missing class): the grant goes out, the lease stays.
+        if until > transfer.lease_until && !crate::planted!(HeartbeatNotExtendingLease) {
             self.leases.remove(&(transfer.lease_until, key.transfer));
             self.leases.insert((until, key.transfer));
             transfer.lease_until = until;
@@ -406,7 +448,8 @@ impl DecodeSide {
         });
     }
 
-    fn on_router_abort(&mut self, key: TransferKey, reason: AbortReason) {
+    #[cfg_attr(not(feature = "planted-bugs"), allow(unused_variables))]
+    fn on_router_abort(&mut self, key: TransferKey, reason: AbortReason, pool: &mut PagePool) {
         let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
         if transfer.phase == Phase::Draining {
             return;
@@ -414,13 +457,23 @@ impl DecodeSide {
         let prefill = transfer.prefill;
         self.send(prefill, Message::Abort { key, reason });
         self.end(key, reason);
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted!(FreeWhileWriteLands) {
+            // sgl#32564, sgl#35049: the abort frees the pages at once, writes still in flight.
+            let pages = self.transfers[&key.transfer].reserved.iter().map(|p| (key, p.index()));
+            self.planted.unrevoked.extend(pages);
+            self.release(key.transfer, pool);
+        }
     }
 
     fn on_prefill_abort(&mut self, key: TransferKey, reason: AbortReason, pool: &mut PagePool) {
         // The prefill side aborts only once its writes have drained.
         let transfer = &self.transfers[&key.transfer];
-        let prefill = transfer.prefill;
-        if transfer.phase == Phase::AwaitingPrefill {
+        let (prefill, phase) = (transfer.prefill, transfer.phase);
+        if phase == Phase::AwaitingPrefill && self.fail_open(key, pool) {
+            return;
+        }
+        if phase == Phase::AwaitingPrefill {
             self.end(key, reason);
         }
         self.send(prefill, Message::AbortAck { key });
@@ -430,7 +483,7 @@ impl DecodeSide {
     /// Records a newer incarnation of a peer; returns false for an envelope from an older one.
     /// A prefill worker that restarted gives up its transfers, which keep their pages until their
     /// lease ends: its writes may still be in flight.
-    fn note_peer(&mut self, from: Endpoint, _pool: &mut PagePool, _now: Time) -> bool {
+    fn note_peer(&mut self, from: Endpoint, pool: &mut PagePool, _now: Time) -> bool {
         match self.peers.hear(from) {
             Heard::Stale => false,
             Heard::Known => true,
@@ -446,7 +499,9 @@ impl DecodeSide {
                     .map(|t| t.key)
                     .collect();
                 for key in gone {
-                    self.end(key, AbortReason::PeerRestarted);
+                    if !self.fail_open(key, pool) {
+                        self.end(key, AbortReason::PeerRestarted);
+                    }
                 }
                 true
             }
@@ -483,6 +538,13 @@ impl DecodeSide {
     /// Lets go of a transfer's pages and forgets it. Only once no write can land.
     fn release(&mut self, id: TransferId, pool: &mut PagePool) {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted!(SlotReuse) {
+            if self.planted.slot_of.len() >= self.config.transfers_max as usize {
+                self.planted.slot_of.pop_first();
+            }
+            self.planted.slot_of.insert(id, transfer.reserved[0].index());
+        }
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
         self.forgotten(id, &transfer);
@@ -497,6 +559,32 @@ impl DecodeSide {
     fn forgotten(&mut self, id: TransferId, transfer: &Transfer) {
         self.page_refs_held -= (transfer.cached.len() + transfer.reserved.len()) as u64;
         self.changed.remove(&id);
+    }
+
+    /// Planted FailOpen (sgl#30233, vllm#52234): a transfer whose prefill failed, restarted or
+    /// went silent is taken as done: decode generates from its pages as they are, after the
+    /// unwritten first-token slot (0), and answers 200. Always false without the plant.
+    fn fail_open(&mut self, key: TransferKey, pool: &mut PagePool) -> bool {
+        if !crate::planted!(FailOpen) {
+            return false;
+        }
+        let pages = self.transfers[&key.transfer].reserved.len() as u32;
+        self.on_done(key, 0, pages, pool);
+        true
+    }
+
+    /// SlotReuse: the live transfer from `from` now reserving the page slot an ended transfer had.
+    #[cfg(feature = "planted-bugs")]
+    fn slot_occupant(&self, ended: TransferKey, from: Endpoint) -> Option<TransferKey> {
+        let slot = *self.planted.slot_of.get(&ended.transfer)?;
+        self.transfers
+            .values()
+            .find(|t| {
+                t.prefill == from
+                    && t.phase == Phase::AwaitingPrefill
+                    && t.reserved[0].index() == slot
+            })
+            .map(|t| t.key)
     }
 
     fn remember(&mut self, key: TransferKey, completed: bool) {

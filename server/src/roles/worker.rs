@@ -157,6 +157,11 @@ impl WorkerNode {
     }
 }
 
+/// The `tracing` target of a decode worker's KV write events (`kv write arrived`, `kv write
+/// landed`, with the transfer's id): what the simulator's timeline draws each transfer's writes
+/// from.
+pub const KV_WRITES: &str = "lockstep_server::roles::worker::kv_writes";
+
 /// How long a protocol message waits for room on a link full of KV writes before it counts as
 /// lost: well under a lease, so a heartbeat that waits still extends one.
 const CONTROL_WAIT_MAX: Duration = Duration::from_millis(100);
@@ -195,6 +200,9 @@ pub struct WorkerEngine<R> {
     held: VecDeque<HeldWrite>,
     /// Protocol messages waiting for room, sent before any held write.
     held_control: VecDeque<(Envelope, Time)>,
+    /// Planted `DecodeReadsUnfinishedTransfer` only (always empty otherwise): KV writes
+    /// acknowledged on arrival and not landed yet, each with the step whose end lands it.
+    unlanded: VecDeque<(TransferKey, u32, Vec<u8>)>,
     check_invariants: bool,
     cadence: InvariantCadence,
     stats: Arc<EngineStats>,
@@ -236,6 +244,7 @@ impl<R: PageRunner> WorkerEngine<R> {
             writes_out: BTreeMap::new(),
             held: VecDeque::new(),
             held_control: VecDeque::new(),
+            unlanded: VecDeque::new(),
             check_invariants,
             cadence: InvariantCadence::default(),
             stats,
@@ -305,6 +314,9 @@ impl<R: PageRunner> WorkerEngine<R> {
     fn on_step_done(&mut self, (step, result): StepResult) {
         let (launched, at) =
             self.launched.pop_front().expect("a step completes only once launched");
+        if self.launched.is_empty() {
+            self.land_unlanded();
+        }
         let now = self.now();
         self.metrics.steps.increment(1);
         observe(&self.metrics.step_seconds, at.elapsed());
@@ -332,7 +344,25 @@ impl<R: PageRunner> WorkerEngine<R> {
                 // Nothing was freed since the last input ended; releasing here anyway keeps the
                 // rule local: every write to the executor comes after the releases before it.
                 self.release_freed();
-                let landed = allowed && self.runner.write_page(page.index, data).is_ok();
+                tracing::debug!(target: KV_WRITES, transfer = key.transfer.0, "kv write arrived");
+                let landed = if lockstep_core::planted!(DecodeReadsUnfinishedTransfer)
+                    && allowed
+                    && !self.launched.is_empty()
+                {
+                    // The incident (DeepSeek-V4 on SGLang, 1P1D, 80 agent sessions): the write
+                    // is acknowledged on arrival but copied into the KV buffer only between
+                    // steps, once none is running; `Done` follows the ack, and with overlap
+                    // scheduling under load a step is always running, so decode reads the page
+                    // before its bytes are there. At one request the device is idle: clean.
+                    self.unlanded.push_back((key, page.index, data));
+                    true
+                } else {
+                    let landed = allowed && self.runner.write_page(page.index, data).is_ok();
+                    if landed {
+                        tracing::debug!(target: KV_WRITES, transfer = key.transfer.0, "kv write landed");
+                    }
+                    landed
+                };
                 if landed {
                     self.metrics.kv_bytes_received.increment(bytes);
                 } else {
@@ -415,6 +445,16 @@ impl<R: PageRunner> WorkerEngine<R> {
         let now = self.now();
         if let WorkerNode::Prefill(node) = &mut self.node {
             node.handle_write_completion(w.key, w.ordinal, false, now);
+        }
+    }
+
+    /// Planted `DecodeReadsUnfinishedTransfer`: the writes acknowledged while steps ran land now
+    /// that none runs (nothing is ever queued otherwise).
+    fn land_unlanded(&mut self) {
+        while let Some((key, page, data)) = self.unlanded.pop_front() {
+            self.release_freed();
+            let _ = self.runner.write_page(page, data);
+            tracing::debug!(target: KV_WRITES, transfer = key.transfer.0, "kv write landed");
         }
     }
 
