@@ -22,5 +22,6 @@ pub mod rng;
 pub mod run;
 pub mod sabotage;
 pub mod server_events;
+pub mod shrink;
 pub mod topology;
 pub mod trace;

@@ -37,6 +37,9 @@ pub struct RunConfig {
     /// A bug class of shared/bugs.md put back for this run (`planted!`); only a build with
     /// feature `planted-bugs` can plant one.
     pub plant: Option<PlantedBug>,
+    /// Only these of the seed's scheduled faults (their indices in the schedule); `None`: all.
+    /// What `sim explore --shrink` takes away.
+    pub only_faults: Option<BTreeSet<usize>>,
     /// turmoil's step: every host runs this much virtual time per step.
     pub tick: Duration,
     /// The longest a client waits for its answer.
@@ -64,6 +67,7 @@ impl RunConfig {
             mix: None,
             sabotage: None,
             plant: None,
+            only_faults: None,
             tick: Duration::from_millis(1),
             client_timeout: Duration::from_secs(600),
             settle_max: Duration::from_secs(30),
@@ -143,6 +147,14 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         log.clone(),
     );
     let mut faults = faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers);
+    if let Some(only) = &config.only_faults {
+        faults = faults
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| only.contains(i))
+            .map(|(_, f)| f)
+            .collect();
+    }
     for fault in &mut faults {
         fault.at += config.warmup;
     }

@@ -2,25 +2,34 @@
 
 mod bench;
 mod explore;
+mod hunt;
 mod replay;
 mod report;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use lockstep_core::planted::PlantedBug;
 use lockstep_sim::device::CostModel;
 use lockstep_sim::faults::FaultLevel;
+use lockstep_sim::faults::FaultMix;
+use lockstep_sim::knobs::Knobs;
 use lockstep_sim::knobs::Topology;
-use lockstep_sim::run::RunConfig;
+use lockstep_sim::run::{RunConfig, context_needed};
+use lockstep_sim::shrink;
 use lockstep_sim::trace::{self, ImportOptions, SimTrace};
 
 pub const USAGE: &str = "\
 usage:
   sim replay TRACE [--seed N] [--topology T] [--faults F] [--json] [--perfetto FILE]
                    [--check-determinism] [TRACE OPTIONS]
-  sim explore TRACE --seeds A..B [--jobs N] [--shard K/N] [--topology T] [--faults F]
+  sim explore TRACE --seeds A..B [--jobs N] [--shard K/N] [--shrink] [--topology T] [--faults F]
                    [TRACE OPTIONS]
+  sim hunt [--plant CLASS] [--ranges N] [--budget B] [--jobs N]
+                   each planted bug class's seeds to detection (a sim built with
+                   --features planted-bugs); no --plant: every class
   sim bench TRACE [--seeds A..B] [--topology T] [--faults F] [TRACE OPTIONS]
 
   --topology single|1p1d|2p2d   what runs (default 1p1d: a router, a prefill and a decode worker)
@@ -36,6 +45,10 @@ usage:
                                 step crosses each: run.rs, `idle_step`)
   --plant CLASS                 put back one bug class of shared/bugs.md (`sim hunt` lists
                                 them); needs a sim built with --features planted-bugs
+  --only-requests LIST, --only-faults LIST
+                                only these requests (trace indices) / scheduled faults (as a
+                                report numbers them), the rest of the seed unchanged: what
+                                `explore --shrink` prints; LIST is 0,3,7 or - for none
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
@@ -60,6 +73,13 @@ pub struct Common {
     pub fast_forward: bool,
     /// A bug class put back (`--plant`), in a sim built with feature `planted-bugs`.
     pub plant: Option<PlantedBug>,
+    /// Only these requests of the trace (`--only-requests`, indices in the whole trace; what
+    /// `--shrink` left), with the seed's knobs and faults drawn as for the whole trace.
+    pub only_requests: Option<BTreeSet<usize>>,
+    /// Only these faults of the seed's schedule (`--only-faults`).
+    pub only_faults: Option<BTreeSet<usize>>,
+    /// The whole trace's context and length, which the seed's draws depend on, once loaded.
+    whole: OnceLock<(u32, usize)>,
 }
 
 impl Common {
@@ -68,7 +88,28 @@ impl Common {
         if trace.requests.is_empty() {
             return Err(format!("{}: no requests", self.trace_path.display()));
         }
-        Ok(trace)
+        let Some(only) = &self.only_requests else { return Ok(trace) };
+        if let Some(&past) = only.iter().find(|&&i| i >= trace.requests.len()) {
+            return Err(format!("--only-requests: the trace has no request {past}"));
+        }
+        if !shrink::closed(&trace, only) {
+            return Err("--only-requests: a kept request waits on one that is not kept".into());
+        }
+        // Cannot be set already: load_trace runs once per command.
+        let _ = self.whole.set((context_needed(&trace), trace.requests.len()));
+        Ok(shrink::sub_trace(&trace, only))
+    }
+
+    /// These options with only `requests` (positions in the loaded trace) and `faults` kept.
+    pub fn narrowed(&self, requests: &BTreeSet<usize>, faults: &BTreeSet<usize>) -> Common {
+        let mut narrowed = self.clone();
+        let original: Vec<usize> = match &self.only_requests {
+            Some(only) => only.iter().copied().collect(),
+            None => (0..=requests.last().copied().unwrap_or(0)).collect(),
+        };
+        narrowed.only_requests = Some(requests.iter().map(|&i| original[i]).collect());
+        narrowed.only_faults = Some(faults.clone());
+        narrowed
     }
 
     /// How to run `seed` with these options.
@@ -78,6 +119,13 @@ impl Common {
         config.tick = std::time::Duration::from_millis(self.tick_ms);
         config.fast_forward = self.fast_forward;
         config.plant = self.plant;
+        config.only_faults = self.only_faults.clone();
+        if let Some(&(context, requests)) = self.whole.get() {
+            let knobs = Knobs::draw(seed, context, requests);
+            let flight = knobs.timing.write_flight_max;
+            config.mix = Some(FaultMix::draw(seed, self.faults, self.topology, flight));
+            config.knobs = Some(knobs);
+        }
         config
     }
 
@@ -97,6 +145,12 @@ impl Common {
         if let Some(bug) = self.plant {
             command.push_str(&format!(" --plant {bug}"));
         }
+        if let Some(only) = &self.only_requests {
+            command.push_str(&format!(" --only-requests {}", list(only)));
+        }
+        if let Some(only) = &self.only_faults {
+            command.push_str(&format!(" --only-faults {}", list(only)));
+        }
         if self.tick_ms != 1 {
             command.push_str(&format!(" --tick-ms {}", self.tick_ms));
         }
@@ -113,7 +167,7 @@ pub struct Parsed {
     pub rest: Vec<(String, Option<String>)>,
 }
 
-const LONE_FLAGS: &[&str] = &["--json", "--check-determinism"];
+const LONE_FLAGS: &[&str] = &["--json", "--check-determinism", "--shrink"];
 
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut trace_path = None;
@@ -124,8 +178,9 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut cost = CostModel::default_model();
     let mut cost_arg = None;
     let mut tick_ms = 1;
-    let mut fast_forward = true;
     let mut plant = None;
+    let (mut only_requests, mut only_faults) = (None, None);
+    let mut fast_forward = true;
     let mut rest = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -174,6 +229,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             }
             "--faults" => faults = value.parse()?,
             "--plant" => plant = Some(planted_bug(&value)?),
+            "--only-requests" => only_requests = Some(indices(&value, flag)?),
+            "--only-faults" => only_faults = Some(indices(&value, flag)?),
             "--cost" => {
                 cost = CostModel::load(std::path::Path::new(&value))?;
                 cost_arg = Some(value);
@@ -194,6 +251,9 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             tick_ms,
             fast_forward,
             plant,
+            only_requests,
+            only_faults,
+            whole: OnceLock::new(),
         },
         rest,
     })
@@ -210,6 +270,21 @@ fn planted_bug(name: &str) -> Result<PlantedBug, String> {
              `cargo run --release -p lockstep-sim --features planted-bugs --bin sim -- ...`"
         ))
     }
+}
+
+/// `0,3,7`: indices (an empty list is `-`).
+fn indices(text: &str, flag: &str) -> Result<BTreeSet<usize>, String> {
+    if text == "-" {
+        return Ok(BTreeSet::new());
+    }
+    text.split(',').map(|i| number(i, flag)).collect()
+}
+
+fn list(indices: &BTreeSet<usize>) -> String {
+    if indices.is_empty() {
+        return "-".into();
+    }
+    indices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 pub fn number<T: std::str::FromStr>(text: &str, flag: &str) -> Result<T, String> {
@@ -234,6 +309,7 @@ pub fn run(args: &[String]) -> Result<ExitCode, String> {
         "replay" => replay::run(parse(rest)?),
         "explore" => explore::run(parse(rest)?),
         "bench" => bench::run(parse(rest)?),
+        "hunt" => hunt::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(ExitCode::SUCCESS)
