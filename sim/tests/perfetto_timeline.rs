@@ -1,5 +1,6 @@
 //! The Perfetto timeline of a 1P1D run: valid Chrome-trace JSON with, for every completed request,
-//! its prefill, transfer and decode spans (and its queue, when it waited) in order, and a track of device steps per host.
+//! its prefill, transfer and decode spans (and its queue, when it waited) in order, and a track of device steps per host;
+//! and the incident (decode reading pages its transfer had not finished writing) drawn as overlapping spans.
 
 use std::time::Duration;
 
@@ -63,4 +64,55 @@ fn every_completed_request_shows_its_phases_and_every_worker_its_steps() {
             .iter()
             .any(|e| e["ph"] == "X" && e["name"] == "step" && e["pid"].as_u64() >= Some(10))
     );
+}
+
+/// The incident (issue 11, `DecodeReadsUnfinishedTransfer`) on its timeline: planted, some
+/// request's decode span begins while its transfer's `kv writes` span (first write arriving to
+/// last landing, on the decode worker) is still open; unplanted, at the same seed, never.
+#[test]
+fn the_incident_shows_as_decode_overlapping_its_transfers_writes() {
+    use lockstep_core::planted::PlantedBug;
+    use lockstep_sim::perfetto::decode_before_writes_landed;
+    use lockstep_sim::plants;
+
+    let bug = PlantedBug::DecodeReadsUnfinishedTransfer;
+    let scenario = plants::scenario(bug);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(scenario.trace);
+    let options = scenario.import_options().expect("valid options");
+    let trace = lockstep_sim::trace::load(&path, &options).expect("a committed trace");
+    let mut config = RunConfig::new(scenario.caught_at, scenario.topology, scenario.faults);
+
+    let overlaps = |outcome: &lockstep_sim::run::RunOutcome| {
+        let json: Value = serde_json::from_str(&timeline(&trace, outcome)).expect("JSON");
+        let events = json["traceEvents"].as_array().expect("a list of events").clone();
+        let spans = |pid: u64, name: &str| -> Vec<(u64, f64, f64)> {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["name"] == name)
+                .map(|e| {
+                    let ts = e["ts"].as_f64().expect("ts");
+                    (e["tid"].as_u64().expect("tid"), ts, ts + e["dur"].as_f64().expect("dur"))
+                })
+                .collect()
+        };
+        let (writes, decodes) = (spans(3, "kv writes"), spans(1, "decode"));
+        assert!(!writes.is_empty(), "every decoded transfer has its kv writes span");
+        let drawn: Vec<u64> = writes
+            .iter()
+            .filter(|w| decodes.iter().any(|d| d.0 == w.0 && d.1 < w.2))
+            .map(|w| w.0 - 1)
+            .collect();
+        let found: Vec<u64> =
+            decode_before_writes_landed(outcome).iter().map(|&(i, ..)| i as u64).collect();
+        // A decode span of no length is left out of the timeline; the rest are drawn.
+        assert!(drawn.iter().all(|i| found.contains(i)), "drawn {drawn:?}, found {found:?}");
+        (drawn, found)
+    };
+
+    config.plant = Some(bug);
+    let (drawn, _) = overlaps(&run(&trace, &config));
+    assert!(!drawn.is_empty(), "planted: no decode span began before its writes landed");
+    config.plant = None;
+    let (drawn, found) = overlaps(&run(&trace, &config));
+    assert!(drawn.is_empty() && found.is_empty(), "unplanted: {drawn:?} {found:?}");
 }
