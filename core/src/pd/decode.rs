@@ -109,8 +109,10 @@ pub struct DecodeSide {
 #[cfg(feature = "planted-bugs")]
 #[derive(Clone, Debug, Default)]
 struct PlantedMemory {
-    /// SlotReuse: the page slot (index) each released transfer's first reserved page had.
+    /// SlotReuse: a metadata slot per transfer (the lowest free at its `Reserve`, as engines
+    /// allocate them), remembered after it is freed; and each taken slot's holder.
     slot_of: BTreeMap<TransferId, u32>,
+    slot_holder: BTreeMap<u32, TransferId>,
     /// FreeWhileWriteLands: pages freed at an abort whose transfer may still write them.
     unrevoked: BTreeSet<(TransferKey, u32)>,
 }
@@ -285,8 +287,8 @@ impl DecodeSide {
             Message::Done { first_token, .. }
                 if crate::planted!(SlotReuse) && self.slot_occupant(key, from).is_some() =>
             {
-                // sgl#17259, sgl#22716, sgl#27374: the late Done is matched by its slot (the page
-                // index), not by transfer and generation: the slot's new occupant takes it.
+                // sgl#17259, sgl#22716, sgl#27374: the late Done is matched by its metadata slot,
+                // not by transfer and epoch: the slot's new occupant takes it.
                 let occupant = self.slot_occupant(key, from).expect("matched above");
                 let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
                 self.on_done(occupant, first_token, pages, pool);
@@ -380,6 +382,10 @@ impl DecodeSide {
                 phase: Phase::AwaitingPrefill,
             },
         );
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted!(SlotReuse) {
+            self.take_slot(key.transfer);
+        }
     }
 
     fn on_heartbeat(&mut self, key: TransferKey, seq: u32, now: Time) {
@@ -415,6 +421,15 @@ impl DecodeSide {
         if transfer.phase == Phase::Draining {
             // It finished before our Abort reached it; every write has completed.
             self.release(key.transfer, pool);
+            #[cfg(feature = "planted-bugs")]
+            if crate::planted!(SlotReuse)
+                && let Some(occupant) = self.slot_occupant(key, prefill)
+            {
+                // sgl#17259, sgl#22716, sgl#27374: the Done of the aborted transfer is read from
+                // its metadata slot, freed at the abort and reused: the new occupant takes it.
+                let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
+                self.on_done(occupant, first_token, pages, pool);
+            }
             return;
         }
         if pages_written as usize != transfer.reserved.len() {
@@ -530,6 +545,8 @@ impl DecodeSide {
         transfer.phase = Phase::Draining;
         self.changed.insert(key.transfer);
         let router = transfer.router;
+        #[cfg(feature = "planted-bugs")]
+        self.free_slot(key.transfer);
         self.send(router, Message::Outcome { key, failure: Some(reason) });
         self.remember(key, false);
         self.outputs.push_back(DecodeOutput::Ended { key, reason });
@@ -538,13 +555,6 @@ impl DecodeSide {
     /// Lets go of a transfer's pages and forgets it. Only once no write can land.
     fn release(&mut self, id: TransferId, pool: &mut PagePool) {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
-        #[cfg(feature = "planted-bugs")]
-        if crate::planted!(SlotReuse) {
-            if self.planted.slot_of.len() >= self.config.transfers_max as usize {
-                self.planted.slot_of.pop_first();
-            }
-            self.planted.slot_of.insert(id, transfer.reserved[0].index());
-        }
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
         self.forgotten(id, &transfer);
@@ -557,6 +567,8 @@ impl DecodeSide {
     /// Bookkeeping of a transfer just removed: its references leave the count, and there is
     /// nothing left of it to check.
     fn forgotten(&mut self, id: TransferId, transfer: &Transfer) {
+        #[cfg(feature = "planted-bugs")]
+        self.free_slot(id);
         self.page_refs_held -= (transfer.cached.len() + transfer.reserved.len()) as u64;
         self.changed.remove(&id);
     }
@@ -573,18 +585,35 @@ impl DecodeSide {
         true
     }
 
-    /// SlotReuse: the live transfer from `from` now reserving the page slot an ended transfer had.
+    /// SlotReuse: the live transfer from `from` now holding the metadata slot an ended one had.
     #[cfg(feature = "planted-bugs")]
     fn slot_occupant(&self, ended: TransferKey, from: Endpoint) -> Option<TransferKey> {
-        let slot = *self.planted.slot_of.get(&ended.transfer)?;
-        self.transfers
-            .values()
-            .find(|t| {
-                t.prefill == from
-                    && t.phase == Phase::AwaitingPrefill
-                    && t.reserved[0].index() == slot
-            })
-            .map(|t| t.key)
+        let slot = self.planted.slot_of.get(&ended.transfer)?;
+        let holder = self.transfers.get(self.planted.slot_holder.get(slot)?)?;
+        (holder.key != ended && holder.prefill == from && holder.phase == Phase::AwaitingPrefill)
+            .then_some(holder.key)
+    }
+
+    /// SlotReuse: a transfer takes the lowest free metadata slot.
+    #[cfg(feature = "planted-bugs")]
+    fn take_slot(&mut self, id: TransferId) {
+        let slot = (0..).find(|s| !self.planted.slot_holder.contains_key(s)).expect("a free slot");
+        self.planted.slot_holder.insert(slot, id);
+        if self.planted.slot_of.len() >= 4 * self.config.transfers_max as usize {
+            self.planted.slot_of.pop_first();
+        }
+        self.planted.slot_of.insert(id, slot);
+    }
+
+    /// SlotReuse: the slot is freed when the transfer ends (the bug: before any late message of
+    /// it can no longer arrive).
+    #[cfg(feature = "planted-bugs")]
+    fn free_slot(&mut self, id: TransferId) {
+        if let Some(slot) = self.planted.slot_of.get(&id)
+            && self.planted.slot_holder.get(slot) == Some(&id)
+        {
+            self.planted.slot_holder.remove(slot);
+        }
     }
 
     fn remember(&mut self, key: TransferKey, completed: bool) {
