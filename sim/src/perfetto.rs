@@ -53,11 +53,12 @@ pub fn decode_before_writes_landed(outcome: &RunOutcome) -> Vec<(usize, Duration
 /// Router request id -> what it said, when, and of which transfer.
 type RouterSaid = BTreeMap<u64, Vec<(String, Duration, Option<u64>)>>;
 
+/// What the timeline reads from a run's log: see `collect`.
+type Collected = (BTreeMap<(String, u64), StepSpan>, RouterSaid, BTreeMap<u64, WriteSpan>);
+
 /// The step spans per (host, request there), the router's events per request, and each
 /// transfer's write span.
-fn collect(
-    outcome: &RunOutcome,
-) -> (BTreeMap<(String, u64), StepSpan>, RouterSaid, BTreeMap<u64, WriteSpan>) {
+fn collect(outcome: &RunOutcome) -> Collected {
     let mut held: BTreeMap<(String, u64), StepSpan> = BTreeMap::new();
     let mut router: RouterSaid = BTreeMap::new();
     let mut writes: BTreeMap<u64, WriteSpan> = BTreeMap::new();
