@@ -195,7 +195,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
             if now < config.warmup {
                 horizon = horizon.min(config.warmup);
             }
-            idle_step(&sim, &deployment, &board, now, horizon.min(now + cap), config.tick)
+            idle_step(&mut sim, &deployment, &board, now, horizon.min(now + cap), config.tick)
         });
         let long = long.flatten();
         if let Some(span) = long {
@@ -279,16 +279,20 @@ pub fn fast_forward_cap(knobs: &Knobs) -> Duration {
     knobs.timing.lease / 16
 }
 
-/// How long the next step may be, if longer than two ticks: when nothing is on the network (sent
-/// and not yet delivered, held messages included), no client request is out, and every host holds
-/// nothing (`quiescent`), nothing can happen before the next timer, and the only timers that can
-/// change what happens next are the clients' sends (on `board`), the faults, the warm-up's end and
-/// the run's end (`until` is the earliest of those and `now` + the cap). Rounded down to whole
-/// ticks, so steps stay on the tick grid. Messages turmoil already moved off a link for delivery
-/// at the next step's start are not visible here; they are delivered at that start whatever the
-/// step's length.
+/// How long the next step may be, if longer than two ticks: when no client request is out, every
+/// host holds nothing (`quiescent`) and every message on the network is delayed (none held, none
+/// already released to a running host), nothing can happen before the next timer or the next
+/// delivery. The only timers that can change what happens next are the clients' sends (on
+/// `board`), the faults, the warm-up's end and the run's end (`until` is the earliest of those and
+/// `now` + the cap), rounded down to whole ticks so steps stay on the tick grid.
+///
+/// The step also ends where tick-by-tick stepping would deliver the earliest message in flight:
+/// turmoil releases a message at the start of the first step that ends at or after its delivery
+/// time, so one due `d` from now (more than a tick) is delivered by the tick that starts
+/// `ceil(d / tick) - 1` ticks from now, and the long step ends there. Messages released to a
+/// crashed host wait for its restart (a fault: `until` bounds it) and don't count.
 fn idle_step(
-    sim: &turmoil::Sim<'_>,
+    sim: &mut turmoil::Sim<'_>,
     deployment: &Deployment,
     board: &ClientBoard,
     now: Duration,
@@ -303,13 +307,39 @@ fn idle_step(
         board.next_send()
     };
     let until = next_send.map_or(until, |send| until.min(send));
-    let ticks = until.saturating_sub(now).as_nanos() / tick.as_nanos().max(1);
+    let tick_ns = tick.as_nanos().max(1);
+    let mut ticks = until.saturating_sub(now).as_nanos() / tick_ns;
     if ticks < 2 {
         return None;
     }
-    let mut network_quiet = true;
-    sim.links(|mut links| network_quiet = links.all(|mut link| link.next().is_none()));
-    if !network_quiet || !quiescent(deployment) {
+    // `None`: something is held; else the earliest delivery and who has messages released.
+    let mut in_flight = Some((None::<Duration>, Vec::new()));
+    sim.links(|links| {
+        for mut link in links {
+            let Some((earliest, released)) = &mut in_flight else { return };
+            released.extend(link.deliverable().map(|(_, dst)| dst.ip()));
+            for sent in &mut link {
+                match sent.deliver_in() {
+                    Some(due) => *earliest = Some(earliest.map_or(due, |e: Duration| e.min(due))),
+                    None => {
+                        in_flight = None;
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let (earliest, mut released) = in_flight?;
+    if let Some(due) = earliest {
+        // Ticks before the one that delivers it; 0 when the next tick does.
+        ticks = ticks.min(due.as_nanos().div_ceil(tick_ns).saturating_sub(1));
+        if ticks < 2 {
+            return None;
+        }
+    }
+    released.sort();
+    released.dedup();
+    if released.into_iter().any(|host| sim.is_host_running(host)) || !quiescent(deployment) {
         return None;
     }
     Some(tick * u32::try_from(ticks).unwrap_or(u32::MAX))

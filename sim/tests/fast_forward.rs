@@ -39,6 +39,78 @@ fn step_for_moves_time_by_its_duration_and_fires_timers_at_their_own_times() {
     assert_eq!(*fired.lock().expect("after"), [2 * MS, 3 * MS, 7 * MS]);
 }
 
+/// A sim whose client sends one datagram at 2 ms to a host that notes the step boundary it
+/// arrives by; every message takes 3.5 ms.
+fn ping_sim(received: Arc<Mutex<Option<Duration>>>) -> turmoil::Sim<'static> {
+    let latency = Duration::from_micros(3_500);
+    let mut sim = turmoil::Builder::new()
+        .tick_duration(MS)
+        .min_message_latency(latency)
+        .max_message_latency(latency)
+        .build();
+    sim.host("listener", move || {
+        let received = received.clone();
+        async move {
+            let socket = turmoil::net::UdpSocket::bind(("0.0.0.0", 9_000)).await?;
+            let mut buf = [0u8; 8];
+            socket.recv_from(&mut buf).await?;
+            *received.lock().expect("one host") = Some(turmoil::sim_elapsed().expect("in it"));
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    sim.client("pinger", async move {
+        tokio::time::sleep(2 * MS).await;
+        let socket = turmoil::net::UdpSocket::bind(("0.0.0.0", 9_001)).await?;
+        socket.send_to(b"ping", ("listener", 9_000)).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    sim
+}
+
+/// When each message in flight is due (the vendored patch's `SentRef::deliver_in`) and where a
+/// long step may end so that the message arrives at the same step as tick by tick.
+fn in_flight(sim: &turmoil::Sim<'_>) -> Vec<Option<Duration>> {
+    let mut due = Vec::new();
+    sim.links(|links| {
+        for link in links {
+            due.extend(link.map(|sent| sent.deliver_in()));
+        }
+    });
+    due
+}
+
+#[test]
+fn a_long_step_up_to_the_delivering_tick_delivers_in_flight_messages_at_the_same_step() {
+    let (ticked, long) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+    let (mut a, mut b) = (ping_sim(ticked.clone()), ping_sim(long.clone()));
+    while in_flight(&a).is_empty() {
+        a.step().expect("runs");
+        b.step().expect("runs");
+    }
+    let sent_by = a.elapsed();
+    assert_eq!(in_flight(&b), [Some(Duration::from_micros(3_500))], "stamped at the step's end");
+    while ticked.lock().expect("between steps").is_none() {
+        a.step().expect("runs");
+    }
+    let arrival = *ticked.lock().expect("between steps");
+    assert_eq!(a.elapsed(), sent_by + 4 * MS, "by the fourth tick after the send");
+
+    // Released at the start of the first step that ends at or after its delivery time: the
+    // fourth tick after the send (it ends 4 ms after it). A long step of the ticks before it.
+    let due = in_flight(&b)[0].expect("not held");
+    let before = due.as_nanos().div_ceil(MS.as_nanos()) - 1;
+    assert_eq!(before, 3);
+    b.step_for(MS * before as u32).expect("runs");
+    assert_eq!(*long.lock().expect("between steps"), None, "not delivered early");
+    assert_eq!(in_flight(&b), [Some(Duration::from_micros(500))]);
+    b.step().expect("runs");
+    assert_eq!(*long.lock().expect("between steps"), arrival);
+    assert_eq!(b.elapsed(), sent_by + 4 * MS);
+    assert!(in_flight(&b).is_empty());
+}
+
 /// Three sessions of three turns, 20 s of think time between turns: mostly idle, as agentic
 /// traces are.
 fn thinking_trace() -> SimTrace {

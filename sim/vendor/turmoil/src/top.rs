@@ -56,6 +56,7 @@ pub struct LinkIter<'a> {
     b: IpAddr,
     now: Instant,
     iter: std::collections::vec_deque::IterMut<'a, Sent>,
+    deliverable: &'a IndexMap<IpAddr, VecDeque<Envelope>>,
 }
 
 impl LinkIter<'_> {
@@ -71,6 +72,16 @@ impl LinkIter<'_> {
         for sent in self {
             sent.deliver();
         }
+    }
+
+    /// The (src, dst) [`SocketAddr`] pair of each message the link has already
+    /// released for delivery: the destination host receives it the next time
+    /// it runs. These are no longer visible as [`SentRef`]s.
+    pub fn deliverable(&self) -> impl Iterator<Item = (SocketAddr, SocketAddr)> + '_ {
+        self.deliverable
+            .values()
+            .flatten()
+            .map(|envelope| (envelope.src, envelope.dst))
     }
 }
 
@@ -94,6 +105,18 @@ impl SentRef<'_> {
         &self.sent.protocol
     }
 
+    /// How long until the message is due for delivery, from the network's
+    /// current time ([`Duration::ZERO`] if it is due already), or `None` while
+    /// it is on hold. A due message is released at the start of the first step
+    /// that ends at or after its delivery time, and received by its
+    /// destination host during that step.
+    pub fn deliver_in(&self) -> Option<Duration> {
+        match self.sent.status {
+            DeliveryStatus::DeliverAfter(at) => Some(at.saturating_duration_since(self.now)),
+            DeliveryStatus::Hold => None,
+        }
+    }
+
     /// Schedule the message for delivery the next time the simulation steps,
     /// consuming the item.
     pub fn deliver(self) {
@@ -112,6 +135,7 @@ impl<'a> Iterator for LinksIter<'a> {
             b: pair.1,
             now: link.now,
             iter: link.sent.iter_mut(),
+            deliverable: &link.deliverable,
         })
     }
 }
