@@ -46,6 +46,9 @@ pub enum PrefillNodeOutput {
 pub(super) struct Computation {
     key: TransferKey,
     first_token: Option<u32>,
+    /// Planted `EmptyHandOff` only (else always false): preempted while its last step was in
+    /// flight, so the buggy hand-off takes its page list as that preemption left it.
+    planted_preempted_in_last_step: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -182,7 +185,14 @@ impl PrefillNode {
                         Ok(()) => {
                             let spec = sampling_spec(&request);
                             self.outputs.push_back(PrefillNodeOutput::Start { request: id, spec });
-                            self.computing.insert(id, Computation { key, first_token: None });
+                            self.computing.insert(
+                                id,
+                                Computation {
+                                    key,
+                                    first_token: None,
+                                    planted_preempted_in_last_step: false,
+                                },
+                            );
                         }
                         Err(_) => self.side.handle_compute_failed(key, self.sched.pool_mut(), now),
                     }
@@ -224,7 +234,21 @@ impl PrefillNode {
                     self.outputs.push_back(PrefillNodeOutput::End { request })
                 }
                 SchedEvent::PagesKept { request } => self.hand_pages_over(request, now),
-                SchedEvent::Preempted { .. } => {}
+                SchedEvent::Preempted { request } => {
+                    if crate::planted!(EmptyHandOff) {
+                        // vllm#50297: a prompt preempted while its last step is in flight still
+                        // finishes with that step, but the hand-off remembers the pages as the
+                        // preemption left them (none).
+                        let last_step_in_flight = self
+                            .sched
+                            .by_id
+                            .get(&request)
+                            .is_some_and(|&e| self.sched.entry(e).in_flight_samples > 0);
+                        if let Some(c) = self.computing.get_mut(&request) {
+                            c.planted_preempted_in_last_step |= last_step_in_flight;
+                        }
+                    }
+                }
             }
         }
         any
@@ -238,7 +262,12 @@ impl PrefillNode {
             let pool = self.sched.pool_mut();
             match c.first_token {
                 Some(token) if self.side.is_computing(c.key) => {
-                    self.side.handle_computed(c.key, token, &pages, pool, now)
+                    if crate::planted!(EmptyHandOff) && c.planted_preempted_in_last_step {
+                        // vllm#50297: the page list taken after the preemption released it.
+                        self.side.handle_computed(c.key, token, &[], pool, now)
+                    } else {
+                        self.side.handle_computed(c.key, token, &pages, pool, now)
+                    }
                 }
                 _ => self.side.handle_compute_failed(c.key, pool, now),
             }

@@ -274,6 +274,18 @@ impl PrefillSide {
         }
         let prompt_pages = t.request.prompt.len().div_ceil(t.page_tokens as usize);
         let first_page = (t.cached_tokens / t.page_tokens) as usize;
+        if crate::planted!(EmptyHandOff)
+            && sources.len() < prompt_pages
+            && prompt_pages - first_page == t.pages.len()
+        {
+            // vllm#50297: the hand-off path does not check the page list; with no source page to
+            // write, the transfer counts as written at once and `Done` goes out.
+            t.completed_writes = t.pages.len() as u32;
+            t.phase = Phase::Writing { first_token, issued: t.pages.len() as u32 };
+            self.issue_writes(key, now);
+            self.touch(key.transfer);
+            return;
+        }
         if sources.len() < prompt_pages || prompt_pages - first_page != t.pages.len() {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
             self.touch(key.transfer);
