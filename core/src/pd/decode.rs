@@ -170,7 +170,9 @@ impl DecodeSide {
     /// key: once the transfer let go of its pages (they may be reused), a late write is dropped.
     pub fn write_allowed(&self, key: TransferKey, page: PageSlot) -> bool {
         #[cfg(feature = "planted-bugs")]
-        if crate::planted!(FreeWhileWriteLands)
+        if (crate::planted!(FreeWhileWriteLands)
+            || crate::planted!(PrematureRelease)
+            || crate::planted!(LeaseShorterThanWrite))
             && self.planted.unrevoked.contains(&(key, page.index))
         {
             // sgl#32564, sgl#35049: the freed page is still a valid target (the whole pool is
@@ -336,7 +338,7 @@ impl DecodeSide {
             // vllm#46283: no timeout on the reservation: decode waits for prefill forever.
             Time::MAX
         } else {
-            now.saturating_add(self.config.lease + self.config.write_flight_max)
+            now.saturating_add(self.lease_span())
         };
         let mut reserved = Vec::with_capacity(needed);
         // The lease is tracked here alone: the pin never expires on the pool's clock, so the
@@ -389,6 +391,7 @@ impl DecodeSide {
     }
 
     fn on_heartbeat(&mut self, key: TransferKey, seq: u32, now: Time) {
+        let span = self.lease_span();
         let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
         if transfer.phase == Phase::Draining {
             // Ended: never a new lease. Say so again, in case the first Abort was lost.
@@ -396,7 +399,7 @@ impl DecodeSide {
             self.send(prefill, Message::Abort { key, reason: AbortReason::DecodeFailed });
             return;
         }
-        let until = now.saturating_add(self.config.lease + self.config.write_flight_max);
+        let until = now.saturating_add(span);
         // HeartbeatNotExtendingLease (a missing class): the grant goes out, the lease stays.
         if until > transfer.lease_until && !crate::planted!(HeartbeatNotExtendingLease) {
             self.leases.remove(&(transfer.lease_until, key.transfer));
@@ -555,6 +558,13 @@ impl DecodeSide {
     /// Lets go of a transfer's pages and forgets it. Only once no write can land.
     fn release(&mut self, id: TransferId, pool: &mut PagePool) {
         let transfer = self.transfers.remove(&id).expect("releasing a live transfer");
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted!(PrematureRelease) || crate::planted!(LeaseShorterThanWrite) {
+            // Both bugs lived where the whole pool is registered with the NIC (no per-transfer
+            // fence): a write still in flight after the release lands in the page's next owner.
+            let pages = transfer.reserved.iter().map(|p| (transfer.key, p.index()));
+            self.planted.unrevoked.extend(pages);
+        }
         debug_assert_eq!(transfer.phase, Phase::Draining, "released before its terminal output");
         self.leases.remove(&(transfer.lease_until, id));
         self.forgotten(id, &transfer);
@@ -562,6 +572,17 @@ impl DecodeSide {
         for page in transfer.cached.into_iter().chain(transfer.reserved) {
             pool.release(page).expect("a transfer's page reference is live");
         }
+    }
+
+    /// How long a reservation or a grant holds the pages: the lease the prefill side is told,
+    /// plus the longest a write it issued inside that lease can take to land, so that the pages
+    /// outlive every write.
+    fn lease_span(&self) -> Duration {
+        if crate::planted!(LeaseShorterThanWrite) {
+            // A missing class: the lease alone, so a write issued at its end lands after it.
+            return self.config.lease;
+        }
+        self.config.lease + self.config.write_flight_max
     }
 
     /// Bookkeeping of a transfer just removed: its references leave the count, and there is
