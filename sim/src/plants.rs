@@ -53,10 +53,10 @@ impl Scenario {
 
 /// The scenario of `bug`.
 pub fn scenario(bug: PlantedBug) -> Scenario {
-    use FaultLevel::{Default, Heavy};
+    use FaultLevel::{Default, Heavy, None as NoFaults};
     use Oracle::*;
     use PlantedBug::*;
-    use Topology::{OneP1D, Single, TwoP2D};
+    use Topology::{OneP1D, Single};
     let s = |trace, import, topology, faults, caught_at, fires| Scenario {
         trace,
         import,
@@ -69,32 +69,66 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
     // the incident.
     const WEKA_SMALL: &[&str] =
         &["--scale-tokens", "0.25", "--max-output", "32", "--max-requests", "40"];
-    let _ = (Single, TwoP2D, Default, WEKA_80, WEKA_SMALL);
     match bug {
-        SlotReuse => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        FreeWhileWriteLands => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        FreeBeforeLastReader => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        SlotReuse => s(
+            "traces/azure_code_50.csv",
+            &["--scale-tokens", "0.1", "--max-input", "1024", "--max-output", "64"],
+            OneP1D,
+            Heavy,
+            22,
+            EqualAlone,
+        ),
+        FreeWhileWriteLands => s(
+            "traces/azure_code_50.csv",
+            &["--scale-tokens", "0.1", "--max-input", "1024", "--max-output", "64"],
+            OneP1D,
+            Heavy,
+            147,
+            EqualAlone,
+        ),
+        FreeBeforeLastReader => s(RECORDED, &[], OneP1D, Heavy, 5, Invariants),
         PrematureRelease => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        AbortPathWedge => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
-        StuckInBootstrap => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
-        FailOpen => s(RECORDED, &[], OneP1D, Heavy, 0, FailClosed),
-        DoubleCompletion => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
-        LeakWhenPeerSilent => s(RECORDED, &[], OneP1D, Heavy, 0, Leaks),
+        AbortPathWedge => s(RECORDED, &[], OneP1D, Heavy, 272, Leaks),
+        StuckInBootstrap => s(RECORDED, &[], OneP1D, Heavy, 14, Leaks),
+        FailOpen => s(WEKA_80, WEKA_SMALL, OneP1D, Default, 8, EqualAlone),
+        DoubleCompletion => s(RECORDED, &[], OneP1D, Heavy, 21, Invariants),
+        LeakWhenPeerSilent => s(WEKA_80, WEKA_SMALL, OneP1D, Heavy, 4, Leaks),
         EmptyHandOff => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        AbortRacesCompletion => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
-        PoisonedCachedPrefix => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        CancelNearSharedPrefix => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        AbortInMultiTurnSession => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        CollectiveMismatch => s(RECORDED, &[], OneP1D, Heavy, 0, Liveness),
-        PinnedBufferOverwritten => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        TransferWithoutCancellation => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        AccumulatingCorruption => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        StaleKvAfterResume => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        ScheduledTwiceInOverlap => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        AbortRacesCompletion => s(RECORDED, &[], OneP1D, Heavy, 22, Invariants),
+        PoisonedCachedPrefix => s(RECORDED, &[], OneP1D, Heavy, 2, Invariants),
+        CancelNearSharedPrefix => s(RECORDED, &[], OneP1D, Heavy, 12, Invariants),
+        AbortInMultiTurnSession => s(RECORDED, &[], OneP1D, Heavy, 5, Leaks),
+        CollectiveMismatch => s(RECORDED, &[], Single, Heavy, 7, Liveness),
+        PinnedBufferOverwritten => s(RECORDED, &[], OneP1D, Heavy, 2, EqualAlone),
+        TransferWithoutCancellation => s(RECORDED, &[], OneP1D, Heavy, 1, EqualAlone),
+        AccumulatingCorruption => s(WEKA_80, WEKA_SMALL, OneP1D, Default, 0, EqualAlone),
+        StaleKvAfterResume => s(
+            "traces/mooncake_conversation_200.jsonl",
+            &["--scale-tokens", "0.01", "--max-output", "64", "--max-requests", "60"],
+            Single,
+            Default,
+            19,
+            EqualAlone,
+        ),
+        ScheduledTwiceInOverlap => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
         LeaseShorterThanWrite => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        HeartbeatNotExtendingLease => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        HeartbeatNotExtendingLease => s(
+            "traces/azure_code_50.csv",
+            &["--scale-tokens", "1", "--max-input", "8192", "--max-output", "64"],
+            OneP1D,
+            NoFaults,
+            0,
+            Liveness,
+        ),
         OldIncarnationStateKept => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        DecodeReadsUnfinishedTransfer => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        DecodeReadsUnfinishedTransfer => s(
+            WEKA_80,
+            &["--scale-tokens", "0.25", "--max-output", "64", "--max-requests", "160"],
+            OneP1D,
+            Default,
+            15,
+            EqualAlone,
+        ),
     }
 }
 
