@@ -201,7 +201,7 @@ pub struct WorkerEngine<R> {
     /// Protocol messages waiting for room, sent before any held write.
     held_control: VecDeque<(Envelope, Time)>,
     /// Planted `DecodeReadsUnfinishedTransfer` only (always empty otherwise): KV writes
-    /// acknowledged on arrival and not landed yet, each with the step whose end lands it.
+    /// acknowledged on arrival and not landed yet; they land once no step is running.
     unlanded: VecDeque<(TransferKey, u32, Vec<u8>)>,
     check_invariants: bool,
     cadence: InvariantCadence,
