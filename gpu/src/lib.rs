@@ -9,6 +9,8 @@
 //! sampling, and the CPU backend. The CUDA backend is still to come.
 
 pub mod chat;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod default_model;
 pub mod gguf;
 pub mod llama;

@@ -1,0 +1,112 @@
+//! The CUDA C sources of the backend's kernels (`kernels/*.cu`), compiled at run time by NVRTC
+//! for the device's architecture (`nvrtc`). Each source is one idea and one module; every module
+//! is `prelude.cu` (half-precision conversions by PTX instruction, warp reductions) followed by
+//! its source, so no source includes a header and any NVRTC from 12.8 on compiles them alone.
+//!
+//! Choices that hold across the kernels:
+//! - Batch invariance by construction: each output's reduction order depends on that row's data
+//!   and position only (one warp per weight row and a fixed lane split in `matmul.cu`; 32-position
+//!   tiles from the row's own window in `paged_attention.cu`; fixed trees in `rms_norm.cu` and
+//!   `argmax.cu`). No product goes through cuBLAS or cuBLASLt: they choose an algorithm (and
+//!   split-K) by the shape, so a request's bits would change with how many rows share its step;
+//!   cublasLt's heuristics cannot be pinned to one algorithm for every M either. Our product is
+//!   slower than cuBLAS on large prefills, and that is the price of the differential check.
+//! - Activations and the residual stream are f32; weights stay in their upload type (f32, f16 or
+//!   bf16, see `weights`); the KV cache is f16, as the CPU backend's is.
+//! - The residual adds are fused into the output and down products (`accumulate`).
+//! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
+//!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
+//!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and
+//!   bandwidth on quantized models (see `weights`).
+
+/// One kernel source: a module of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSource {
+    /// The file's name without `.cu`; also the program name NVRTC reports errors under.
+    pub name: &'static str,
+    pub source: &'static str,
+    /// The `extern "C"` entry points it defines.
+    pub functions: &'static [&'static str],
+}
+
+pub const PRELUDE: &str = include_str!("kernels/prelude.cu");
+
+pub const EMBED: KernelSource = KernelSource {
+    name: "embed",
+    source: include_str!("kernels/embed.cu"),
+    functions: &["embed_f32", "embed_f16", "embed_bf16"],
+};
+pub const RMS_NORM: KernelSource = KernelSource {
+    name: "rms_norm",
+    source: include_str!("kernels/rms_norm.cu"),
+    functions: &["rms_norm"],
+};
+pub const MATMUL: KernelSource = KernelSource {
+    name: "matmul",
+    source: include_str!("kernels/matmul.cu"),
+    functions: &["matmul_f32", "matmul_f16", "matmul_bf16"],
+};
+pub const ROPE_KV_WRITE: KernelSource = KernelSource {
+    name: "rope_kv_write",
+    source: include_str!("kernels/rope_kv_write.cu"),
+    functions: &["rope_kv_write"],
+};
+pub const PAGED_ATTENTION: KernelSource = KernelSource {
+    name: "paged_attention",
+    source: include_str!("kernels/paged_attention.cu"),
+    functions: &["paged_attention"],
+};
+pub const SWIGLU: KernelSource = KernelSource {
+    name: "swiglu",
+    source: include_str!("kernels/swiglu.cu"),
+    functions: &["swiglu"],
+};
+pub const ARGMAX: KernelSource = KernelSource {
+    name: "argmax",
+    source: include_str!("kernels/argmax.cu"),
+    functions: &["argmax"],
+};
+
+/// Every kernel source, each compiled as its own module.
+pub const ALL: [KernelSource; 7] =
+    [EMBED, RMS_NORM, MATMUL, ROPE_KV_WRITE, PAGED_ATTENTION, SWIGLU, ARGMAX];
+
+/// The largest head size `paged_attention.cu` holds (its `HEAD_DIM_MAX`); `rope_kv_write.cu`
+/// holds more rotary pairs than that (its `ROPE_PAIRS_MAX`). A model past it is refused at load.
+pub const HEAD_DIM_MAX: usize = 256;
+
+impl KernelSource {
+    /// What NVRTC compiles: the prelude, then the source.
+    pub fn program(&self) -> String {
+        format!("{PRELUDE}\n// ---- {}.cu\n{}", self.name, self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_is_defined_in_its_source() {
+        for kernel in ALL {
+            for function in kernel.functions {
+                let definition = format!("__global__ void {function}(");
+                assert!(kernel.source.contains(&definition), "{}: {function}", kernel.name);
+                assert!(
+                    kernel.source.contains(&format!("extern \"C\" {definition}")),
+                    "{function} must be extern \"C\" so the driver finds it by name"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_limits_match_the_sources() {
+        assert!(PAGED_ATTENTION.source.contains(&format!("#define HEAD_DIM_MAX {HEAD_DIM_MAX}")));
+        // At least HEAD_DIM_MAX / 2 pairs.
+        assert!(ROPE_KV_WRITE.source.contains(&format!("#define ROPE_PAIRS_MAX {HEAD_DIM_MAX}")));
+        assert!(
+            !PRELUDE.contains("#include") && ALL.iter().all(|k| !k.source.contains("#include"))
+        );
+    }
+}

@@ -1,0 +1,35 @@
+// Greedy sampling on the device: per row of logits (one block each), the index of the largest
+// value, ties to the lowest index, as core's `sampling::argmax`. NaN never wins a comparison,
+// as on the host. A fixed tree over the block's threads: the result depends only on the row.
+
+#define ARGMAX_THREADS 256
+
+extern "C" __global__ void argmax(const float* logits, int* out, int vocab) {
+    __shared__ float best_value[ARGMAX_THREADS];
+    __shared__ int best_index[ARGMAX_THREADS];
+    const float* row = logits + (long)blockIdx.x * vocab;
+    float value = row[0];
+    int index = 0;
+    for (int i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
+        if (row[i] > value) {
+            value = row[i];
+            index = i;
+        }
+    }
+    best_value[threadIdx.x] = value;
+    best_index[threadIdx.x] = index;
+    __syncthreads();
+    for (int half = ARGMAX_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) {
+            const float other = best_value[threadIdx.x + half];
+            const int other_index = best_index[threadIdx.x + half];
+            const float mine = best_value[threadIdx.x];
+            if (other > mine || (other == mine && other_index < best_index[threadIdx.x])) {
+                best_value[threadIdx.x] = other;
+                best_index[threadIdx.x] = other_index;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = best_index[0];
+}

@@ -1,0 +1,76 @@
+// Shared by every kernel source (prepended before compiling): half-precision and bfloat16 values
+// as raw 16-bit patterns, converted with PTX instructions, so that no source includes a header
+// and any NVRTC compiles them as they are.
+
+typedef unsigned short f16_bits;
+
+// -infinity without math.h.
+#define NEG_INFINITY __int_as_float(0xff800000)
+
+// A bfloat16 as its bits; a distinct type so that templates tell it from an IEEE half.
+struct bf16_bits {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float half_to_float(f16_bits h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Round to nearest even, as the CPU backend's `f32_to_f16` does.
+__device__ __forceinline__ f16_bits float_to_half(float f) {
+    f16_bits h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_float(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+}
+
+// One weight element as f32, by storage type.
+__device__ __forceinline__ float load1(const float* w, long i) { return w[i]; }
+__device__ __forceinline__ float load1(const f16_bits* w, long i) { return half_to_float(w[i]); }
+__device__ __forceinline__ float load1(const bf16_bits* w, long i) {
+    return bf16_to_float(w[i].bits);
+}
+
+// Eight consecutive weight elements from `w + i`, `i` a multiple of 8 and the row 16-byte
+// aligned (the caller checks): one or two vector loads.
+__device__ __forceinline__ void load8(const float* w, long i, float out[8]) {
+    float4 a = *(const float4*)(w + i);
+    float4 b = *(const float4*)(w + i + 4);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+__device__ __forceinline__ void unpack2(unsigned int v, float* out, bool brain) {
+    unsigned short lo = (unsigned short)(v & 0xffffu), hi = (unsigned short)(v >> 16);
+    out[0] = brain ? bf16_to_float(lo) : half_to_float(lo);
+    out[1] = brain ? bf16_to_float(hi) : half_to_float(hi);
+}
+
+__device__ __forceinline__ void load8(const f16_bits* w, long i, float out[8]) {
+    uint4 v = *(const uint4*)(w + i);
+    unpack2(v.x, out, false); unpack2(v.y, out + 2, false);
+    unpack2(v.z, out + 4, false); unpack2(v.w, out + 6, false);
+}
+
+__device__ __forceinline__ void load8(const bf16_bits* w, long i, float out[8]) {
+    uint4 v = *(const uint4*)(w + i);
+    unpack2(v.x, out, true); unpack2(v.y, out + 2, true);
+    unpack2(v.z, out + 4, true); unpack2(v.w, out + 6, true);
+}
+
+// The sum over a warp by xor butterfly. Addition commutes exactly, so every lane ends with the
+// same bits, and the order depends on nothing but the lane layout.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+    return v;
+}

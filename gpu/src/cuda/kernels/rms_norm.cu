@@ -1,0 +1,29 @@
+// RMSNorm of one token's row per block, as the CPU's `numerics::rms_norm`: squares in f32 summed
+// in f64, the mean rounded to f32, `scale = 1 / sqrt(mean + eps)`, `out = (x * scale) * w`.
+// The f64 sum runs in a fixed tree over the block's threads, so a row's result depends only on
+// the row. `rows`, when not null, picks which rows of `x` to normalize (the sampling rows before
+// the output projection); block `b` writes row `b` of `out`.
+
+#define NORM_THREADS 256
+
+extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* weight,
+                                    float* out, int hidden, float eps) {
+    __shared__ double partial[NORM_THREADS];
+    const int row = rows ? rows[blockIdx.x] : blockIdx.x;
+    const float* in = x + (long)row * hidden;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < hidden; i += NORM_THREADS) {
+        const float v = in[i];
+        sum += (double)(v * v);
+    }
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = NORM_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    const float mean = (float)(partial[0] / (double)hidden);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    float* o = out + (long)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += NORM_THREADS) o[i] = (in[i] * scale) * weight[i];
+}

@@ -1,0 +1,80 @@
+// After the Q, K and V products of a token (one block per token): the Q/K/V biases (Qwen2), the
+// rotary embedding of Q and K at the token's position, and K and V rounded to half precision
+// into the paged cache through the token's row's page table.
+//
+// RoPE as the CPU's `forward::rope`: pair `i`'s angle is `position * theta_scale^i` by repeated
+// f32 multiplication (`theta_scale` computed on the host with the CPU's formula and passed in),
+// divided by the pair's frequency factor when the model has them (Llama 3 rope scaling), and the
+// rotation fused as `x0 * cos - x1 * sin`, `x0 * sin + x1 * cos`. `halves` picks Hugging Face's
+// `(i, i + d/2)` pairs over GGUF's adjacent `(2i, 2i + 1)`.
+//
+// Cache layout per layer and part (keys, values): `[page][page_tokens][kv_heads][head_dim]`
+// halves; position `p` of a row sits on page `tables[table_offsets[row] + p / page_tokens]`.
+
+#define ROPE_PAIRS_MAX 256
+
+__device__ __forceinline__ void rotate(float* head, int i, int d, int halves, float c, float s) {
+    const int a = halves ? i : 2 * i;
+    const int b = halves ? i + d / 2 : 2 * i + 1;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = fmaf(x0, c, -(x1 * s));
+    head[b] = fmaf(x0, s, x1 * c);
+}
+
+extern "C" __global__ void rope_kv_write(
+    float* q, const float* k, const float* v, const float* q_bias, const float* k_bias,
+    const float* v_bias, const int* positions, const int* token_rows, const int* table_offsets,
+    const int* tables, f16_bits* key_cache, f16_bits* value_cache, const float* freq_factors,
+    float theta_scale, int halves, int heads, int kv_heads, int head_dim, int page_tokens) {
+    __shared__ float cos_of[ROPE_PAIRS_MAX];
+    __shared__ float sin_of[ROPE_PAIRS_MAX];
+    __shared__ float key[ROPE_PAIRS_MAX * 2 * 8];
+    const int t = blockIdx.x;
+    const int pairs = head_dim / 2;
+    const int position = positions[t];
+    if (threadIdx.x == 0) {
+        float theta = (float)position;
+        for (int i = 0; i < pairs; i++) {
+            const float angle = freq_factors ? theta / freq_factors[i] : theta;
+            sincosf(angle, &sin_of[i], &cos_of[i]);
+            theta *= theta_scale;
+        }
+    }
+    __syncthreads();
+    const int q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+    float* qt = q + (long)t * q_width;
+    if (q_bias) {
+        for (int i = threadIdx.x; i < q_width; i += blockDim.x) qt[i] += q_bias[i];
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < heads * pairs; j += blockDim.x) {
+        const int h = j / pairs, i = j % pairs;
+        rotate(qt + h * head_dim, i, head_dim, halves, cos_of[i], sin_of[i]);
+    }
+    const int page = tables[table_offsets[token_rows[t]] + position / page_tokens];
+    const long at = ((long)page * page_tokens + position % page_tokens) * kv_width;
+    const float* kt = k + (long)t * kv_width;
+    const float* vt = v + (long)t * kv_width;
+    // K heads a few at a time through shared memory: biased, rotated, then stored.
+    const int heads_at_once = (ROPE_PAIRS_MAX * 2 * 8) / head_dim;
+    for (int h0 = 0; h0 < kv_heads; h0 += heads_at_once) {
+        const int n = min(heads_at_once, kv_heads - h0) * head_dim;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const int e = h0 * head_dim + i;
+            key[i] = kt[e] + (k_bias ? k_bias[e] : 0.0f);
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < (n / head_dim) * pairs; j += blockDim.x) {
+            const int h = j / pairs, i = j % pairs;
+            rotate(key + h * head_dim, i, head_dim, halves, cos_of[i], sin_of[i]);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            key_cache[at + h0 * head_dim + i] = float_to_half(key[i]);
+        }
+    }
+    for (int e = threadIdx.x; e < kv_width; e += blockDim.x) {
+        value_cache[at + e] = float_to_half(vt[e] + (v_bias ? v_bias[e] : 0.0f));
+    }
+}

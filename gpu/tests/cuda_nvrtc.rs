@@ -1,0 +1,91 @@
+//! Every CUDA kernel compiles with NVRTC, without error or warning, for each architecture the
+//! backend targets: sm_90 (H100, H200), sm_100 (B200), sm_120 (RTX Blackwell). No GPU needed.
+//!
+//! NVRTC is a library found at run time (cudarc's dynamic loading): `ci/nvrtc-kernels.sh` puts
+//! the PyPI wheel's on `LD_LIBRARY_PATH` and sets `LOCKSTEP_REQUIRE_NVRTC=1`. Without NVRTC the
+//! test skips with the reason printed, unless that variable asks for it to fail.
+#![cfg(feature = "cuda")]
+
+use lockstep_gpu::cuda::kernels;
+use lockstep_gpu::cuda::nvrtc::{self, Target};
+use lockstep_gpu::cuda::probe;
+
+const TARGETS: [u32; 3] = [90, 100, 120];
+
+/// NVRTC is here, or the test should skip (`false`) or fail (panics) per the environment.
+fn nvrtc_or_skip() -> bool {
+    match probe::require_nvrtc() {
+        Ok(()) => true,
+        Err(missing) if std::env::var("LOCKSTEP_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            panic!("LOCKSTEP_REQUIRE_NVRTC=1 but {missing}")
+        }
+        Err(missing) => {
+            eprintln!("skipped: {missing} (ci/nvrtc-kernels.sh provides it)");
+            false
+        }
+    }
+}
+
+#[test]
+fn every_kernel_compiles_cleanly_for_hopper_and_blackwell() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let version = nvrtc::version().expect("NVRTC reports its version");
+    let supported = nvrtc::supported_archs().expect("NVRTC lists its architectures");
+    eprintln!("NVRTC {}.{}, architectures {supported:?}", version.0, version.1);
+    let mut failures = Vec::new();
+    for sm in TARGETS {
+        assert!(supported.contains(&sm), "NVRTC {version:?} cannot compile for sm_{sm}");
+        for kernel in kernels::ALL {
+            match nvrtc::compile_clean(&kernel, Target::Cubin { sm }) {
+                Ok(compiled) => {
+                    assert!(!compiled.image.is_empty(), "{}: an empty cubin", kernel.name);
+                    eprintln!("{}.cu sm_{sm}: {} bytes", kernel.name, compiled.image.len());
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn ptx_for_a_device_newer_than_nvrtc_compiles_too() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    // The fallback `choose_target` takes for an unknown architecture: PTX the driver finishes.
+    for kernel in kernels::ALL {
+        let compiled = nvrtc::compile_clean(&kernel, Target::Ptx { compute: 90 })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = String::from_utf8_lossy(&compiled.image);
+        for function in kernel.functions {
+            assert!(text.contains(&format!(".entry {function}(")), "{function} in the PTX");
+        }
+    }
+}
+
+#[test]
+fn a_broken_kernel_fails_with_nvrtc_s_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let broken = kernels::KernelSource {
+        name: "broken",
+        source: "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }",
+        functions: &["broken"],
+    };
+    let err = nvrtc::compile(&broken, Target::Cubin { sm: 90 }).unwrap_err();
+    assert!(err.contains("broken.cu") && err.contains("undefined_name"), "{err}");
+    // A warning alone fails `compile_clean`, and `compile` keeps it in the log.
+    let warns = kernels::KernelSource {
+        name: "warns",
+        source: "#warning \"planted\"\nextern \"C\" __global__ void warns(float* x) { x[0] = 1; }",
+        functions: &["warns"],
+    };
+    let compiled = nvrtc::compile(&warns, Target::Cubin { sm: 90 }).expect("a warning compiles");
+    assert!(compiled.log.contains("planted"), "{:?}", compiled.log);
+    let err = nvrtc::compile_clean(&warns, Target::Cubin { sm: 90 }).unwrap_err();
+    assert!(err.contains("warned") && err.contains("planted"), "{err}");
+}
