@@ -12,7 +12,10 @@
 //! - `weights`: the model's tensors in device memory.
 //! - `executor`: `CudaExecutor`, the `Executor` over all of the above.
 
+pub mod executor;
 pub mod kernels;
+mod launch;
 pub mod layout;
 pub mod nvrtc;
 pub mod probe;
+pub mod weights;

@@ -1,4 +1,4 @@
-// Attention of every token of a step over its row's paged KV: one warp per (token, query head).
+// Attention of every token of a step over its row's paged KV: one warp per (token, query head): grid (tokens, heads).
 // A step mixes decode rows (one token) and prefill chunks (several consecutive positions of one
 // row); every token attends to positions `first..=position` of its own row, reading K and V
 // through the row's page table, so a chunk is causal by construction: its own K and V were
@@ -20,7 +20,7 @@ extern "C" __global__ void paged_attention(
     const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
     int window, float scale) {
     __shared__ float query[HEAD_DIM_MAX];
-    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x;
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int group = heads / kv_heads, kv_head = h / group;
     const int kv_width = kv_heads * head_dim;
     const float* qt = q + ((long)t * heads + h) * head_dim;

@@ -1,0 +1,433 @@
+//! `CudaExecutor`: scheduler plans on one NVIDIA GPU, over paged KV in device memory, sampling
+//! through core's `Sampler` exactly as the CPU executor does.
+//!
+//! A step: the plan's page-table deltas are applied on the host (`PageTables`, as the CPU's), the
+//! plan becomes flat arrays (`layout`), checked before anything is queued; the arrays are copied
+//! into the step's fixed input buffers; the forward pass runs (`launch`), eagerly or as a
+//! captured graph; then the argmax of every sampled row comes back, and the full logits of the
+//! rows that need them (a sampler that is not greedy, or log-probabilities). A greedy row takes
+//! the device's argmax, which is core's `argmax` to the bit (same comparisons, ties to the lowest
+//! id), so it equals what the host sampler would pick from the same logits.
+//!
+//! Graphs: a decode-only step the scheduler put in a graph bucket (`Bucket::Graph`) runs as the
+//! graph captured for its padded size (captured on first use, then replayed), with padding rows
+//! on the scratch page; anything else, or a size past `graph_rows_max`, runs eagerly. Buffer
+//! policy (the trtllm#15546 class, a replay reading inputs the host already overwrote): every
+//! step ends by copying its results to pageable host memory, which waits for the stream, so no
+//! replay is in flight when the next step writes the input buffers; and the buffers a graph
+//! captured are never freed or moved while it exists (growing them drops every graph first).
+//!
+//! `release_pages` is ignored, as the CPU executor does: a freed page is rewritten before any
+//! correct plan reads it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enum};
+use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::{
+    ExecError, Executor, PageStore, Sampler, SamplingSpec, TokenLogprobs, logprobs,
+};
+use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
+use lockstep_core::wire::KvLayout;
+
+use super::launch::{self, Buffers, Capacity, Dims, Kernels, Shape};
+use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
+use super::nvrtc;
+use super::probe::{self, DeviceInfo};
+use super::weights::{self, DeviceWeights};
+use crate::llama::LlamaWeights;
+
+/// Which device, and how steps run on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// The largest padded size run as a captured graph; 0 runs every step eagerly.
+    pub graph_rows_max: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> CudaOptions {
+        CudaOptions { ordinal: 0, graph_rows_max: 512 }
+    }
+}
+
+/// A captured graph. cudarc's `CudaGraph` is not `Send` because CUDA graphs are not internally
+/// synchronized; the executor owns its graphs and uses them only through `&mut self`, from one
+/// thread at a time, which is the serialization CUDA asks for.
+struct Captured(CudaGraph);
+
+#[allow(unsafe_code)]
+// SAFETY: see `Captured`: never shared, only moved with the executor that owns it.
+unsafe impl Send for Captured {}
+
+impl std::fmt::Debug for Captured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Captured")
+    }
+}
+
+/// Executes plans on a CUDA device over paged KV.
+#[derive(Debug)]
+pub struct CudaExecutor {
+    device: DeviceInfo,
+    weights: Arc<LlamaWeights>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    device_weights: DeviceWeights,
+    dims: Dims,
+    kv: CudaSlice<u16>,
+    kv_layout: KvCacheLayout,
+    limits: Limits,
+    buffers: Buffers,
+    graphs: BTreeMap<usize, Captured>,
+    graph_rows_max: usize,
+    tables: PageTables,
+    recent: RecentSamples,
+    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
+    /// Steps run eagerly and as graph replays, for tests and benchmarks.
+    pub steps_eager: u64,
+    pub steps_replayed: u64,
+}
+
+fn driver(what: &'static str) -> impl Fn(DriverError) -> String {
+    move |e| format!("CUDA {what}: {e}")
+}
+
+impl CudaExecutor {
+    /// Probes the device (a clean error when there is no driver, device or NVRTC), compiles the
+    /// kernels for its architecture, uploads the weights and allocates the KV cache for `pool`
+    /// plus one scratch page.
+    pub fn new(
+        weights: Arc<LlamaWeights>,
+        pool: PoolConfig,
+        slots: u32,
+        options: CudaOptions,
+    ) -> Result<CudaExecutor, String> {
+        let device = probe::probe(options.ordinal).map_err(|e| e.to_string())?;
+        let c = &weights.config;
+        let dims = Dims::of(c)?;
+        let context = CudaContext::new(options.ordinal).map_err(driver("context"))?;
+        // One stream, so cudarc's cross-stream event tracking has nothing to order; without it
+        // no event is recorded inside a graph capture.
+        #[allow(unsafe_code)]
+        // SAFETY: every slice is created after this and used on the one stream below.
+        unsafe {
+            context.disable_event_tracking()
+        };
+        let stream = context.new_stream().map_err(driver("stream"))?;
+        let target = nvrtc::choose_target(device.compute_capability, &nvrtc::supported_archs()?)?;
+        let kernels = Kernels::load(&context, target)?;
+        let device_weights = weights::upload(&weights, &stream)?;
+        let page_tokens = pool.page_tokens as usize;
+        let kv_layout = KvCacheLayout::new(
+            c.layers,
+            pool.pages_total as usize,
+            page_tokens,
+            c.kv_heads,
+            c.head_dim,
+        );
+        let kv = stream.alloc_zeros::<u16>(kv_layout.total_elements()).map_err(|e| {
+            format!("CUDA: allocating {} bytes of KV cache: {e}", kv_layout.total_bytes())
+        })?;
+        let rows = (slots as usize).max(1);
+        let capacity = Capacity {
+            tokens: rows.max(options.graph_rows_max).max(256),
+            rows: rows.max(options.graph_rows_max),
+            table_entries: 4096,
+            samples: rows.max(options.graph_rows_max),
+        };
+        let buffers = Buffers::new(&stream, &dims, capacity).map_err(driver("buffers"))?;
+        let limits = Limits {
+            vocab_size: c.vocab_size,
+            page_tokens,
+            pages_total: pool.pages_total as usize,
+            sliding_window: c.sliding_window,
+        };
+        Ok(CudaExecutor {
+            device,
+            weights,
+            stream,
+            kernels,
+            device_weights,
+            dims,
+            kv,
+            kv_layout,
+            limits,
+            buffers,
+            graphs: BTreeMap::new(),
+            graph_rows_max: options.graph_rows_max,
+            tables: PageTables::new(slots),
+            recent: RecentSamples::default(),
+            samplers: BTreeMap::new(),
+            steps_eager: 0,
+            steps_replayed: 0,
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// Device memory the weights take.
+    pub fn weight_bytes(&self) -> usize {
+        self.device_weights.bytes
+    }
+
+    /// How this executor lays out a page's KV: the CPU executor's layout, so pages move between
+    /// CPU and CUDA workers.
+    pub fn kv_layout(&self) -> KvLayout {
+        let c = &self.weights.config;
+        KvLayout {
+            layers: c.layers as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            element_bytes: 2,
+        }
+    }
+
+    /// Runs a step; returns the outputs and, per sampling row, the logits sampled from (all of
+    /// them copied back: for tests and checks; `execute` copies only what sampling needs).
+    pub fn execute_with_logits(
+        &mut self,
+        plan: &StepPlan,
+    ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+        self.step(plan, true)
+    }
+
+    fn step(
+        &mut self,
+        plan: &StepPlan,
+        all_logits: bool,
+    ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+        for row in plan.rows.iter().filter(|r| r.sample) {
+            if !self.samplers.contains_key(&row.request) {
+                return Err(format!("{}: a sampling row of a request never started", row.request));
+            }
+        }
+        self.tables.apply(plan)?;
+        let (tables, recent) = (&self.tables, &self.recent);
+        let mut arrays = StepArrays::build(
+            plan,
+            |slot| tables.table(slot),
+            |input| recent.resolve(input),
+            self.limits,
+        )?;
+        let real_samples = arrays.sample_rows.len();
+        let graph = layout::graph_rows(plan, &arrays, self.graph_rows_max);
+        if let Some(rows) = graph {
+            arrays.pad_to(rows, self.limits)?;
+        }
+        self.ensure_capacity(&arrays)?;
+        self.write_inputs(&arrays).map_err(driver("copying a step's inputs"))?;
+        let shape = Shape { tokens: arrays.token_count(), samples: arrays.sample_tokens.len() };
+        match graph {
+            Some(rows) => self.replay(rows, shape)?,
+            None => {
+                launch::forward(&self.stream, &self.model(), &self.buffers, shape)
+                    .map_err(driver("launching a step"))?;
+                self.steps_eager += 1;
+            }
+        }
+        self.finish(plan, &arrays.sample_rows[..real_samples], all_logits)
+    }
+
+    fn model(&self) -> launch::Model<'_> {
+        launch::Model {
+            kernels: &self.kernels,
+            weights: &self.device_weights,
+            dims: self.dims,
+            kv: &self.kv,
+            kv_layout: self.kv_layout,
+        }
+    }
+
+    /// Grows the buffers when `arrays` does not fit; the graphs read the old ones, so they go
+    /// first.
+    fn ensure_capacity(&mut self, arrays: &StepArrays) -> Result<(), String> {
+        let need = Capacity {
+            tokens: arrays.token_count(),
+            rows: arrays.row_count(),
+            table_entries: arrays.tables.len(),
+            samples: arrays.sample_tokens.len(),
+        };
+        if self.buffers.capacity.holds(&need) {
+            return Ok(());
+        }
+        self.graphs.clear();
+        self.stream.synchronize().map_err(driver("synchronize"))?;
+        let grown = self.buffers.capacity.grown_to(&need);
+        self.buffers = Buffers::new(&self.stream, &self.dims, grown).map_err(driver("buffers"))?;
+        Ok(())
+    }
+
+    fn write_inputs(&mut self, a: &StepArrays) -> Result<(), DriverError> {
+        let (s, b) = (&self.stream, &mut self.buffers);
+        s.memcpy_htod(&a.tokens, &mut b.tokens)?;
+        s.memcpy_htod(&a.positions, &mut b.positions)?;
+        s.memcpy_htod(&a.token_rows, &mut b.token_rows)?;
+        s.memcpy_htod(&a.table_offsets, &mut b.table_offsets)?;
+        s.memcpy_htod(&a.tables, &mut b.tables)?;
+        if !a.sample_tokens.is_empty() {
+            s.memcpy_htod(&a.sample_tokens, &mut b.sample_tokens)?;
+        }
+        Ok(())
+    }
+
+    /// Replays the graph of `rows` rows, capturing it first if this is its first use.
+    fn replay(&mut self, rows: usize, shape: Shape) -> Result<(), String> {
+        if !self.graphs.contains_key(&rows) {
+            let graph = self.capture(shape)?;
+            self.graphs.insert(rows, Captured(graph));
+        }
+        let graph = &self.graphs[&rows].0;
+        graph.launch().map_err(driver("replaying a graph"))?;
+        self.steps_replayed += 1;
+        Ok(())
+    }
+
+    fn capture(&self, shape: Shape) -> Result<CudaGraph, String> {
+        let mode = CUstreamCaptureMode_enum::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.stream.begin_capture(mode).map_err(driver("beginning a capture"))?;
+        let launched = launch::forward(&self.stream, &self.model(), &self.buffers, shape);
+        // The capture ends whatever happened, or the stream stays in capture mode.
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags_enum(0));
+        launched.map_err(driver("capturing a step"))?;
+        graph.map_err(driver("instantiating a graph"))?.ok_or_else(|| "CUDA: an empty graph".into())
+    }
+
+    /// Copies back the sampled rows' argmax (and logits where needed), samples, records.
+    fn finish(
+        &mut self,
+        plan: &StepPlan,
+        sample_rows: &[usize],
+        all_logits: bool,
+    ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
+        let s = sample_rows.len();
+        let mut argmax = vec![0i32; s];
+        if s > 0 {
+            self.stream
+                .memcpy_dtoh(&self.buffers.argmax.slice(0..s), &mut argmax)
+                .map_err(driver("copying sampled tokens"))?;
+        }
+        let vocab = self.dims.vocab;
+        let mut sampled = Vec::with_capacity(s);
+        let mut row_logprobs: Vec<Option<TokenLogprobs>> = Vec::with_capacity(s);
+        let mut logits_out = Vec::new();
+        for (i, &r) in sample_rows.iter().enumerate() {
+            let row = &plan.rows[r];
+            let (sampler, top) = self.samplers[&row.request];
+            let greedy = is_greedy(&sampler);
+            let logits = match all_logits || !greedy || top.is_some() {
+                true => {
+                    let mut l = vec![0f32; vocab];
+                    let view = self.buffers.logits.slice(i * vocab..(i + 1) * vocab);
+                    self.stream.memcpy_dtoh(&view, &mut l).map_err(driver("copying logits"))?;
+                    Some(l)
+                }
+                false => None,
+            };
+            let token = match (&logits, greedy) {
+                (Some(l), false) => sampler.sample(l, row.positions.end),
+                _ => u32::try_from(argmax[i]).map_err(|_| "CUDA: a negative argmax")?,
+            };
+            sampled.push(token);
+            row_logprobs.push(match (top, &logits) {
+                (Some(top), Some(l)) => Some(logprobs(l, token, top)),
+                _ => None,
+            });
+            if all_logits {
+                logits_out.push(logits.unwrap_or_default());
+            }
+        }
+        let mut by_row = vec![None; plan.rows.len()];
+        for (&r, &token) in sample_rows.iter().zip(&sampled) {
+            by_row[r] = Some(token);
+        }
+        self.recent.record(plan.step, by_row);
+        if row_logprobs.iter().all(Option::is_none) {
+            row_logprobs.clear();
+        }
+        Ok((StepOutputs { step: plan.step, sampled, logprobs: row_logprobs }, logits_out))
+    }
+
+    fn check_page(&self, page: u32) -> Result<usize, ExecError> {
+        let page = page as usize;
+        match page < self.limits.pages_total {
+            true => Ok(page),
+            false => Err(ExecError(format!(
+                "page {page} is outside the pool of {}",
+                self.limits.pages_total
+            ))),
+        }
+    }
+}
+
+/// Whether `sampler` picks the argmax: the same test as `Sampler::sample`'s greedy branch.
+fn is_greedy(sampler: &Sampler) -> bool {
+    let p = sampler.params();
+    p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1
+}
+
+impl Executor for CudaExecutor {
+    fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
+        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+    }
+
+    fn end_request(&mut self, request: RequestId) {
+        self.samplers.remove(&request);
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutputs, ExecError> {
+        self.step(plan, false).map(|(outputs, _)| outputs).map_err(ExecError)
+    }
+}
+
+/// Pages in the CPU executor's byte order (`KvCacheLayout`): `2 * layers` contiguous copies.
+/// Copies run on the executor's stream, so a read after a step sees its writes and a write
+/// lands before the next step reads it.
+impl PageStore for CudaExecutor {
+    fn page_bytes(&self) -> usize {
+        self.kv_layout.page_bytes()
+    }
+
+    fn read_page(&self, page: u32, out: &mut Vec<u8>) -> Result<(), ExecError> {
+        let page = self.check_page(page)?;
+        let l = self.kv_layout;
+        let mut part = vec![0u16; l.page_elements()];
+        for layer in 0..l.layers {
+            for p in [Part::Keys, Part::Values] {
+                let at = l.page_offset(layer, p, page);
+                self.stream
+                    .memcpy_dtoh(&self.kv.slice(at..at + l.page_elements()), &mut part)
+                    .map_err(|e| ExecError(format!("CUDA: reading page {page}: {e}")))?;
+                out.extend(part.iter().flat_map(|h| h.to_le_bytes()));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_page(&mut self, page: u32, data: &[u8]) -> Result<(), ExecError> {
+        let page = self.check_page(page)?;
+        if data.len() != self.page_bytes() {
+            return Err(ExecError(format!(
+                "a page write of {} bytes, a page is {}",
+                data.len(),
+                self.page_bytes()
+            )));
+        }
+        let l = self.kv_layout;
+        let halves: Vec<u16> =
+            data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        for (i, chunk) in halves.chunks_exact(l.page_elements()).enumerate() {
+            let (layer, p) = (i / 2, if i % 2 == 0 { Part::Keys } else { Part::Values });
+            let at = l.page_offset(layer, p, page);
+            let mut view = self.kv.slice_mut(at..at + l.page_elements());
+            self.stream
+                .memcpy_htod(chunk, &mut view)
+                .map_err(|e| ExecError(format!("CUDA: writing page {page}: {e}")))?;
+        }
+        Ok(())
+    }
+}
