@@ -1,6 +1,6 @@
 //! `lockstep generate`: load a model (GGUF file or Hugging Face directory), optionally apply its
-//! chat template, and stream a completion to standard output, through the scheduler and the CPU
-//! executor over paged KV that the server runs.
+//! chat template, and stream a completion to standard output, through the scheduler and the
+//! executor over paged KV that the server runs (the CPU's, or CUDA's with `--device cuda[:N]`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,6 +16,8 @@ use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampling, SamplingSpec};
 
+use crate::serve::Device;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     pub model: Option<PathBuf>,
@@ -24,6 +26,8 @@ pub struct Options {
     pub prompt: String,
     /// Temperature, top-k, top-p and the seed.
     pub sampling: Sampling,
+    /// Where the model runs (`--device`).
+    pub device: Device,
 }
 
 impl Options {
@@ -34,6 +38,7 @@ impl Options {
             max_tokens: 128,
             prompt: String::new(),
             sampling: Sampling::GREEDY,
+            device: Device::Cpu,
         };
         let mut prompt = None;
         let mut args = args.iter();
@@ -54,6 +59,7 @@ impl Options {
                 "--top-p" => options.sampling.top_p = number(&value("--top-p")?, "--top-p")?,
                 "--seed" => options.sampling.seed = number(&value("--seed")?, "--seed")?,
                 "--prompt" => prompt = Some(value("--prompt")?),
+                "--device" => options.device = Device::parse(&value("--device")?)?,
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
@@ -67,6 +73,8 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
 }
 
 pub fn run(options: &Options) -> Result<(), String> {
+    // Before the model loads: a machine without CUDA says so at once.
+    options.device.check()?;
     let path = options.model.clone().unwrap_or_else(lockstep_gpu::default_model::path);
     if options.model.is_none() && !path.exists() {
         return Err(format!(
@@ -86,7 +94,17 @@ pub fn run(options: &Options) -> Result<(), String> {
     }
     let config = engine_config(&model, prompt.len(), options.max_tokens)?;
     let mut sched = Scheduler::new(config.clone()).map_err(|e| e.to_string())?;
-    let mut executor = CpuExecutor::new(model.weights.clone(), config.pool, config.running_max);
+    let mut executor: Box<dyn Executor> = match options.device {
+        Device::Cpu => {
+            Box::new(CpuExecutor::new(model.weights.clone(), config.pool, config.running_max))
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => {
+            Box::new(crate::serve::cuda_executor(model.weights.clone(), &config, n)?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return options.device.check(),
+    };
     let id = RequestId(0);
     executor.start_request(id, SamplingSpec { sampling: options.sampling, logprobs: None });
     let request = NewRequest {
@@ -194,5 +212,27 @@ mod tests {
         );
         assert!(Options::parse(&args(&["--prompt"])).unwrap_err().contains("needs a value"));
         assert!(Options::parse(&args(&["--bogus"])).unwrap_err().contains("unknown option"));
+        let cuda = Options::parse(&args(&["--device", "cuda:2", "--prompt", "a"])).unwrap();
+        assert_eq!(cuda.device, Device::Cuda(2));
+        assert!(Options::parse(&args(&["--device", "tpu"])).unwrap_err().contains("cuda:N"));
+    }
+
+    #[test]
+    fn cuda_without_a_driver_fails_before_loading_a_model() {
+        #[cfg(feature = "cuda")]
+        if lockstep_gpu::cuda::probe::driver_present() {
+            return;
+        }
+        let options = Options::parse(&args(&[
+            "--device",
+            "cuda",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--prompt",
+            "hi",
+        ]))
+        .unwrap();
+        let err = run(&options).unwrap_err();
+        assert!(err.starts_with("--device cuda:0: ") && !err.contains("nonexistent"), "{err}");
     }
 }

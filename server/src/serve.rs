@@ -1,5 +1,6 @@
-//! `lockstep serve`: load the model, start the engine on the CPU executor's own threads, and
-//! serve the OpenAI-compatible API on a TCP port until SIGTERM or Ctrl-C, then drain.
+//! `lockstep serve`: load the model, start the engine on the executor's own thread (the CPU
+//! executor, or the CUDA one with `--device cuda[:N]`), and serve the OpenAI-compatible API on a
+//! TCP port until SIGTERM or Ctrl-C, then drain.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +9,11 @@ use std::time::Duration;
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::{SchedConfig, StepMode};
+#[cfg(feature = "cuda")]
+use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
 use lockstep_gpu::llama::CpuExecutor;
+#[cfg(feature = "cuda")]
+use lockstep_gpu::llama::LlamaWeights;
 use lockstep_gpu::model::Model;
 
 use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
@@ -24,7 +29,7 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                       [--max-model-len N] [--overlap] [--no-prefix-cache]
                       [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
-                      [--executor cpu|provenance] [--record-trace FILE]
+                      [--executor cpu|provenance] [--device cpu|cuda[:N]] [--record-trace FILE]
                       [--role router|prefill|decode --worker-id N [--peer-port N]
                        [--prefill ID@HOST:PORT]... [--decode ID@HOST:PORT]...]
 
@@ -41,6 +46,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
   --executor provenance  serve the weightless provenance model with a synthetic vocabulary
                          instead (for load and protocol tests; outputs are not language)
+  --device cpu|cuda[:N]  where the model runs: the CPU (default, on --threads threads) or CUDA
+                         device N (default 0; needs the NVIDIA driver and NVRTC at run time)
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for
                          `sim replay` (traces/README.md); the file is truncated at start
 
@@ -79,6 +86,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     pub seed: Option<u64>,
     pub provenance: bool,
+    /// Where the model runs (`--device`).
+    pub device: Device,
     pub record_trace: Option<PathBuf>,
     pub role: Option<lockstep_core::wire::Role>,
     pub worker_id: Option<u32>,
@@ -112,6 +121,7 @@ impl ServeOptions {
             drain_timeout: Duration::from_secs(30),
             seed: None,
             provenance: false,
+            device: Device::Cpu,
             record_trace: None,
             role: None,
             worker_id: None,
@@ -151,6 +161,7 @@ impl ServeOptions {
                 }
                 "--seed" => o.seed = Some(number(&value()?, flag)?),
                 "--record-trace" => o.record_trace = Some(PathBuf::from(value()?)),
+                "--device" => o.device = Device::parse(&value()?)?,
                 "--executor" => match value()?.as_str() {
                     "cpu" => o.provenance = false,
                     "provenance" => o.provenance = true,
@@ -204,6 +215,62 @@ impl ServeOptions {
             prefix_cache: self.prefix_cache,
         }
     }
+}
+
+/// Where a model runs: `--device cpu`, `cuda` (device 0) or `cuda:N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn parse(text: &str) -> Result<Device, String> {
+        let bad = || format!("--device: {text:?} is not cpu, cuda or cuda:N");
+        match text {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match text.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(Device::Cuda).map_err(|_| bad()),
+                None => Err(bad()),
+            },
+        }
+    }
+
+    /// Whether this device can run here, checked before a model loads: for CUDA, the driver,
+    /// the device and NVRTC (`cuda::probe`), or the reason not, in one line.
+    pub fn check(self) -> Result<(), String> {
+        match self {
+            Device::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => lockstep_gpu::cuda::probe::probe(n)
+                .map(|_| ())
+                .map_err(|e| format!("--device cuda:{n}: {e}")),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => Err(built_without_cuda(n)),
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn built_without_cuda(n: usize) -> String {
+    format!(
+        "--device cuda:{n}: this lockstep was built without CUDA (feature `cuda` of lockstep-server)"
+    )
+}
+
+/// The CUDA executor of `weights` for `sched` on device `ordinal`, with a captured graph for
+/// each of the scheduler's capture sizes.
+#[cfg(feature = "cuda")]
+pub fn cuda_executor(
+    weights: Arc<LlamaWeights>,
+    sched: &SchedConfig,
+    ordinal: usize,
+) -> Result<CudaExecutor, String> {
+    let graph_rows_max = sched.capture_sizes.last().map_or(0, |&s| s as usize);
+    let options = CudaOptions { ordinal, graph_rows_max };
+    CudaExecutor::new(weights, sched.pool, sched.running_max, options)
+        .map_err(|e| format!("--device cuda:{ordinal}: {e}"))
 }
 
 /// `ID@HOST:PORT`.
@@ -333,12 +400,23 @@ pub(crate) fn cpu_executor(options: &ServeOptions, loaded: &Loaded) -> CpuExecut
 }
 
 fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
+    options.device.check()?;
     let loaded = load_model(options)?;
-    let executor = cpu_executor(options, &loaded);
     let mut engine = EngineConfig::new(loaded.sched.clone());
     engine.check_invariants = options.check_invariants;
-    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max())
-        .map_err(|e| format!("starting the executor thread: {e}"))?;
+    let jobs_max = engine.executor_jobs_max();
+    let thread = |e: std::io::Error| format!("starting the executor thread: {e}");
+    let runner = match options.device {
+        Device::Cpu => ThreadRunner::spawn(cpu_executor(options, &loaded), jobs_max),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => {
+            let executor = cuda_executor(loaded.model.weights.clone(), &loaded.sched, n)?;
+            ThreadRunner::spawn(executor, jobs_max)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(n) => return Err(built_without_cuda(n)),
+    }
+    .map_err(thread)?;
     let app = app_config(options, loaded.name, loaded.sched.request_tokens_max, loaded.tool_format);
     node::start(engine, runner, loaded.codec, app)
 }
@@ -404,5 +482,43 @@ fn init_logging(json: bool) {
         builder.json().with_current_span(true).init();
     } else {
         builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServeOptions, String> {
+        ServeOptions::parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn device_is_cpu_by_default_and_cuda_takes_an_index() {
+        assert_eq!(parse(&[]).unwrap().device, Device::Cpu);
+        assert_eq!(parse(&["--device", "cpu"]).unwrap().device, Device::Cpu);
+        assert_eq!(parse(&["--device", "cuda"]).unwrap().device, Device::Cuda(0));
+        assert_eq!(parse(&["--device", "cuda:3"]).unwrap().device, Device::Cuda(3));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA"] {
+            let err = parse(&["--device", bad]).unwrap_err();
+            assert!(err.contains("is not cpu, cuda or cuda:N"), "{bad}: {err}");
+        }
+        assert!(parse(&["--device"]).unwrap_err().contains("needs a value"));
+    }
+
+    #[test]
+    fn cuda_without_a_driver_is_one_clean_line() {
+        assert_eq!(Device::Cpu.check(), Ok(()));
+        #[cfg(feature = "cuda")]
+        if lockstep_gpu::cuda::probe::driver_present() {
+            return;
+        }
+        let err = Device::Cuda(1).check().unwrap_err();
+        assert!(err.starts_with("--device cuda:1: "), "{err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+        #[cfg(feature = "cuda")]
+        assert!(err.contains("no CUDA driver: libcuda.so.1 not found"), "{err}");
+        #[cfg(not(feature = "cuda"))]
+        assert!(err.contains("built without CUDA"), "{err}");
     }
 }

@@ -22,7 +22,7 @@ use crate::engine::{EngineConfig, EngineStats, InlineRunner, StepCost, ThreadRun
 use crate::metrics::Metrics;
 use crate::node;
 use crate::peer::{PeerConfig, TcpDial, Transport};
-use crate::serve::{self, ServeOptions};
+use crate::serve::{self, Device, ServeOptions};
 use crate::text::{SyntheticCodec, TextCodec};
 
 /// The data plane's bounds: how long a decode worker's lease lets a prefill worker write, how long
@@ -197,14 +197,13 @@ pub async fn serve(
                     options.check_invariants,
                     metrics.clone(),
                 ),
-                Executor::Cpu(executor) => {
+                threaded => {
+                    // Page reads and writes of the data plane queue beside the steps.
                     let jobs_max = EngineConfig::new(sched.clone()).executor_jobs_max()
                         + sched.pool.pages_total as usize;
-                    let runner = ThreadRunner::spawn_with_pages(*executor, jobs_max)
-                        .map_err(|e| format!("starting the executor thread: {e}"))?;
                     super::spawn_worker(
                         node,
-                        runner,
+                        threaded.thread_runner(jobs_max)?,
                         peer,
                         TcpDial,
                         peer_listener,
@@ -255,6 +254,24 @@ enum Executor {
     None,
     Provenance(ProvenanceModel),
     Cpu(Box<lockstep_gpu::llama::CpuExecutor>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<lockstep_gpu::cuda::executor::CudaExecutor>),
+}
+
+impl Executor {
+    /// A model executor on a thread of its own, its pages open to the data plane.
+    fn thread_runner(self, jobs_max: usize) -> Result<ThreadRunner, String> {
+        let thread = |e: std::io::Error| format!("starting the executor thread: {e}");
+        match self {
+            Executor::Cpu(executor) => ThreadRunner::spawn_with_pages(*executor, jobs_max),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(executor) => ThreadRunner::spawn_with_pages(*executor, jobs_max),
+            Executor::None | Executor::Provenance(_) => {
+                return Err("not a model executor".into());
+            }
+        }
+        .map_err(thread)
+    }
 }
 
 /// What a role serves: the model, its scheduler, its executor and how peers recognize it.
@@ -285,14 +302,30 @@ impl Served {
                 name,
             });
         }
+        if role != Role::Router {
+            options.device.check()?;
+        }
         let loaded = serve::load_model(options)?;
-        let (executor, kv_layout) = if role == Role::Router {
+        let (executor, kv_layout) = match (role, options.device) {
             // The router needs the tokenizer and template, not the KV: the link check skips it.
-            (Executor::None, KvLayout { layers: 0, kv_heads: 0, head_dim: 0, element_bytes: 0 })
-        } else {
-            let executor = serve::cpu_executor(options, &loaded);
-            let layout = executor.kv_layout();
-            (Executor::Cpu(Box::new(executor)), layout)
+            (Role::Router, _) => {
+                (Executor::None, KvLayout { layers: 0, kv_heads: 0, head_dim: 0, element_bytes: 0 })
+            }
+            (_, Device::Cpu) => {
+                let executor = serve::cpu_executor(options, &loaded);
+                let layout = executor.kv_layout();
+                (Executor::Cpu(Box::new(executor)), layout)
+            }
+            #[cfg(feature = "cuda")]
+            (_, Device::Cuda(n)) => {
+                let executor =
+                    serve::cuda_executor(loaded.model.weights.clone(), &loaded.sched, n)?;
+                // The CPU executor's page layout: CPU and CUDA workers exchange pages.
+                let layout = executor.kv_layout();
+                (Executor::Cuda(Box::new(executor)), layout)
+            }
+            #[cfg(not(feature = "cuda"))]
+            (_, Device::Cuda(_)) => return Err(options.device.check().err().unwrap_or_default()),
         };
         // The architecture, its sizes and the end tokens: two workers agreeing on these serve
         // the same model family; weights are not hashed (gigabytes at every start).
