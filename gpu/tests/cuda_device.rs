@@ -38,9 +38,25 @@ use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampling, SamplingSpec};
 use serde_json::{Value, json};
 
+/// A CUDA executor; with `LOCKSTEP_CUDA_KERNELS_DIR` set, on the cubins compiled ahead of time
+/// there (a device without NVRTC), else compiled by NVRTC now.
+fn cuda(
+    weights: &Arc<LlamaWeights>,
+    pool: PoolConfig,
+    slots: u32,
+    options: CudaOptions,
+) -> CudaExecutor {
+    let dir = std::env::var_os("LOCKSTEP_CUDA_KERNELS_DIR").map(PathBuf::from);
+    CudaExecutor::with_prebuilt(weights.clone(), pool, slots, options, dir.as_deref()).unwrap()
+}
+
 /// Whether a device is here; otherwise the test skips (or fails under LOCKSTEP_REQUIRE_CUDA=1).
 fn device_or_skip() -> bool {
-    match probe::probe(0) {
+    let probed = match std::env::var_os("LOCKSTEP_CUDA_KERNELS_DIR") {
+        Some(_) => probe::probe_device(0),
+        None => probe::probe(0),
+    };
+    match probed {
         Ok(info) => {
             eprintln!("device: {info:?}");
             true
@@ -205,11 +221,9 @@ fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> (
         .collect();
     let mut cpu = CpuExecutor::new(weights.clone(), config.pool, config.running_max);
     let cpu_runs = run(&mut cpu, &config, requests.clone());
-    let mut cuda =
-        CudaExecutor::new(weights.clone(), config.pool, config.running_max, CudaOptions::default())
-            .unwrap();
-    let cuda_runs = run(&mut cuda, &config, requests);
-    (cpu_runs, cuda_runs, cuda.steps_replayed)
+    let mut executor = cuda(weights, config.pool, config.running_max, CudaOptions::default());
+    let cuda_runs = run(&mut executor, &config, requests);
+    (cpu_runs, cuda_runs, executor.steps_replayed)
 }
 
 /// The tiny models carry f32 or bf16 weights, multiplied exactly on both sides; only the order
@@ -295,10 +309,7 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
             (0..len).map(|i| (100 + id as u32 * 131 + i as u32 * 17) % vocab).collect();
         crowd.push((request(id, p, 3 + (id as u32 % 4)), sampling(id)));
     }
-    let new = || {
-        CudaExecutor::new(weights.clone(), config.pool, config.running_max, CudaOptions::default())
-            .unwrap()
-    };
+    let new = || cuda(weights, config.pool, config.running_max, CudaOptions::default());
     let mut alone_executor = new();
     let alone = run(&mut alone_executor, &config, vec![watched]).remove(&RequestId(0)).unwrap();
     let mut crowd_executor = new();
@@ -428,7 +439,7 @@ fn decode_throughput_against_the_hbm_roofline() {
             ..config(batch, 8192)
         };
         let options = CudaOptions { ordinal: 0, graph_rows_max: 256 };
-        let mut executor = CudaExecutor::new(weights.clone(), config.pool, batch, options).unwrap();
+        let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
         let mut sched = Scheduler::new(config.clone()).unwrap();
         for id in 0..batch as u64 {

@@ -3,8 +3,10 @@
 //!
 //! NVRTC is a library found at run time (cudarc's dynamic loading): `ci/nvrtc-kernels.sh` puts
 //! the PyPI wheel's on `LD_LIBRARY_PATH` and sets `LOCKSTEP_REQUIRE_NVRTC=1`. Without NVRTC the
-//! test skips with the reason printed, unless that variable asks for it to fail.
+//! test skips with the reason printed, unless that variable asks for it to fail. With
+//! `LOCKSTEP_WRITE_CUBINS=DIR` the cubins are also written to DIR, for a device without NVRTC.
 #![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 use lockstep_gpu::cuda::kernels;
 use lockstep_gpu::cuda::nvrtc::{self, Target};
@@ -42,6 +44,12 @@ fn every_kernel_compiles_cleanly_for_hopper_and_blackwell() {
                 Ok(compiled) => {
                     assert!(!compiled.image.is_empty(), "{}: an empty cubin", kernel.name);
                     eprintln!("{}.cu sm_{sm}: {} bytes", kernel.name, compiled.image.len());
+                    // Kept for a device without NVRTC (`CudaExecutor::with_prebuilt`).
+                    if let Some(dir) = std::env::var_os("LOCKSTEP_WRITE_CUBINS") {
+                        let path = std::path::Path::new(&dir).join(kernel.cubin_file(sm));
+                        std::fs::create_dir_all(&dir).unwrap();
+                        std::fs::write(&path, &compiled.image).unwrap();
+                    }
                 }
                 Err(e) => failures.push(e),
             }

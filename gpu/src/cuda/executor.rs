@@ -21,6 +21,7 @@
 //! correct plan reads it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enum};
@@ -32,7 +33,7 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
-use super::launch::{self, Buffers, Capacity, Dims, Kernels, Shape};
+use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
 use super::probe::{self, DeviceInfo};
@@ -105,7 +106,24 @@ impl CudaExecutor {
         slots: u32,
         options: CudaOptions,
     ) -> Result<CudaExecutor, String> {
-        let device = probe::probe(options.ordinal).map_err(|e| e.to_string())?;
+        Self::with_prebuilt(weights, pool, slots, options, None)
+    }
+
+    /// As `new`; with `prebuilt`, the kernels are the cubins for the device's architecture in
+    /// that folder (compiled ahead of time, so a machine without NVRTC runs them) instead of
+    /// NVRTC's.
+    pub fn with_prebuilt(
+        weights: Arc<LlamaWeights>,
+        pool: PoolConfig,
+        slots: u32,
+        options: CudaOptions,
+        prebuilt: Option<&Path>,
+    ) -> Result<CudaExecutor, String> {
+        let device = match prebuilt {
+            None => probe::probe(options.ordinal),
+            Some(_) => probe::probe_device(options.ordinal),
+        }
+        .map_err(|e| e.to_string())?;
         let c = &weights.config;
         let dims = Dims::of(c)?;
         let context = CudaContext::new(options.ordinal).map_err(driver("context"))?;
@@ -117,8 +135,18 @@ impl CudaExecutor {
             context.disable_event_tracking()
         };
         let stream = context.new_stream().map_err(driver("stream"))?;
-        let target = nvrtc::choose_target(device.compute_capability, &nvrtc::supported_archs()?)?;
-        let kernels = Kernels::load(&context, target)?;
+        let images = match prebuilt {
+            None => KernelImages::Nvrtc(nvrtc::choose_target(
+                device.compute_capability,
+                &nvrtc::supported_archs()?,
+            )?),
+            Some(dir) => {
+                let (major, minor) = device.compute_capability;
+                let sm = u32::try_from(major * 10 + minor).map_err(|_| "a negative capability")?;
+                KernelImages::Prebuilt { dir, sm }
+            }
+        };
+        let kernels = Kernels::load(&context, images)?;
         let device_weights = weights::upload(&weights, &stream)?;
         let page_tokens = pool.page_tokens as usize;
         let kv_layout = KvCacheLayout::new(

@@ -76,6 +76,12 @@ pub const ALL: [KernelSource; 7] =
 pub const HEAD_DIM_MAX: usize = 256;
 
 impl KernelSource {
+    /// The file a cubin of this source for `sm_{sm}` is kept in, compiled ahead of time
+    /// (`CudaExecutor::with_prebuilt`; `tests/cuda_nvrtc.rs` writes them).
+    pub fn cubin_file(&self, sm: u32) -> String {
+        format!("{}.sm_{sm}.cubin", self.name)
+    }
+
     /// What NVRTC compiles: the prelude, then the source.
     pub fn program(&self) -> String {
         format!("{PRELUDE}\n// ---- {}.cu\n{}", self.name, self.source)

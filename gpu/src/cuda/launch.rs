@@ -10,6 +10,7 @@
 //! buffer holds the elements the launch touches (`Buffers::ensure` sizes them before a step).
 #![allow(unsafe_code)]
 
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -35,15 +36,35 @@ pub struct Kernels {
     argmax: CudaFunction,
 }
 
+/// Where the kernels' machine code comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum KernelImages<'a> {
+    /// Compiled now by NVRTC for this target.
+    Nvrtc(Target),
+    /// Cubins for `sm` compiled ahead of time, in this folder (`KernelSource::cubin_file`).
+    Prebuilt { dir: &'a Path, sm: u32 },
+}
+
+impl KernelImages<'_> {
+    fn image(&self, source: &KernelSource) -> Result<Vec<u8>, String> {
+        match *self {
+            KernelImages::Nvrtc(target) => Ok(nvrtc::compile(source, target)?.image),
+            KernelImages::Prebuilt { dir, sm } => {
+                let path = dir.join(source.cubin_file(sm));
+                std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+            }
+        }
+    }
+}
+
 impl Kernels {
-    /// Compiles every source for `target` and loads it into `context`.
-    pub fn load(context: &Arc<CudaContext>, target: Target) -> Result<Kernels, String> {
+    /// Every source's machine code, loaded into `context`.
+    pub fn load(context: &Arc<CudaContext>, images: KernelImages<'_>) -> Result<Kernels, String> {
         let module = |source: &KernelSource| -> Result<Vec<CudaFunction>, String> {
-            let compiled = nvrtc::compile(source, target)?;
-            let image = Ptx::from_binary(compiled.image);
+            let image = Ptx::from_binary(images.image(source)?);
             let module = context
                 .load_module(image)
-                .map_err(|e| format!("loading {}.cu for {}: {e}", source.name, target.arch()))?;
+                .map_err(|e| format!("loading {}.cu ({images:?}): {e}", source.name))?;
             source
                 .functions
                 .iter()

@@ -100,6 +100,13 @@ pub fn require_nvrtc() -> Result<(), ProbeError> {
 /// device's name, compute capability and memory. Never panics, and calls into the driver only
 /// after its library was found.
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, ProbeError> {
+    let info = probe_device(ordinal)?;
+    require_nvrtc()?;
+    Ok(info)
+}
+
+/// `probe` without NVRTC: for kernels compiled ahead of time (`CudaExecutor::with_prebuilt`).
+pub fn probe_device(ordinal: usize) -> Result<DeviceInfo, ProbeError> {
     if !driver_present() {
         return Err(ProbeError::NoDriver { tried: candidates("cuda") });
     }
@@ -111,7 +118,6 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, ProbeError> {
     if ordinal >= present {
         return Err(ProbeError::NoSuchDevice { requested: ordinal, present });
     }
-    require_nvrtc()?;
     let context = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
     Ok(DeviceInfo {
         ordinal,
