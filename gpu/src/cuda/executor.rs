@@ -13,9 +13,11 @@
 //! graph captured for its padded size (captured on first use, then replayed), with padding rows
 //! on the scratch page; anything else, or a size past `graph_rows_max`, runs eagerly. Buffer
 //! policy (the trtllm#15546 class, a replay reading inputs the host already overwrote): every
-//! step ends by copying its results to pageable host memory, which waits for the stream, so no
-//! replay is in flight when the next step writes the input buffers; and the buffers a graph
-//! captured are never freed or moved while it exists (growing them drops every graph first).
+//! step ends by waiting for the stream (copying its results to pageable host memory waits for
+//! it; a step with nothing to copy synchronizes), so no replay is in flight when the next step
+//! writes the input buffers, whose copies also queue behind it on the same stream; and the
+//! buffers a graph captured are never freed or moved while it exists (growing them drops every
+//! graph first).
 //!
 //! `release_pages` is ignored, as the CPU executor does: a freed page is rewritten before any
 //! correct plan reads it.
@@ -338,6 +340,10 @@ impl CudaExecutor {
             self.stream
                 .memcpy_dtoh(&self.buffers.argmax.slice(0..s), &mut argmax)
                 .map_err(driver("copying sampled tokens"))?;
+        } else {
+            // Nothing to copy back: wait anyway, so a step is done (or its error known) when
+            // `execute` returns, graph or not.
+            self.stream.synchronize().map_err(driver("a step"))?;
         }
         let vocab = self.dims.vocab;
         let mut sampled = Vec::with_capacity(s);

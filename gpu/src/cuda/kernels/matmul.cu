@@ -24,28 +24,42 @@ __device__ void matmul(const T* w, const float* x, float* y, int rows, int k_len
     const T* row = w + (long)r * k_len;
     const bool vector = (k_len % 8) == 0;
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
+        // Conditions on `t < live` rather than breaks, so the tile unrolls and `acc` stays in
+        // registers; a token's arithmetic is the same whichever slot of the tile it has.
+        const int live = min(TILE, tokens - t0);
         float acc[TILE];
+#pragma unroll
         for (int t = 0; t < TILE; t++) acc[t] = 0.0f;
         for (int k = lane * 8; k < k_len; k += 256) {
             float wv[8];
             if (vector) {
                 load8(row, k, wv);
             } else {
+#pragma unroll
                 for (int j = 0; j < 8; j++) wv[j] = (k + j < k_len) ? load1(row, k + j) : 0.0f;
             }
             const int n = (k + 8 <= k_len) ? 8 : k_len - k;
+#pragma unroll
             for (int t = 0; t < TILE; t++) {
-                if (t0 + t >= tokens) break;
-                const float* xt = x + (long)(t0 + t) * k_len + k;
-                for (int j = 0; j < n; j++) acc[t] = fmaf(wv[j], xt[j], acc[t]);
+                if (t < live) {
+                    const float* xt = x + (long)(t0 + t) * k_len + k;
+                    if (n == 8) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[t] = fmaf(wv[j], xt[j], acc[t]);
+                    } else {
+                        for (int j = 0; j < n; j++) acc[t] = fmaf(wv[j], xt[j], acc[t]);
+                    }
+                }
             }
         }
+#pragma unroll
         for (int t = 0; t < TILE; t++) {
-            if (t0 + t >= tokens) break;
-            const float sum = warp_sum(acc[t]);
-            if (lane == 0) {
-                float* out = y + (long)(t0 + t) * rows + r;
-                *out = accumulate ? *out + sum : sum;
+            if (t < live) {
+                const float sum = warp_sum(acc[t]);
+                if (lane == 0) {
+                    float* out = y + (long)(t0 + t) * rows + r;
+                    *out = accumulate ? *out + sum : sum;
+                }
             }
         }
     }

@@ -30,6 +30,7 @@ extern "C" __global__ void paged_attention(
     const int first = window > 0 ? max(0, position + 1 - window) : 0;
     const int* table = tables + table_offsets[token_rows[t]];
     float acc[DIMS_PER_LANE];
+#pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] = 0.0f;
     float running_max = NEG_INFINITY, total = 0.0f;
     for (int tile = first - first % 32; tile <= position; tile += 32) {
@@ -47,6 +48,7 @@ extern "C" __global__ void paged_attention(
         const float weight = seen ? expf(score - next_max) : 0.0f;
         const float rescale = expf(running_max - next_max);
         total = total * rescale + warp_sum(weight);
+#pragma unroll
         for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] *= rescale;
         running_max = next_max;
         const int last = min(31, position - tile);
@@ -55,6 +57,7 @@ extern "C" __global__ void paged_attention(
             const int pos = tile + l;
             const long at = ((long)table[pos / page_tokens] * page_tokens + pos % page_tokens);
             const f16_bits* value = value_cache + at * kv_width + kv_head * head_dim;
+#pragma unroll
             for (int j = 0; j < DIMS_PER_LANE; j++) {
                 const int i = lane + 32 * j;
                 if (i < head_dim) acc[j] = fmaf(w, half_to_float(value[i]), acc[j]);
@@ -62,6 +65,7 @@ extern "C" __global__ void paged_attention(
         }
     }
     float* o = out + ((long)t * heads + h) * head_dim;
+#pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) {
         const int i = lane + 32 * j;
         if (i < head_dim) o[i] = acc[j] / total;
