@@ -11,7 +11,7 @@
 # Two ways to get the test binary and the kernels to a machine with no network:
 #   ci/device-check.sh --make-kit DIR   (here, with network) builds the release test binary and
 #                                       compiles the kernels to cubins (sm_90, sm_100, sm_120) into
-#                                       DIR, about 40 MB; carry DIR to the device, then
+#                                       DIR, about 9 MB; carry DIR to the device, then
 #   LOCKSTEP_DEVICE_KIT=DIR ci/device-check.sh   runs them; the cubins are used when the device
 #                                       has no NVRTC.
 # Without a kit the script builds on the device (`cargo test --release --offline`: the crates
@@ -39,6 +39,8 @@ if [ "${1:-}" = "--make-kit" ]; then
     kit="${2:?--make-kit needs a folder}"
     mkdir -p "$kit"
     cp "$(build_test_binary)" "$kit/cuda_device"
+    # Panics keep their file and line without debug info: 57 MB becomes 8 MB to carry.
+    strip --strip-debug "$kit/cuda_device" 2>/dev/null || true
     LOCKSTEP_WRITE_CUBINS="$kit/kernels" ci/nvrtc-kernels.sh >/dev/null
     du -sh "$kit"
     exit 0
