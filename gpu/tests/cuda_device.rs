@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
-use lockstep_core::model::Executor;
+use lockstep_core::model::{Executor, ProvenanceModel};
 use lockstep_core::sched::{
-    NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs, StepPlan,
+    Bucket, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs,
+    StepPlan,
 };
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
 use lockstep_gpu::cuda::probe;
@@ -414,6 +415,84 @@ fn random_llama() -> LlamaWeights {
     LlamaWeights { embed, layers, output_norm: vec![1.0; c.hidden], output: None, config }
 }
 
+/// The benchmark's prompt and decode lengths.
+const BENCH_PROMPT: u32 = 32;
+const BENCH_DECODE: u32 = 48;
+
+/// The benchmark's scheduler at `batch` requests: all prompts in one step, then full decode
+/// steps of `batch` rows, each a captured graph.
+fn bench_config(batch: u32) -> SchedConfig {
+    SchedConfig {
+        pool: PoolConfig { pages_total: 8 * batch + 64, page_tokens: 16, pins_max: 0 },
+        running_max: batch,
+        waiting_max: batch,
+        step_tokens_max: 8192,
+        prefill_chunk_tokens_max: 8192,
+        request_tokens_max: BENCH_PROMPT + BENCH_DECODE + 8,
+        capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
+        ..config(batch, 8192)
+    }
+}
+
+/// The comparison harness, checked anywhere on the CPU against itself at another thread count:
+/// every step compared, no gap, and a planted change of one logit caught.
+#[test]
+fn the_comparison_harness_holds_the_cpu_to_itself() {
+    let dir = std::env::temp_dir().join(format!("lockstep-cuda-harness-{}", std::process::id()));
+    tiny::variants()[0].write(&dir);
+    let weights = Model::load(&dir).unwrap().weights;
+    let config = config(1, 7);
+    let requests: Vec<_> = [vec![5u32, 9, 200, 14, 3, 77, 41, 8, 9], vec![1, 2, 3]]
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (request(i as u64, p, 10), Sampling::GREEDY))
+        .collect();
+    let mut one = CpuExecutor::with_threads(weights.clone(), config.pool, 1, 1);
+    let mut three = CpuExecutor::with_threads(weights, config.pool, 1, 3);
+    let a = run(&mut one, &config, requests.clone());
+    let mut b = run(&mut three, &config, requests);
+    for (id, run) in &a {
+        assert_eq!((run.0.len(), run.1.len()), (10, 10));
+        assert_eq!(compare("cpu", run, &b[id], 0.0), (0.0, 10));
+    }
+    let planted = b.get_mut(&RequestId(0)).unwrap();
+    planted.1[4][7] += 0.01;
+    let caught = std::panic::catch_unwind(|| compare("planted", &a[&RequestId(0)], planted, 1e-3));
+    assert!(caught.is_err(), "a logit moved by 0.01 passes a tolerance of 0.001");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What the device run relies on, checked anywhere: the harness's schedules are valid, and the
+/// benchmark's reach full decode steps in a graph bucket (driven by the provenance model).
+#[test]
+fn the_schedules_the_device_checks_use_are_valid() {
+    for (running, chunk) in [(1, 7), (32, 2)] {
+        Scheduler::new(config(running, chunk)).unwrap();
+    }
+    for batch in [1u32, 32, 256] {
+        let config = bench_config(batch);
+        let mut sched = Scheduler::new(config.clone()).unwrap();
+        let mut model = ProvenanceModel::new(config.pool, batch, 128_000);
+        for id in 0..u64::from(batch) {
+            model.start_request(RequestId(id), SamplingSpec::GREEDY);
+            let prompt = (0..BENCH_PROMPT).map(|i| i + 1).collect();
+            sched.submit(request(id, prompt, BENCH_DECODE), Time::ZERO).unwrap();
+        }
+        let mut full_graph_steps = 0;
+        while let Some(plan) = sched.plan_step(Time::ZERO) {
+            let full = plan.rows.len() == batch as usize;
+            if full && plan.rows.iter().all(|r| r.positions.len() == 1) {
+                assert_eq!(plan.bucket, Bucket::Graph { padded_rows: batch });
+                full_graph_steps += 1;
+            }
+            let outputs = model.execute(&plan).unwrap();
+            sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+            while sched.poll_event().is_some() {}
+        }
+        assert_eq!(full_graph_steps, BENCH_DECODE - 1, "batch {batch}");
+    }
+}
+
 /// H200's HBM3e bandwidth.
 const HBM_BYTES_PER_S: f64 = 4.8e12;
 
@@ -426,18 +505,9 @@ fn decode_throughput_against_the_hbm_roofline() {
     let weights = Arc::new(random_llama());
     let c = weights.config.clone();
     let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
-    let (prompt_len, decode_steps) = (32u32, 48u32);
+    let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
     for batch in [1u32, 32, 256] {
-        let config = SchedConfig {
-            pool: PoolConfig { pages_total: 8 * batch + 64, page_tokens: 16, pins_max: 0 },
-            running_max: batch,
-            waiting_max: batch,
-            step_tokens_max: 8192,
-            prefill_chunk_tokens_max: 8192,
-            request_tokens_max: prompt_len + decode_steps + 8,
-            capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
-            ..config(batch, 8192)
-        };
+        let config = bench_config(batch);
         let options = CudaOptions { ordinal: 0, graph_rows_max: 256 };
         let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
