@@ -47,10 +47,10 @@ where
     drop(side);
     reader.set_frame_bytes_max(shared.config.frame_bytes_max);
     let opened = match handshake {
-        Ok((peer, dialer)) => shared.open(peer, dialer).await.map(|opened| (peer, opened)),
+        Ok((peer, dialer)) => shared.open(peer, dialer).await,
         Err(error) => Err(error),
     };
-    let (peer, opened) = match opened {
+    let opened = match opened {
         Ok(opened) => opened,
         Err(error) => {
             tracing::debug!(%error, "peer link not opened");
@@ -58,7 +58,7 @@ where
             return false;
         }
     };
-    let id = opened.id;
+    let (id, peer) = (opened.id, opened.peer);
     if let Some(reason) = run_open(shared, &mut reader, &mut writer, peer, opened).await {
         shared.close(peer, id, reason).await;
     }
@@ -78,7 +78,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let Opened { id, queue, removed } = opened;
+    let Opened { id, queue, removed, .. } = opened;
     // One pong waiting is enough: any frame proves us alive to the peer.
     let (pongs_tx, pongs_rx) = mpsc::channel(1);
     tokio::select! {

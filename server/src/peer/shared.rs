@@ -36,6 +36,8 @@ pub(crate) struct Shared {
 #[derive(Debug)]
 pub(crate) struct Opened {
     pub(crate) id: LinkId,
+    /// Whom the link is to: the peer its handshake named.
+    pub(crate) peer: Endpoint,
     pub(crate) queue: OutboundQueue,
     /// Resolves when the link leaves the table: someone else closed it.
     pub(crate) removed: oneshot::Receiver<()>,
@@ -72,6 +74,18 @@ impl Shared {
     /// and reports both.
     pub(crate) async fn open(&self, peer: Endpoint, dialer: WorkerId) -> Result<Opened, LinkError> {
         let _order = self.order.write().await;
+        let peer = if lockstep_core::planted!(OldIncarnationStateKept) {
+            // vLLM's NIXL connector hands back the remote agent it already registered for an
+            // engine id ("TODO re-evaluate refreshing for scaling/recovery"): a peer's record is
+            // keyed by who it is, not by which life answered. Here the link to a restarted
+            // worker opens under the incarnation first heard: the owner sees no restart, keeps
+            // addressing the dead life and holding its transfers, and the new process drops
+            // all of it as misaddressed, as `deliver` drops what the new process sends.
+            let heard = self.table().incarnation_heard(peer.worker);
+            Endpoint { worker: peer.worker, incarnation: heard.unwrap_or(peer.incarnation) }
+        } else {
+            peer
+        };
         let (sender, queue) =
             outbound::channel(self.config.send_queue_max, self.config.send_bytes_max);
         let (closer, removed) = oneshot::channel();
@@ -96,7 +110,7 @@ impl Shared {
         PeerStats::bump(&self.stats.links_opened);
         tracing::info!(worker = peer.worker.0, incarnation = peer.incarnation.0, "peer link up");
         self.emit(PeerEvent::Up { peer }).await;
-        Ok(Opened { id, queue, removed })
+        Ok(Opened { id, peer, queue, removed })
     }
 
     /// Takes link `id` out of the table and reports it down, unless it already left (a newer

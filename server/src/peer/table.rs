@@ -102,6 +102,11 @@ impl LinkTable {
         }
     }
 
+    /// The newest incarnation of `worker` a link opened to.
+    pub(crate) fn incarnation_heard(&self, worker: WorkerId) -> Option<Incarnation> {
+        self.newest.get(&worker).copied()
+    }
+
     pub(crate) fn is_live(&self, worker: WorkerId, id: LinkId) -> bool {
         self.live.get(&worker).is_some_and(|link| link.id == id)
     }
