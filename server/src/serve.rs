@@ -26,7 +26,7 @@ use crate::tool_calls::ToolFormat;
 pub const USAGE: &str = "\
 usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-running N]
                       [--max-waiting N] [--kv-pages N] [--page-tokens N] [--step-tokens N]
-                      [--max-model-len N] [--overlap] [--no-prefix-cache]
+                      [--prefill-chunk-tokens N] [--max-model-len N] [--overlap] [--no-prefix-cache]
                       [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
                       [--executor cpu|provenance] [--device cpu|cuda[:N]] [--record-trace FILE]
@@ -39,6 +39,9 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --max-waiting N        requests queued beyond those; more get 429 (default 256)
   --kv-pages N           KV cache pages of --page-tokens tokens (default 1024 of 16)
   --step-tokens N        tokens computed in one step, prefill chunks included (default 512)
+  --prefill-chunk-tokens N
+                         prompt tokens of one request in one step, at most (default: the step's;
+                         smaller lets short prompts start beside a long one)
   --max-model-len N      prompt plus output tokens of one request (default: the model's context)
   --overlap              plan step N+1 while step N runs
   --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32 or dsml_v4
@@ -76,6 +79,8 @@ pub struct ServeOptions {
     pub kv_pages: u32,
     pub page_tokens: u32,
     pub step_tokens: u32,
+    /// `None`: a prompt may take the whole step.
+    pub prefill_chunk_tokens: Option<u32>,
     pub max_model_len: Option<u32>,
     pub overlap: bool,
     pub prefix_cache: bool,
@@ -111,6 +116,7 @@ impl ServeOptions {
             kv_pages: 1024,
             page_tokens: 16,
             step_tokens: 512,
+            prefill_chunk_tokens: None,
             max_model_len: None,
             overlap: false,
             prefix_cache: true,
@@ -143,6 +149,9 @@ impl ServeOptions {
                 "--kv-pages" => o.kv_pages = number(&value()?, flag)?,
                 "--page-tokens" => o.page_tokens = number(&value()?, flag)?,
                 "--step-tokens" => o.step_tokens = number(&value()?, flag)?,
+                "--prefill-chunk-tokens" => {
+                    o.prefill_chunk_tokens = Some(number(&value()?, flag)?);
+                }
                 "--max-model-len" => o.max_model_len = Some(number(&value()?, flag)?),
                 "--overlap" => o.overlap = true,
                 "--no-prefix-cache" => o.prefix_cache = false,
@@ -207,7 +216,9 @@ impl ServeOptions {
             waiting_max: self.max_waiting,
             running_max: self.max_running,
             step_tokens_max: self.step_tokens.max(self.max_running),
-            prefill_chunk_tokens_max: self.step_tokens,
+            prefill_chunk_tokens_max: self
+                .prefill_chunk_tokens
+                .map_or(self.step_tokens, |chunk| chunk.min(self.step_tokens)),
             request_tokens_max: context,
             capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
             eos_token_ids: eos,
