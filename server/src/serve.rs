@@ -505,6 +505,19 @@ mod tests {
     }
 
     #[test]
+    fn a_prefill_chunk_is_the_whole_step_unless_capped_and_never_beyond_it() {
+        let chunk = |args: &[&str]| {
+            parse(args).unwrap().sched_config(4096, vec![]).prefill_chunk_tokens_max
+        };
+        assert_eq!(chunk(&["--step-tokens", "256"]), 256);
+        assert_eq!(chunk(&["--step-tokens", "256", "--prefill-chunk-tokens", "64"]), 64);
+        assert_eq!(chunk(&["--step-tokens", "256", "--prefill-chunk-tokens", "1024"]), 256);
+        assert!(parse(&["--prefill-chunk-tokens", "x"]).is_err());
+        let zero = parse(&["--prefill-chunk-tokens", "0"]).unwrap().sched_config(4096, vec![]);
+        assert!(zero.validate().is_err(), "a zero chunk would never finish a prompt");
+    }
+
+    #[test]
     fn device_is_cpu_by_default_and_cuda_takes_an_index() {
         assert_eq!(parse(&[]).unwrap().device, Device::Cpu);
         assert_eq!(parse(&["--device", "cpu"]).unwrap().device, Device::Cpu);
