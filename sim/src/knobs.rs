@@ -58,10 +58,18 @@ pub struct Knobs {
     /// Pages in each worker's pool: from barely the largest request (pressure, preemption) to
     /// plenty.
     pub kv_pages: u32,
+    /// Pages in each prefill worker's pool (its own `--kv-pages`): half the seeds the decode
+    /// side's, the others one to one and a half requests' worth. Decode reserves a prompt's pages
+    /// before prefill computes it, so with equal pools the prefill side is never the one
+    /// squeezed, and a prompt is never preempted there.
+    pub prefill_kv_pages: u32,
     pub max_running: u32,
     pub max_waiting: u32,
     /// The chunked-prefill budget: prompt tokens one step computes at most.
     pub step_tokens: u32,
+    /// Prompt tokens of one request in one step: below `step_tokens`, a short prompt runs beside
+    /// a long one's chunks, and the long one's next chunk can preempt it (prefill preemption).
+    pub prefill_chunk_tokens: u32,
     pub capture_sizes: Vec<u32>,
     pub prefix_cache: bool,
     pub prefill_slots: u32,
@@ -78,9 +86,11 @@ impl Knobs {
             overlap: false,
             page_tokens,
             kv_pages: context_tokens.div_ceil(page_tokens) * 8,
+            prefill_kv_pages: context_tokens.div_ceil(page_tokens) * 8,
             max_running: 8,
             max_waiting: waiting_for(requests),
             step_tokens: 512,
+            prefill_chunk_tokens: 512,
             capture_sizes: vec![1, 2, 4, 8, 16, 32],
             prefix_cache: true,
             prefill_slots: 2,
@@ -98,13 +108,34 @@ impl Knobs {
         let factor = rng.pick(&[1.0, 1.5, 2.0, 4.0, 16.0]);
         let max_running = rng.pick(&[1, 2, 4, 8, 16]);
         let lease = rng.pick(&[300, 1000, 2000]);
+        // In the order the literal below drew them before prefill_chunk_tokens came: the same
+        // seed, the same knobs.
+        let overlap = rng.chance(0.5);
+        let step_tokens = rng.pick(&[16, 64, 256, 1024]).max(max_running);
+        let kv_pages = ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1);
+        // The knobs added later draw from their own stream: each seed keeps the knobs above (and
+        // the runs plants.rs records) as they were.
+        let mut later = SimRng::stream(seed, "knobs-prefill");
+        let prefill_chunk_tokens = if later.chance(0.5) {
+            step_tokens
+        } else {
+            (step_tokens / later.pick(&[2, 4, 8])).max(1)
+        };
+        let prefill_kv_pages = if later.chance(0.5) {
+            kv_pages
+        } else {
+            let factor = later.pick(&[1.0, 1.25, 1.5]);
+            ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1)
+        };
         Knobs {
-            overlap: rng.chance(0.5),
+            overlap,
             page_tokens,
-            kv_pages: ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1),
+            kv_pages,
+            prefill_kv_pages,
             max_running,
             max_waiting: waiting_for(requests),
-            step_tokens: rng.pick(&[16, 64, 256, 1024]).max(max_running),
+            step_tokens,
+            prefill_chunk_tokens,
             capture_sizes: rng.pick(&[&[1, 2, 4, 8, 16][..], &[1, 4, 16], &[2, 8], &[]]).to_vec(),
             prefix_cache: rng.chance(0.75),
             prefill_slots: rng.pick(&[1, 2, 4]),
@@ -128,13 +159,15 @@ impl fmt::Display for Knobs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "overlap={} page_tokens={} kv_pages={} max_running={} step_tokens={} capture={:?} \
+            "overlap={} page_tokens={} kv_pages={} prefill_kv_pages={} max_running={} step_tokens={} prefill_chunk={} capture={:?} \
              prefix_cache={} prefill_slots={} lease={}ms write_flight={}ms transfer_deadline={}s",
             self.overlap,
             self.page_tokens,
             self.kv_pages,
+            self.prefill_kv_pages,
             self.max_running,
             self.step_tokens,
+            self.prefill_chunk_tokens,
             self.capture_sizes,
             self.prefix_cache,
             self.prefill_slots,
@@ -154,7 +187,9 @@ mod tests {
         let drawn: Vec<Knobs> = (0..200).map(|s| Knobs::draw(s, 1000, 10)).collect();
         for k in &drawn {
             assert!(k.kv_pages > 1000u32.div_ceil(k.page_tokens), "{k}");
+            assert!(k.prefill_kv_pages > 1000u32.div_ceil(k.page_tokens), "{k}");
             assert!(k.step_tokens >= k.max_running);
+            assert!((1..=k.step_tokens).contains(&k.prefill_chunk_tokens), "{k}");
             assert!(k.timing.write_flight_max < k.timing.lease);
         }
         assert!(drawn.iter().any(|k| k.overlap) && drawn.iter().any(|k| !k.overlap));

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::SchedConfig;
 use lockstep_core::wire::{Endpoint, Incarnation, LinkIdentity, Role, WorkerId};
@@ -190,6 +191,7 @@ fn serve_options(knobs: &Knobs) -> ServeOptions {
     options.kv_pages = knobs.kv_pages;
     options.page_tokens = knobs.page_tokens;
     options.step_tokens = knobs.step_tokens;
+    options.prefill_chunk_tokens = Some(knobs.prefill_chunk_tokens);
     options.overlap = knobs.overlap;
     options.prefix_cache = knobs.prefix_cache;
     options.prefill_slots = knobs.prefill_slots;
@@ -213,8 +215,13 @@ fn incarnation_now() -> Incarnation {
     Incarnation(turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64 + 1)
 }
 
-fn device(setup: &HostSetup, host: &str, starts: u32) -> SlowRunner<InlineRunner<ProvenanceModel>> {
-    let model = ProvenanceModel::new(setup.sched.pool, setup.sched.running_max, setup.vocab);
+fn device(
+    setup: &HostSetup,
+    pool: PoolConfig,
+    host: &str,
+    starts: u32,
+) -> SlowRunner<InlineRunner<ProvenanceModel>> {
+    let model = ProvenanceModel::new(pool, setup.sched.running_max, setup.vocab);
     let salt = format!("slow-steps/{host}/{starts}");
     SlowRunner::new(
         InlineRunner::new(model, setup.cost.step_cost()),
@@ -234,7 +241,7 @@ fn starts_so_far(setup: &HostSetup, host: &str) -> u32 {
 async fn single(setup: HostSetup) -> turmoil::Result {
     let mut engine = EngineConfig::new(setup.sched.clone());
     engine.check_invariants = true;
-    let runner = device(&setup, "server", starts_so_far(&setup, "server"));
+    let runner = device(&setup, setup.sched.pool, "server", starts_so_far(&setup, "server"));
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start(engine, runner, codec, app_config(&setup))?;
     setup.probes.started("server", node.state.engine.shared_stats(), &setup.log);
@@ -263,15 +270,21 @@ async fn router(setup: HostSetup) -> turmoil::Result {
 /// `lockstep serve --role prefill|decode`.
 async fn worker(setup: HostSetup, host: String, role: Role, id: u32) -> turmoil::Result {
     let me = Endpoint { worker: WorkerId(id), incarnation: incarnation_now() };
-    let sched = worker_sched(&setup.options, &setup.sched);
+    let mut sched = worker_sched(&setup.options, &setup.sched);
+    if role == Role::Prefill {
+        // Its own `--kv-pages`, as separate processes have: a prefill pool smaller than the
+        // decode side's is what squeezes prompts on the prefill worker.
+        sched.pool.pages_total = setup.knobs.prefill_kv_pages;
+    }
     let dial = if role == Role::Prefill {
         setup.options.decodes.iter().map(|(w, a)| (WorkerId(*w), a.clone())).collect()
     } else {
         Vec::new()
     };
     let peer = PeerConfig::new(me, identity(&setup, role), dial);
+    let pool = sched.pool;
     let node = worker_node(role, me, sched, setup.knobs.timing, transfers_max(&setup.options))?;
-    let runner = device(&setup, &host, starts_so_far(&setup, &host));
+    let runner = device(&setup, pool, &host, starts_so_far(&setup, &host));
     let peer_listener = TurmoilListener::bind(any_address(PEER_PORT)).await?;
     let metrics = Arc::new(Metrics::new(MODEL_NAME));
     let (task, stats) =
