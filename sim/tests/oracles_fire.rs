@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use lockstep_sim::device::CostModel;
 use lockstep_sim::faults::{FaultLevel, FaultMix};
-use lockstep_sim::knobs::Topology;
+use lockstep_sim::knobs::{Knobs, Topology};
 use lockstep_sim::oracle::{self, Oracle, determinism};
 use lockstep_sim::reference::Reference;
-use lockstep_sim::run::{RunConfig, RunOutcome, run};
+use lockstep_sim::run::{RunConfig, RunOutcome, context_needed, run};
 use lockstep_sim::sabotage::Sabotage;
 use lockstep_sim::trace::{SimRequest, SimTrace, Start};
 
@@ -88,6 +88,11 @@ fn corrupt_tokens_a_client_got_before_leaving_are_caught_by_fail_closed() {
     let reference = reference(&trace);
     let mut config =
         config(1, Topology::Single, Some(Sabotage::CorruptSample { after: Duration::ZERO }));
+    // A prompt takes one step (the seed's knobs may cut it into chunks, and then no client sees a
+    // token before it leaves).
+    let mut knobs = Knobs::draw(1, context_needed(&trace), trace.requests.len());
+    knobs.prefill_chunk_tokens = knobs.step_tokens;
+    config.knobs = Some(knobs);
     // Every client leaves after its first tokens, before its answer is whole.
     config.mix = Some(FaultMix {
         cancel_rate: 1.0,
