@@ -112,7 +112,7 @@ impl Knobs {
         // seed, the same knobs.
         let overlap = rng.chance(0.5);
         let step_tokens = rng.pick(&[16, 64, 256, 1024]).max(max_running);
-        let kv_pages = ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1);
+        let kv_pages = pool_pages(request_pages, factor);
         // The knobs added later draw from their own stream: each seed keeps the knobs above (and
         // the runs plants.rs records) as they were.
         let mut later = SimRng::stream(seed, "knobs-prefill");
@@ -124,8 +124,7 @@ impl Knobs {
         let prefill_kv_pages = if later.chance(0.5) {
             kv_pages
         } else {
-            let factor = later.pick(&[1.0, 1.25, 1.5]);
-            ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1)
+            pool_pages(request_pages, later.pick(&[1.0, 1.25, 1.5]))
         };
         Knobs {
             overlap,
@@ -147,6 +146,11 @@ impl Knobs {
             context_tokens,
         }
     }
+}
+
+/// A pool of `factor` times the largest request's pages, and always room for it plus one page.
+fn pool_pages(request_pages: u32, factor: f64) -> u32 {
+    ((f64::from(request_pages) * factor).ceil() as u32).max(request_pages + 1)
 }
 
 /// Room to queue every request of the trace: a refusal for a full queue is correct behaviour, but
