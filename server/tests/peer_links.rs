@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use lockstep_core::wire::{
-    Endpoint, Envelope, Epoch, Incarnation, KvLayout, LinkIdentity, LinkMismatch, Message, Role,
-    TransferId, TransferKey, WorkerId, encode_frame,
+    Endpoint, Envelope, Epoch, Incarnation, KvLayout, Lane, LinkIdentity, LinkMismatch, Message,
+    PageSlot, Role, TransferId, TransferKey, WorkerId, decode_frame, encode_frame,
 };
 use lockstep_server::peer::{
     LinkError, PeerConfig, PeerEvent, PeerStatsSnapshot, SendError, TcpDial, Transport,
@@ -87,7 +87,18 @@ fn prefill_dialing(incarnation: u64, decode_addr: &str, identity: LinkIdentity) 
 }
 
 impl Peer {
+    /// The next event other than a KV lane's end (a prefill worker's KV lane comes and goes with
+    /// its control link; the test of the lanes looks at those).
     async fn next_event(&mut self) -> PeerEvent {
+        loop {
+            match self.next_event_of_any_lane().await {
+                PeerEvent::KvLaneDown { .. } => continue,
+                event => return event,
+            }
+        }
+    }
+
+    async fn next_event_of_any_lane(&mut self) -> PeerEvent {
         timeout(WAIT, self.events.recv())
             .await
             .expect("an event within the wait")
@@ -118,6 +129,16 @@ impl Peer {
     }
 }
 
+fn kv_write(from: Endpoint, to: Endpoint, transfer: u64, bytes: usize) -> Envelope {
+    let key = TransferKey { transfer: TransferId(transfer), epoch: Epoch(0) };
+    let page = PageSlot { index: 3, generation: 1 };
+    Envelope {
+        from,
+        to,
+        body: Message::KvWrite { key, page, first_token: 0, data: vec![7; bytes] },
+    }
+}
+
 fn done_ack(from: Endpoint, to: Endpoint, transfer: u64) -> Envelope {
     let key = TransferKey { transfer: TransferId(transfer), epoch: Epoch(0) };
     Envelope { from, to, body: Message::DoneAck { key } }
@@ -141,8 +162,9 @@ async fn envelopes_flow_both_ways_in_order() {
             PeerEvent::Received(done_ack(d, p, 1000 + transfer))
         );
     }
-    let stats = decode.transport.stats();
-    assert_eq!(stats.links_opened, 1);
+    // A control link, and the KV lane the prefill worker dials beside it.
+    let stats = decode.stats_when(|s| s.links_opened >= 2).await;
+    assert_eq!(stats.links_opened, 2);
     assert!(stats.frames_received >= 101 && stats.frames_sent >= 101, "{stats:?}");
     assert_eq!(decode.transport.live_peers(), [p]);
 }
@@ -218,7 +240,7 @@ async fn silent_prefill(addr: &str, incarnation: u64) -> TcpStream {
     let hello = Envelope {
         from: at(PREFILL, incarnation),
         to: at(DECODE, 0),
-        body: Message::Hello { identity: identity(Role::Prefill) },
+        body: Message::Hello { identity: identity(Role::Prefill), lane: Lane::Control },
     };
     let frame = encode_frame(&hello, Vec::new()).expect("a hello encodes");
     stream.write_all(&frame).await.expect("the decode side reads");
@@ -253,7 +275,8 @@ async fn a_newer_incarnation_supersedes_the_live_link_and_the_older_is_refused_a
     old.expect_down(at(DECODE, 1)).await;
     decode.stats_when(|s| s.links_stale >= 2).await;
     assert_eq!(decode.transport.live_peers(), [at(PREFILL, 2)]);
-    assert_eq!(decode.transport.stats().links_superseded, 1);
+    // The old life's control link and its KV lane.
+    assert_eq!(decode.transport.stats().links_superseded, 2);
     drop(new);
 }
 
@@ -331,4 +354,55 @@ async fn dropping_the_transports_ends_every_task_they_started() {
         assert!(start.elapsed() < WAIT, "{} tasks left", metrics.num_alive_tasks() - before);
         sleep(Duration::from_millis(5)).await;
     }
+}
+
+#[tokio::test]
+async fn kv_writes_take_a_lane_of_their_own_that_only_prefill_and_decode_open() {
+    let (mut decode, addr) = decode_at(1, "127.0.0.1:0", identity(Role::Decode)).await;
+    let mut prefill = prefill_dialing(1, &addr, identity(Role::Prefill));
+    prefill.expect_up(at(DECODE, 1)).await;
+    decode.expect_up(at(PREFILL, 1)).await;
+    decode.stats_when(|s| s.links_opened >= 2).await;
+    let (p, d) = (prefill.transport.me(), decode.transport.me());
+    // A megabyte of KV and a protocol message: both arrive, each on its own connection.
+    prefill.transport.send(&kv_write(p, d, 1, 1 << 20)).await.expect("room on the KV lane");
+    prefill.transport.send(&done_ack(p, d, 2)).await.expect("room on the control link");
+    let mut got = vec![decode.next_event().await, decode.next_event().await];
+    got.sort_by_key(|e| {
+        matches!(e, PeerEvent::Received(Envelope { body: Message::DoneAck { .. }, .. }))
+    });
+    assert_eq!(
+        got,
+        [PeerEvent::Received(kv_write(p, d, 1, 1 << 20)), PeerEvent::Received(done_ack(p, d, 2))]
+    );
+
+    // A router asking for a KV lane is refused: it moves no KV.
+    let mut raw = TcpStream::connect(&addr).await.expect("loopback connects");
+    let router = LinkIdentity { role: Role::Router, ..identity(Role::Prefill) };
+    let hello = Message::Hello { identity: router, lane: Lane::Kv };
+    let hello = Envelope { from: at(WorkerId(9), 1), to: at(DECODE, 0), body: hello };
+    raw.write_all(&encode_frame(&hello, Vec::new()).expect("encodes")).await.expect("written");
+    let mut answer = Vec::new();
+    let _ = timeout(WAIT, raw.read_to_end(&mut answer)).await.expect("closed in time");
+    let answer = decode_frame(&answer).expect("one whole frame");
+    assert_eq!(answer.body, Message::LinkRefused { mismatch: LinkMismatch::Roles });
+
+    // A protocol message on a KV lane ends that lane alone: reported as the KV lane's end (its
+    // writes will not be acknowledged), not as the peer's.
+    let mut raw = TcpStream::connect(&addr).await.expect("loopback connects");
+    let hello = Message::Hello { identity: identity(Role::Prefill), lane: Lane::Kv };
+    let other = at(WorkerId(7), 1);
+    let hello = Envelope { from: other, to: at(DECODE, 0), body: hello };
+    raw.write_all(&encode_frame(&hello, Vec::new()).expect("encodes")).await.expect("written");
+    decode.stats_when(|s| s.links_opened >= 3).await;
+    let died = decode.transport.stats().links_died;
+    let misplaced = encode_frame(&done_ack(other, d, 3), Vec::new()).expect("encodes");
+    raw.write_all(&misplaced).await.expect("written");
+    decode.stats_when(|s| s.links_died > died).await;
+    let reason = LinkError::Protocol("a message on the other lane's link");
+    assert_eq!(
+        decode.next_event_of_any_lane().await,
+        PeerEvent::KvLaneDown { peer: other, reason }
+    );
+    assert_eq!(decode.transport.live_peers(), [p], "the control link stays up");
 }

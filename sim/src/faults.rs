@@ -58,9 +58,10 @@ pub struct FaultMix {
     /// Share of steps that take `slow_step_extra` longer (inside the window only).
     pub slow_step_rate: f64,
     pub slow_step_extra: Duration,
-    /// Latency of the prefill-to-decode links during some of the window, up to this: writes that
-    /// land late, past the flight bound. Zero is off.
-    pub data_link_latency_max: Duration,
+    /// How late the prefill workers' KV lanes deliver during some of the window (their control
+    /// links are not slowed): writes that land past the flight bound, after protocol messages
+    /// sent later. Zero is off.
+    pub kv_lane_delay: Duration,
 }
 
 impl FaultMix {
@@ -75,7 +76,7 @@ impl FaultMix {
         cancel_within: Duration::ZERO,
         slow_step_rate: 0.0,
         slow_step_extra: Duration::ZERO,
-        data_link_latency_max: Duration::ZERO,
+        kv_lane_delay: Duration::ZERO,
     };
 
     /// This seed's mix: each kind on or off by a coin, its strength drawn; `heavy` turns more on
@@ -113,7 +114,7 @@ impl FaultMix {
         let slow = coin(&mut rng);
         let slow_step_rate = if slow { 0.02 * f64::from(scale) } else { 0.0 };
         let slow_step_extra = rng.millis(Duration::from_millis(10), Duration::from_millis(500));
-        let data_link_latency_max = if disaggregated && coin(&mut rng) {
+        let kv_lane_delay = if disaggregated && coin(&mut rng) {
             write_flight_max + rng.millis(Duration::ZERO, write_flight_max)
         } else {
             Duration::ZERO
@@ -129,7 +130,7 @@ impl FaultMix {
             cancel_within,
             slow_step_rate,
             slow_step_extra,
-            data_link_latency_max,
+            kv_lane_delay,
         }
     }
 }
@@ -139,7 +140,7 @@ impl fmt::Display for FaultMix {
         write!(
             f,
             "window={}ms latency_max={}ms partitions={} holds={} crashes={} outage_max={}ms \
-             cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms data_link_latency_max={}ms",
+             cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms kv_lane_delay={}ms",
             self.window.as_millis(),
             self.latency_max.as_millis(),
             self.partitions,
@@ -150,7 +151,7 @@ impl fmt::Display for FaultMix {
             self.cancel_within.as_millis(),
             self.slow_step_rate,
             self.slow_step_extra.as_millis(),
-            self.data_link_latency_max.as_millis(),
+            self.kv_lane_delay.as_millis(),
         )
     }
 }
@@ -164,8 +165,8 @@ pub enum FaultAction {
     Release(String, String),
     Crash(String),
     Restart(String),
-    /// Every prefill-to-decode link's latency, up to this (`None`: back to the run's).
-    DataLinkLatency(Option<Duration>),
+    /// A prefill host's KV lanes deliver this late (`None`: back on time).
+    KvLanesSlow(String, Option<Duration>),
 }
 
 impl fmt::Display for FaultAction {
@@ -177,10 +178,10 @@ impl fmt::Display for FaultAction {
             FaultAction::Release(a, b) => write!(f, "release {a} {b}"),
             FaultAction::Crash(h) => write!(f, "crash {h}"),
             FaultAction::Restart(h) => write!(f, "restart {h}"),
-            FaultAction::DataLinkLatency(Some(d)) => {
-                write!(f, "data links slow to {}ms", d.as_millis())
+            FaultAction::KvLanesSlow(h, Some(d)) => {
+                write!(f, "KV lanes of {h} late by {}ms", d.as_millis())
             }
-            FaultAction::DataLinkLatency(None) => write!(f, "data links back to normal"),
+            FaultAction::KvLanesSlow(h, None) => write!(f, "KV lanes of {h} back on time"),
         }
     }
 }
@@ -196,12 +197,13 @@ pub struct ScheduledFault {
 
 /// The run's network and host faults in time order: each outage's start and its end, both
 /// inside the window. `links` are the pairs of hosts that talk to each other; `workers` the hosts
-/// that may crash.
+/// that may crash; `kv_senders` the hosts whose KV lanes may run late (the prefill workers).
 pub fn schedule(
     seed: u64,
     mix: &FaultMix,
     links: &[(String, String)],
     workers: &[String],
+    kv_senders: &[String],
 ) -> Vec<ScheduledFault> {
     let mut rng = SimRng::stream(seed, "fault-schedule");
     let mut faults = Vec::new();
@@ -241,16 +243,20 @@ pub fn schedule(
             faults.push(ScheduledFault { at: until, action: FaultAction::Restart(host), outage });
         }
     }
-    if !mix.data_link_latency_max.is_zero() {
-        let (at, until) = span(&mut rng, mix);
-        let latency = Some(mix.data_link_latency_max);
+    if !mix.kv_lane_delay.is_zero() && !kv_senders.is_empty() {
+        // One sender's data path congested for a while, a quarter of the window to all of it:
+        // transfers of every kind (cancelled, aborted, crashing) have writes still on their way,
+        // while the other senders' writes and every protocol message arrive on time.
+        let host = kv_senders[rng.below(kv_senders.len() as u64) as usize].clone();
+        let length = rng.millis(mix.window / 4, mix.window);
+        let at = rng.millis(Duration::ZERO, mix.window - length);
+        let until = at + length;
+        let delay = Some(mix.kv_lane_delay);
         outage += 1;
-        faults.push(ScheduledFault { at, action: FaultAction::DataLinkLatency(latency), outage });
-        faults.push(ScheduledFault {
-            at: until,
-            action: FaultAction::DataLinkLatency(None),
-            outage,
-        });
+        let slow = FaultAction::KvLanesSlow(host.clone(), delay);
+        faults.push(ScheduledFault { at, action: slow, outage });
+        let on_time = FaultAction::KvLanesSlow(host, None);
+        faults.push(ScheduledFault { at: until, action: on_time, outage });
     }
     // Stable: equal times keep the order drawn.
     faults.sort_by_key(|f| f.at);
@@ -280,14 +286,14 @@ mod tests {
                 Topology::OneP1D,
                 Duration::from_millis(250),
             );
-            let faults = schedule(seed, &mix, &links, &workers);
+            let faults = schedule(seed, &mix, &links, &workers, &workers);
             assert!(faults.iter().all(|f| f.at <= mix.window), "{seed}: {faults:?}");
             assert!(faults.windows(2).all(|w| w[0].at <= w[1].at));
-            assert_eq!(faults, schedule(seed, &mix, &links, &workers));
+            assert_eq!(faults, schedule(seed, &mix, &links, &workers, &workers));
         }
         let none =
             FaultMix::draw(1, FaultLevel::None, Topology::OneP1D, Duration::from_millis(250));
-        assert!(schedule(1, &none, &links, &workers).is_empty());
+        assert!(schedule(1, &none, &links, &workers, &workers).is_empty());
         assert_eq!(none.cancel_rate, 0.0);
     }
 }

@@ -23,5 +23,6 @@ pub mod run;
 pub mod sabotage;
 pub mod server_events;
 pub mod shrink;
+pub mod slow_lane;
 pub mod topology;
 pub mod trace;

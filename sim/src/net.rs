@@ -4,10 +4,16 @@
 //! production code.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::serve::Listener;
+use lockstep_core::wire::Lane;
 use lockstep_server::peer::Dial;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::slow_lane::{KvLaneDelay, SlowLane};
 
 pub struct TurmoilListener(pub turmoil::net::TcpListener);
 
@@ -43,14 +49,74 @@ impl Listener for TurmoilListener {
 }
 
 /// turmoil's connect as the peer transport's dialer. Addresses are `"host:port"`, the host a
-/// name given to `Sim::host`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TurmoilDial;
+/// name given to `Sim::host`. A prefill worker's dialer slows its KV lanes by the run's current
+/// `KvLaneDelay` (the slow-KV-lane fault, `slow_lane`); every other stream is turmoil's as is.
+#[derive(Clone, Debug, Default)]
+pub struct TurmoilDial {
+    kv_lanes: Option<KvLaneDelay>,
+}
+
+impl TurmoilDial {
+    pub fn slowing_kv_lanes(delay: KvLaneDelay) -> TurmoilDial {
+        TurmoilDial { kv_lanes: Some(delay) }
+    }
+}
+
+/// A dialed stream: turmoil's, or a KV lane the fault can slow.
+#[derive(Debug)]
+pub enum DialedStream {
+    Direct(turmoil::net::TcpStream),
+    Slowed(SlowLane<turmoil::net::TcpStream>),
+}
 
 impl Dial for TurmoilDial {
-    type Io = turmoil::net::TcpStream;
+    type Io = DialedStream;
 
-    async fn dial(&self, addr: &str) -> std::io::Result<Self::Io> {
-        turmoil::net::TcpStream::connect(addr).await
+    async fn dial(&self, addr: &str, lane: Lane) -> std::io::Result<DialedStream> {
+        let stream = turmoil::net::TcpStream::connect(addr).await?;
+        Ok(match (&self.kv_lanes, lane) {
+            (Some(delay), Lane::Kv) => DialedStream::Slowed(SlowLane::new(stream, delay.clone())),
+            _ => DialedStream::Direct(stream),
+        })
+    }
+}
+
+impl AsyncRead for DialedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            DialedStream::Direct(s) => Pin::new(s).poll_read(cx, buf),
+            DialedStream::Slowed(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for DialedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            DialedStream::Direct(s) => Pin::new(s).poll_write(cx, buf),
+            DialedStream::Slowed(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            DialedStream::Direct(s) => Pin::new(s).poll_flush(cx),
+            DialedStream::Slowed(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            DialedStream::Direct(s) => Pin::new(s).poll_shutdown(cx),
+            DialedStream::Slowed(s) => Pin::new(s).poll_shutdown(cx),
+        }
     }
 }

@@ -30,6 +30,7 @@ pub struct Scenario {
 
 const RECORDED: &str = "traces/recorded_router_1p1d_smollm2.jsonl";
 const WEKA_80: &str = "traces/weka_agentic_80.jsonl";
+const MOONCAKE: &str = "traces/mooncake_conversation_200.jsonl";
 
 impl Scenario {
     /// The trace options as the importer takes them.
@@ -56,7 +57,7 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
     use FaultLevel::{Default, Heavy, None as NoFaults};
     use Oracle::*;
     use PlantedBug::*;
-    use Topology::{OneP1D, Single};
+    use Topology::{OneP1D, Single, TwoP2D};
     let s = |trace, import, topology, faults, caught_at, fires| Scenario {
         trace,
         import,
@@ -69,30 +70,30 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
     // the incident.
     const WEKA_SMALL: &[&str] =
         &["--scale-tokens", "0.25", "--max-output", "32", "--max-requests", "40"];
+    const SHORT_PROMPTS: &[&str] =
+        &["--scale-tokens", "0.05", "--max-output", "64", "--max-requests", "200"];
     match bug {
         SlotReuse => s(
             "traces/azure_code_50.csv",
             &["--scale-tokens", "0.1", "--max-input", "1024", "--max-output", "64"],
             OneP1D,
             Heavy,
-            22,
+            725,
             EqualAlone,
         ),
-        FreeWhileWriteLands => s(
-            "traces/azure_code_50.csv",
-            &["--scale-tokens", "0.1", "--max-input", "1024", "--max-output", "64"],
-            OneP1D,
-            Heavy,
-            147,
-            EqualAlone,
-        ),
-        FreeBeforeLastReader => s(RECORDED, &[], OneP1D, Heavy, 1, Invariants),
-        PrematureRelease => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
-        AbortPathWedge => s(RECORDED, &[], OneP1D, Heavy, 121, Leaks),
+        // The abort frees the pages at once while a write is still on a slow KV lane: caught
+        // once the page went to a transfer of the other prefill worker, written on time.
+        FreeWhileWriteLands => s(MOONCAKE, SHORT_PROMPTS, TwoP2D, Heavy, 4, EqualAlone),
+        FreeBeforeLastReader => s(RECORDED, &[], OneP1D, Heavy, 4, Invariants),
+        // A write still on a slow KV lane when its transfer ends lands after the page went to a
+        // transfer of the other prefill worker, whose writes came on time: two of each role,
+        // short prompts (that transfer is written within the lane's delay), many of them.
+        PrematureRelease => s(MOONCAKE, SHORT_PROMPTS, TwoP2D, Heavy, 4, EqualAlone),
+        AbortPathWedge => s(RECORDED, &[], OneP1D, Heavy, 4, Leaks),
         StuckInBootstrap => s(RECORDED, &[], OneP1D, Heavy, 14, Leaks),
         FailOpen => s(WEKA_80, WEKA_SMALL, OneP1D, Default, 2, EqualAlone),
-        DoubleCompletion => s(RECORDED, &[], OneP1D, Heavy, 21, Invariants),
-        LeakWhenPeerSilent => s(WEKA_80, WEKA_SMALL, OneP1D, Heavy, 4, Leaks),
+        DoubleCompletion => s(RECORDED, &[], OneP1D, Heavy, 86, Invariants),
+        LeakWhenPeerSilent => s(WEKA_80, WEKA_SMALL, OneP1D, Heavy, 0, Leaks),
         // A prompt preempted in its last chunk: short chunks and a prefill pool smaller than
         // decode's, so long prompts squeeze each other out while their last chunk is in flight.
         EmptyHandOff => s(
@@ -109,7 +110,7 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
             ],
             OneP1D,
             Default,
-            82,
+            27,
             EqualAlone,
         ),
         AbortRacesCompletion => s(RECORDED, &[], OneP1D, Heavy, 22, Invariants),
@@ -117,7 +118,7 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
         CancelNearSharedPrefix => s(RECORDED, &[], OneP1D, Heavy, 12, Invariants),
         AbortInMultiTurnSession => s(RECORDED, &[], OneP1D, Heavy, 5, Leaks),
         CollectiveMismatch => s(RECORDED, &[], Single, Heavy, 4, Invariants),
-        PinnedBufferOverwritten => s(RECORDED, &[], OneP1D, Heavy, 4, EqualAlone),
+        PinnedBufferOverwritten => s(RECORDED, &[], OneP1D, Heavy, 5, EqualAlone),
         TransferWithoutCancellation => s(RECORDED, &[], OneP1D, Heavy, 4, EqualAlone),
         AccumulatingCorruption => s(WEKA_80, WEKA_SMALL, OneP1D, Default, 0, EqualAlone),
         StaleKvAfterResume => s(
@@ -129,7 +130,9 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
             EqualAlone,
         ),
         ScheduledTwiceInOverlap => s(RECORDED, &[], OneP1D, Heavy, 0, Invariants),
-        LeaseShorterThanWrite => s(RECORDED, &[], OneP1D, Heavy, 0, EqualAlone),
+        // As premature release: a write slower than the flight bound outlives a lease that
+        // counted on the bound.
+        LeaseShorterThanWrite => s(MOONCAKE, SHORT_PROMPTS, TwoP2D, Heavy, 4, EqualAlone),
         HeartbeatNotExtendingLease => s(
             "traces/azure_code_50.csv",
             &["--scale-tokens", "1", "--max-input", "8192", "--max-output", "64"],
@@ -146,7 +149,7 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
             &["--scale-tokens", "0.25", "--max-output", "64", "--max-requests", "160"],
             OneP1D,
             Default,
-            5,
+            15,
             EqualAlone,
         ),
     }

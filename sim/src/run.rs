@@ -2,7 +2,7 @@
 //! between steps, then a quiet phase to quiescence; what every client saw, what every host holds
 //! at the end, and every panic, for the oracles.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use crate::panics;
 use crate::rng::SimRng;
 use crate::sabotage::Sabotage;
 use crate::server_events;
+use crate::slow_lane::KvLaneDelay;
 use crate::topology::{self, Deployment};
 use crate::trace::SimTrace;
 
@@ -146,7 +147,9 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         config.seed,
         log.clone(),
     );
-    let mut faults = faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers);
+    let slowable: Vec<String> = deployment.kv_lanes.keys().cloned().collect();
+    let mut faults =
+        faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers, &slowable);
     if let Some(only) = &config.only_faults {
         faults = faults
             .into_iter()
@@ -172,7 +175,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
 
     panics::start_capture();
     let router_events = server_events::capture(log.clone());
-    let mut applier = FaultApplier::new(&deployment, &mix);
+    let mut applier = FaultApplier::new(deployment.kv_lanes.clone());
     let mut next_fault = 0;
     let mut steps = 0u64;
     let (mut long_steps, mut fast_forwarded) = (0u64, Duration::ZERO);
@@ -369,18 +372,12 @@ fn held(deployment: &Deployment) -> Vec<String> {
 struct FaultApplier {
     out: BTreeSet<String>,
     skipped: BTreeSet<u32>,
-    data_links: Vec<(String, String)>,
-    latency_max: Duration,
+    kv_lanes: BTreeMap<String, KvLaneDelay>,
 }
 
 impl FaultApplier {
-    fn new(deployment: &Deployment, mix: &FaultMix) -> FaultApplier {
-        FaultApplier {
-            out: BTreeSet::new(),
-            skipped: BTreeSet::new(),
-            data_links: deployment.data_links.clone(),
-            latency_max: mix.latency_max,
-        }
+    fn new(kv_lanes: BTreeMap<String, KvLaneDelay>) -> FaultApplier {
+        FaultApplier { out: BTreeSet::new(), skipped: BTreeSet::new(), kv_lanes }
     }
 
     /// Applies `fault`; false when skipped.
@@ -394,14 +391,14 @@ impl FaultApplier {
             | FaultAction::Hold(a, b)
             | FaultAction::Release(a, b) => format!("link {} {}", a.min(b), a.max(b)),
             FaultAction::Crash(h) | FaultAction::Restart(h) => format!("host {h}"),
-            FaultAction::DataLinkLatency(_) => "data links".to_owned(),
+            FaultAction::KvLanesSlow(h, _) => format!("KV lanes {h}"),
         };
         let starts = matches!(
             fault.action,
             FaultAction::Partition(..)
                 | FaultAction::Hold(..)
                 | FaultAction::Crash(_)
-                | FaultAction::DataLinkLatency(Some(_))
+                | FaultAction::KvLanesSlow(_, Some(_))
         );
         if starts {
             if !self.out.insert(target) {
@@ -418,10 +415,9 @@ impl FaultApplier {
             FaultAction::Release(a, b) => sim.release(a.as_str(), b.as_str()),
             FaultAction::Crash(h) => sim.crash(h.as_str()),
             FaultAction::Restart(h) => sim.bounce(h.as_str()),
-            FaultAction::DataLinkLatency(latency) => {
-                let latency = latency.unwrap_or(self.latency_max);
-                for (p, d) in &self.data_links {
-                    sim.set_link_max_message_latency(p.as_str(), d.as_str(), latency);
+            FaultAction::KvLanesSlow(host, delay) => {
+                if let Some(lanes) = self.kv_lanes.get(host) {
+                    lanes.set(delay.unwrap_or_default());
                 }
             }
         }

@@ -32,6 +32,7 @@ use crate::knobs::{Knobs, Topology};
 use crate::net::{TurmoilDial, TurmoilListener};
 use crate::rng::SimRng;
 use crate::sabotage::Sabotage;
+use crate::slow_lane::KvLaneDelay;
 
 pub const HTTP_PORT: u16 = 8000;
 pub const PEER_PORT: u16 = 9000;
@@ -46,10 +47,10 @@ pub struct Deployment {
     pub hosts: Vec<String>,
     /// Pairs of hosts that talk to each other (partition and hold targets).
     pub links: Vec<(String, String)>,
-    /// The prefill-to-decode pairs: the data plane (late-write targets).
-    pub data_links: Vec<(String, String)>,
     /// Hosts that may crash and restart: the workers.
     pub workers: Vec<String>,
+    /// Each prefill host's KV lanes, by host: what the slow-KV-lane fault slows.
+    pub kv_lanes: BTreeMap<String, KvLaneDelay>,
     pub probes: Probes,
 }
 
@@ -85,6 +86,7 @@ struct HostSetup {
     knobs: Knobs,
     cost: CostModel,
     slow: SlowSteps,
+    kv_lanes: BTreeMap<String, KvLaneDelay>,
     sabotage: Option<Sabotage>,
     vocab: u32,
     seed: u64,
@@ -122,12 +124,15 @@ pub fn install(
     let mut sched = options.sched_config(knobs.context_tokens, vec![]);
     sched.capture_sizes = knobs.capture_sizes.clone();
     let probes = Probes::default();
+    let kv_lanes: BTreeMap<String, KvLaneDelay> =
+        prefill_hosts.iter().map(|h| (h.clone(), KvLaneDelay::default())).collect();
     let setup = HostSetup {
         options,
         sched,
         knobs: knobs.clone(),
         cost,
         slow,
+        kv_lanes: kv_lanes.clone(),
         sabotage,
         vocab,
         seed,
@@ -141,8 +146,8 @@ pub fn install(
             entry: "server".into(),
             hosts: vec!["server".into()],
             links: vec![],
-            data_links: vec![],
             workers: vec![],
+            kv_lanes,
             probes,
         };
     }
@@ -170,7 +175,7 @@ pub fn install(
     links.extend(data_links.iter().cloned());
     let mut hosts = vec!["router".to_owned()];
     hosts.extend(workers.iter().cloned());
-    Deployment { entry: "router".into(), hosts, links, data_links, workers, probes }
+    Deployment { entry: "router".into(), hosts, links, workers, kv_lanes, probes }
 }
 
 fn prefill_id(i: usize) -> u32 {
@@ -257,7 +262,8 @@ async fn router(setup: HostSetup) -> turmoil::Result {
     let mut peers = setup.options.prefills.clone();
     peers.extend(setup.options.decodes.iter().cloned());
     let peers = peers.into_iter().map(|(w, a)| (WorkerId(w), a)).collect();
-    let (transport, events) = Transport::start(PeerConfig::new(me, identity, peers), TurmoilDial)?;
+    let (transport, events) =
+        Transport::start(PeerConfig::new(me, identity, peers), TurmoilDial::default())?;
     let config = router_engine_config(&setup.options, setup.knobs.timing);
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start_router(config, transport, events, codec, app_config(&setup));
@@ -287,8 +293,12 @@ async fn worker(setup: HostSetup, host: String, role: Role, id: u32) -> turmoil:
     let runner = device(&setup, pool, &host, starts_so_far(&setup, &host));
     let peer_listener = TurmoilListener::bind(any_address(PEER_PORT)).await?;
     let metrics = Arc::new(Metrics::new(MODEL_NAME));
+    let dial = match setup.kv_lanes.get(&host) {
+        Some(delay) => TurmoilDial::slowing_kv_lanes(delay.clone()),
+        None => TurmoilDial::default(),
+    };
     let (task, stats) =
-        spawn_worker(node, runner, peer, TurmoilDial, peer_listener, true, metrics.clone())?;
+        spawn_worker(node, runner, peer, dial, peer_listener, true, metrics.clone())?;
     setup.probes.started(&host, stats.clone(), &setup.log);
     let listener = TurmoilListener::bind(any_address(HTTP_PORT)).await?;
     axum::serve(listener, worker_app(stats, metrics)).await?;

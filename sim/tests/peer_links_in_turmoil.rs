@@ -75,7 +75,7 @@ fn config(me: Endpoint, role: Role, dial: Vec<(WorkerId, String)>) -> PeerConfig
 /// while its link is up, and the decode side answers each with the same number.
 async fn worker(host: &'static str, config: PeerConfig, log: Log) -> turmoil::Result {
     let me = config.me;
-    let (transport, mut events) = Transport::start(config, TurmoilDial)?;
+    let (transport, mut events) = Transport::start(config, TurmoilDial::default())?;
     transport.listen(TurmoilListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?);
     let mut peer = None;
     let mut ticks = interval(Duration::from_millis(20));
@@ -91,6 +91,8 @@ async fn worker(host: &'static str, config: PeerConfig, log: Log) -> turmoil::Re
                     peer = None;
                     record(&log, host, What::Down(down, reason.to_string()));
                 }
+                // Nothing here travels on a KV lane.
+                PeerEvent::KvLaneDown { .. } => {}
                 PeerEvent::Received(envelope) => {
                     let number = transfer_of(&envelope);
                     record(&log, host, What::Received(number));

@@ -333,11 +333,6 @@ impl PrefillSide {
         t.completed_writes += u32::from(landed);
         match (&t.phase, landed) {
             (Phase::Writing { .. }, false) => {
-                if crate::planted!(PrematureRelease) {
-                    // sgl#36707, sgl#38961: the failed transfer's outstanding writes are erased,
-                    // so its abort goes out (and decode frees the pages) while they may land.
-                    self.transfer_mut(key).outstanding.clear();
-                }
                 self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now)
             }
             (Phase::Writing { .. }, true) => self.issue_writes(key, now),
@@ -536,10 +531,15 @@ impl PrefillSide {
             _ => {}
         }
         let t = self.transfer_mut(key);
-        let drained_by = if crate::planted!(AbortPathWedge) {
-            // sgl#30352: the abort path waits for every write's completion, with no flight bound:
-            // a completion that never comes (its ack lost with a link) leaves the transfer ending
-            // forever.
+        if crate::planted!(PrematureRelease) {
+            // sgl#36707, sgl#38961: a failed or aborted transfer's outstanding writes are erased,
+            // so its abort, or the ack of decode's, goes out at once (and decode frees the
+            // pages) while they may still land.
+            t.outstanding.clear();
+        }
+        let drained_by = if crate::planted!(AbortPathWedge) && !t.outstanding.is_empty() {
+            // sgl#30352: an abort while writes are in flight trips an assertion in the transfer
+            // thread, which dies: nothing ends the transfer any more, whatever completes after.
             Time::MAX
         } else {
             t.last_write_at.map_or(now, |at| at.saturating_add(flight))
@@ -554,6 +554,10 @@ impl PrefillSide {
         let t = self.transfer_mut(key);
         let Phase::Draining { answer, drained_by } = t.phase else { return };
         if !t.outstanding.is_empty() && now < drained_by {
+            return;
+        }
+        if crate::planted!(AbortPathWedge) && drained_by == Time::MAX {
+            // The planted wedge above: the thread that would end the transfer is gone.
             return;
         }
         let decode = t.decode;

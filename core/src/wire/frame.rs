@@ -11,7 +11,7 @@ use super::messages::*;
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -135,7 +135,13 @@ fn body(w: &mut Writer, message: &Message) {
         transfer_key(w, key);
     }
     match message {
-        Message::Hello { identity } => link_identity(w, identity),
+        Message::Hello { identity, lane } => {
+            link_identity(w, identity);
+            w.u8(match lane {
+                Lane::Control => 1,
+                Lane::Kv => 2,
+            });
+        }
         Message::LinkRefused { mismatch } => w.u8(link_mismatch(*mismatch)),
         Message::Ping { nonce } | Message::Pong { nonce } => w.u64(*nonce),
         Message::Tokens { request, index, tokens, finish, .. } => {
@@ -188,7 +194,15 @@ fn body(w: &mut Writer, message: &Message) {
 
 fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
     match kind {
-        11 => return Ok(Message::Hello { identity: read_link_identity(r)? }),
+        11 => {
+            let identity = read_link_identity(r)?;
+            let lane = match r.u8("lane")? {
+                1 => Lane::Control,
+                2 => Lane::Kv,
+                value => return Err(WireError::Invalid { what: "lane", value: u64::from(value) }),
+            };
+            return Ok(Message::Hello { identity, lane });
+        }
         12 => return Ok(Message::LinkRefused { mismatch: read_link_mismatch(r.u8("mismatch")?)? }),
         13 => return Ok(Message::Ping { nonce: r.u64("nonce")? }),
         14 => return Ok(Message::Pong { nonce: r.u64("nonce")? }),

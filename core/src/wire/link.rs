@@ -2,7 +2,7 @@
 //! that a mismatch refuses the link instead of moving KV the receiver would read wrongly (a page
 //! of 16 tokens copied into pages of 32 decodes without an error, into garbage).
 
-use super::messages::{LinkIdentity, LinkMismatch, Role};
+use super::messages::{Lane, LinkIdentity, LinkMismatch, Role};
 
 /// The verdict on a peer's `Hello`, from `mine`'s side. Symmetric: both ends reach the same one.
 ///
@@ -11,13 +11,7 @@ use super::messages::{LinkIdentity, LinkMismatch, Role};
 /// and the same KV). Only a prefill–decode link moves KV, so only it needs equal page size and
 /// KV layout.
 pub fn check_link(mine: &LinkIdentity, theirs: &LinkIdentity) -> Result<(), LinkMismatch> {
-    let pair =
-        if mine.role <= theirs.role { (mine.role, theirs.role) } else { (theirs.role, mine.role) };
-    let moves_kv = match pair {
-        (Role::Router, Role::Prefill) | (Role::Router, Role::Decode) => false,
-        (Role::Prefill, Role::Decode) => true,
-        _ => return Err(LinkMismatch::Roles),
-    };
+    let moves_kv = moves_kv(mine.role, theirs.role)?;
     if mine.model != theirs.model {
         return Err(LinkMismatch::Model);
     }
@@ -28,6 +22,25 @@ pub fn check_link(mine: &LinkIdentity, theirs: &LinkIdentity) -> Result<(), Link
         return Err(LinkMismatch::KvLayout);
     }
     Ok(())
+}
+
+/// Whether two workers may open a link on `lane`, once `check_link` passed: the KV lane only
+/// between a prefill and a decode worker. Symmetric, as `check_link` is.
+pub fn check_lane(mine: Role, theirs: Role, lane: Lane) -> Result<(), LinkMismatch> {
+    match lane {
+        Lane::Control => moves_kv(mine, theirs).map(|_| ()),
+        Lane::Kv if moves_kv(mine, theirs)? => Ok(()),
+        Lane::Kv => Err(LinkMismatch::Roles),
+    }
+}
+
+/// Whether a pair of roles moves KV; `Roles` if the two never link.
+fn moves_kv(a: Role, b: Role) -> Result<bool, LinkMismatch> {
+    match if a <= b { (a, b) } else { (b, a) } {
+        (Role::Router, Role::Prefill) | (Role::Router, Role::Decode) => Ok(false),
+        (Role::Prefill, Role::Decode) => Ok(true),
+        _ => Err(LinkMismatch::Roles),
+    }
 }
 
 #[cfg(test)]
@@ -61,6 +74,18 @@ mod tests {
         for role in [Role::Router, Role::Prefill, Role::Decode] {
             assert_eq!(check_link(&identity(role), &identity(role)), Err(LinkMismatch::Roles));
         }
+    }
+
+    #[test]
+    fn only_a_prefill_and_a_decode_worker_open_the_kv_lane() {
+        assert_eq!(check_lane(Role::Prefill, Role::Decode, Lane::Kv), Ok(()));
+        assert_eq!(check_lane(Role::Decode, Role::Prefill, Lane::Kv), Ok(()));
+        for other in [Role::Prefill, Role::Decode] {
+            assert_eq!(check_lane(Role::Router, other, Lane::Control), Ok(()));
+            assert_eq!(check_lane(Role::Router, other, Lane::Kv), Err(LinkMismatch::Roles));
+            assert_eq!(check_lane(other, Role::Router, Lane::Kv), Err(LinkMismatch::Roles));
+        }
+        assert_eq!(check_lane(Role::Decode, Role::Decode, Lane::Control), Err(LinkMismatch::Roles));
     }
 
     #[test]

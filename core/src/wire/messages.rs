@@ -135,6 +135,17 @@ pub struct LinkIdentity {
     pub model: u64,
 }
 
+/// Which of a pair of workers' two connections a link is. KV writes and their acknowledgements
+/// travel on a lane of their own, as RDMA writes travel beside a TCP control channel in
+/// Mooncake or NIXL: a protocol message never waits behind megabytes of KV, and nothing orders
+/// a transfer's writes with its protocol messages (an `Abort` may arrive before a write issued
+/// earlier). Only a prefill and a decode worker open the KV lane.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Lane {
+    Control,
+    Kv,
+}
+
 /// Why a link was refused.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LinkMismatch {
@@ -151,6 +162,8 @@ pub enum Message {
     /// my KV looks like.
     Hello {
         identity: LinkIdentity,
+        /// The connection this link is: the dialer names it, the acceptor repeats it.
+        lane: Lane,
     },
     /// The answer to a `Hello` whose identity does not match: the link closes.
     LinkRefused {
@@ -255,6 +268,18 @@ pub enum Message {
 }
 
 impl Message {
+    /// The lane the message travels on; `None` for the link's own messages, which go on either.
+    pub fn lane(&self) -> Option<Lane> {
+        match self {
+            Message::Hello { .. }
+            | Message::LinkRefused { .. }
+            | Message::Ping { .. }
+            | Message::Pong { .. } => None,
+            Message::KvWrite { .. } | Message::KvWriteAck { .. } => Some(Lane::Kv),
+            _ => Some(Lane::Control),
+        }
+    }
+
     /// The transfer the message is about; `None` for the link's own messages.
     pub fn key(&self) -> Option<TransferKey> {
         Some(match self {

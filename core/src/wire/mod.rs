@@ -12,7 +12,7 @@ pub use frame::{
     FRAME_BYTES_MAX, PAGES_MAX, PROMPT_TOKENS_MAX, STOP_TOKENS_MAX, TOKENS_PER_MESSAGE_MAX,
     WIRE_VERSION, decode_frame, encode_frame, frame_len,
 };
-pub use link::check_link;
+pub use link::{check_lane, check_link};
 pub use messages::*;
 
 #[cfg(test)]

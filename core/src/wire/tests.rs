@@ -97,7 +97,8 @@ fn finish() -> impl Strategy<Value = Option<FinishReason>> {
 /// The link's own messages and those about a request after its transfer.
 fn link_or_request_message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        identity().prop_map(|identity| Message::Hello { identity }),
+        (identity(), prop_oneof![Just(Lane::Control), Just(Lane::Kv)])
+            .prop_map(|(identity, lane)| Message::Hello { identity, lane }),
         prop_oneof![
             Just(LinkMismatch::Roles),
             Just(LinkMismatch::PageTokens),
@@ -224,16 +225,16 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![9, 0, 0, 0, 1, 3, 1, 2, 1, 2, 3, 4, 5]
+        vec![9, 0, 0, 0, 2, 3, 1, 2, 1, 2, 3, 4, 5]
     );
 }
 
 #[test]
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
-    frame[4] = 2;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 2, supported: 1 }));
     frame[4] = 1;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 1, supported: 2 }));
+    frame[4] = 2;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }

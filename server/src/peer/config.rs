@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockstep_core::wire::{Endpoint, FRAME_BYTES_MAX, LinkIdentity, WorkerId};
+use lockstep_core::wire::{Endpoint, FRAME_BYTES_MAX, LinkIdentity, Role, WorkerId};
 
 use super::framed::LENGTH_PREFIX_BYTES;
 use super::handshake::HELLO_FRAME_BYTES_MAX as FRAME_BYTES_MIN;
@@ -18,6 +18,10 @@ pub struct PeerConfig {
     /// network resolves). A pair of workers is best dialed from one side only; when both dial,
     /// both ends keep the link dialed by the lower worker id (`table::verdict`).
     pub dial: Vec<(WorkerId, String)>,
+    /// Whether a KV lane is dialed beside each control link (`wire::Lane`): a second connection
+    /// to the same address for KV writes and their acknowledgements. A prefill worker's is on
+    /// (it dials the decode workers it writes to); nobody else dials one.
+    pub kv_lane: bool,
     /// A link whose `Hello` does not arrive within this is dropped.
     pub hello_timeout: Duration,
     /// A `Ping` leaves this often on every open link.
@@ -55,6 +59,7 @@ impl PeerConfig {
         let frame_bytes_max = FRAME_BYTES_MAX + LENGTH_PREFIX_BYTES;
         PeerConfig {
             me,
+            kv_lane: identity.role == Role::Prefill,
             identity,
             dial,
             hello_timeout: Duration::from_secs(2),

@@ -14,6 +14,10 @@ pub enum PeerEvent {
     Up { peer: Endpoint },
     /// The link to `peer` ended. The dialing side redials with backoff.
     Down { peer: Endpoint, reason: LinkError },
+    /// The KV lane to `peer` ended (`wire::Lane`; no `Up` is reported for one): every write sent
+    /// on it and not acknowledged yet never will be, so the sender fails them now rather than at
+    /// its transfer's deadline. The dialing side redials with backoff.
+    KvLaneDown { peer: Endpoint, reason: LinkError },
     /// An envelope of the protocol (`Message::key()` is `Some`) from the live incarnation of a
     /// peer, addressed to this worker's incarnation.
     Received(Envelope),

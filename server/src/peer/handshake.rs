@@ -1,7 +1,9 @@
 //! Opening a link: the dialer says `Hello` first and the acceptor answers with its own, so each
 //! end learns the other's incarnation and checks its identity (`wire::check_link`, symmetric:
 //! both ends reach the same verdict). A mismatch is answered with `LinkRefused` and the link
-//! closes; a `Hello` must arrive within `hello_timeout`.
+//! closes; a `Hello` must arrive within `hello_timeout`. The dialer's `Hello` names the lane the
+//! connection is for (`wire::Lane`); the acceptor checks the pair of roles may open it
+//! (`wire::check_lane`) and repeats it.
 //!
 //! The dialer's `Hello` goes to `Endpoint { worker: <the worker it dialed>, incarnation: 0 }`:
 //! it knows whom it dialed but not which life answers, and incarnation 0 says "not yet known"
@@ -13,7 +15,8 @@
 //! prefix must not make us allocate a full frame's buffer, per connection we are still vetting.
 
 use lockstep_core::wire::{
-    Endpoint, Envelope, Incarnation, LinkMismatch, Message, WorkerId, check_link, encode_frame,
+    Endpoint, Envelope, Incarnation, Lane, LinkIdentity, LinkMismatch, Message, WorkerId,
+    check_lane, check_link, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::timeout;
@@ -27,19 +30,21 @@ use super::stats::PeerStats;
 /// varints is under 100 bytes.
 pub(crate) const HELLO_FRAME_BYTES_MAX: usize = 256;
 
-/// The dialer's half: `Hello` to `expected`, then its answer. The peer's endpoint on success.
+/// The dialer's half: `Hello` to `expected` for `lane`, then its answer. The peer's endpoint on
+/// success.
 pub(crate) async fn dialer<R, W>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
     writer: &mut W,
     expected: WorkerId,
+    lane: Lane,
 ) -> Result<Endpoint, LinkError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let unknown = Endpoint { worker: expected, incarnation: Incarnation(0) };
-    let hello = Message::Hello { identity: shared.config.identity };
+    let hello = Message::Hello { identity: shared.config.identity, lane };
     write_link_message(shared, writer, unknown, hello).await?;
     let answer = receive(shared, reader).await?;
     match answer.body {
@@ -47,7 +52,10 @@ where
         Message::Hello { .. } if answer.from.worker != expected => {
             Err(LinkError::WrongPeer { expected, got: answer.from.worker })
         }
-        Message::Hello { identity } => match check_link(&shared.config.identity, &identity) {
+        Message::Hello { lane: answered, .. } if answered != lane => {
+            Err(LinkError::Protocol("the answer named another lane"))
+        }
+        Message::Hello { identity, .. } => match check(&shared.config.identity, &identity, lane) {
             Ok(()) => Ok(answer.from),
             Err(mismatch) => {
                 refuse(shared, writer, answer.from, mismatch).await;
@@ -59,30 +67,36 @@ where
 }
 
 /// The acceptor's half: the dialer's `Hello`, checked against our identity and our table,
-/// then our `Hello`. The peer's endpoint on success.
+/// then our `Hello`. The peer's endpoint and the link's lane on success.
 pub(crate) async fn acceptor<R, W>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
     writer: &mut W,
-) -> Result<Endpoint, LinkError>
+) -> Result<(Endpoint, Lane), LinkError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let hello = receive(shared, reader).await?;
-    let Message::Hello { identity } = hello.body else {
+    let Message::Hello { identity, lane } = hello.body else {
         return Err(LinkError::Protocol("expected Hello"));
     };
     let peer = hello.from;
-    if let Err(mismatch) = check_link(&shared.config.identity, &identity) {
+    if let Err(mismatch) = check(&shared.config.identity, &identity, lane) {
         refuse(shared, writer, peer, mismatch).await;
         return Err(LinkError::Refused(mismatch));
     }
     // The dialer of an accepted link is the peer.
-    shared.admits(peer, peer.worker)?;
-    write_link_message(shared, writer, peer, Message::Hello { identity: shared.config.identity })
-        .await?;
-    Ok(peer)
+    shared.admits(peer, lane, peer.worker)?;
+    let answer = Message::Hello { identity: shared.config.identity, lane };
+    write_link_message(shared, writer, peer, answer).await?;
+    Ok((peer, lane))
+}
+
+/// Both checks on a peer's identity: the link at all, then this lane of it.
+fn check(mine: &LinkIdentity, theirs: &LinkIdentity, lane: Lane) -> Result<(), LinkMismatch> {
+    check_link(mine, theirs)?;
+    check_lane(mine.role, theirs.role, lane)
 }
 
 /// The first frame of the other end, within `hello_timeout`.

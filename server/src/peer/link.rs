@@ -7,7 +7,7 @@
 //! so pings queued behind a long KV write cannot make a busy link look dead (the frame itself
 //! is bounded by `io_timeout`).
 
-use lockstep_core::wire::{Endpoint, Message, WorkerId};
+use lockstep_core::wire::{Endpoint, Lane, Message, WorkerId};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Instant, MissedTickBehavior, interval_at};
@@ -23,8 +23,8 @@ use super::table::LinkId;
 /// How the stream came to be.
 #[derive(Debug)]
 pub(crate) enum Side {
-    /// We dialed this worker.
-    Dialed(WorkerId),
+    /// We dialed this worker, for this lane.
+    Dialed(WorkerId, Lane),
     /// The listener accepted it. The permit is its handshake slot, held until the handshake ends.
     Accepted { _handshake_slot: OwnedSemaphorePermit },
 }
@@ -37,17 +37,19 @@ where
     let (read_half, mut writer) = tokio::io::split(io);
     let mut reader = FrameReader::new(read_half, HELLO_FRAME_BYTES_MAX);
     let handshake = match &side {
-        Side::Dialed(worker) => handshake::dialer(shared, &mut reader, &mut writer, *worker)
-            .await
-            .map(|peer| (peer, shared.config.me.worker)),
+        Side::Dialed(worker, lane) => {
+            handshake::dialer(shared, &mut reader, &mut writer, *worker, *lane)
+                .await
+                .map(|peer| (peer, *lane, shared.config.me.worker))
+        }
         Side::Accepted { .. } => handshake::acceptor(shared, &mut reader, &mut writer)
             .await
-            .map(|peer| (peer, peer.worker)),
+            .map(|(peer, lane)| (peer, lane, peer.worker)),
     };
     drop(side);
     reader.set_frame_bytes_max(shared.config.frame_bytes_max);
     let opened = match handshake {
-        Ok((peer, dialer)) => shared.open(peer, dialer).await,
+        Ok((peer, lane, dialer)) => shared.open(peer, lane, dialer).await,
         Err(error) => Err(error),
     };
     let opened = match opened {
@@ -58,9 +60,9 @@ where
             return false;
         }
     };
-    let (id, peer) = (opened.id, opened.peer);
+    let (id, peer, lane) = (opened.id, opened.peer, opened.lane);
     if let Some(reason) = run_open(shared, &mut reader, &mut writer, peer, opened).await {
-        shared.close(peer, id, reason).await;
+        shared.close(peer, lane, id, reason).await;
     }
     true
 }
@@ -78,22 +80,24 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let Opened { id, queue, removed, .. } = opened;
+    let Opened { id, lane, queue, removed, .. } = opened;
     // One pong waiting is enough: any frame proves us alive to the peer.
     let (pongs_tx, pongs_rx) = mpsc::channel(1);
     tokio::select! {
-        error = read(shared, reader, id, peer, pongs_tx) => Some(error),
+        error = read(shared, reader, id, peer, lane, pongs_tx) => Some(error),
         error = write(shared, writer, peer, queue, pongs_rx) => error,
         _ = removed => None,
     }
 }
 
-/// Reads frames: link messages are handled here, the protocol's go to the owner.
+/// Reads frames: link messages are handled here, the protocol's go to the owner if they belong
+/// on this link's lane.
 async fn read<R: AsyncRead + Unpin>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
     id: LinkId,
     peer: Endpoint,
+    lane: Lane,
     pongs: mpsc::Sender<u64>,
 ) -> LinkError {
     let config = &shared.config;
@@ -112,7 +116,10 @@ async fn read<R: AsyncRead + Unpin>(
             Message::Hello { .. } | Message::LinkRefused { .. } => {
                 return LinkError::Protocol("a handshake message on an open link");
             }
-            _ => shared.deliver(id, peer, envelope).await,
+            body if body.lane() != Some(lane) => {
+                return LinkError::Protocol("a message on the other lane's link");
+            }
+            _ => shared.deliver(id, peer, lane, envelope).await,
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use lockstep_core::wire::{Endpoint, Envelope, WorkerId};
+use lockstep_core::wire::{Endpoint, Envelope, Lane, WorkerId};
 use tokio::sync::{Notify, RwLock, mpsc, oneshot};
 use tokio::time::timeout;
 
@@ -38,6 +38,7 @@ pub(crate) struct Opened {
     pub(crate) id: LinkId,
     /// Whom the link is to: the peer its handshake named.
     pub(crate) peer: Endpoint,
+    pub(crate) lane: Lane,
     pub(crate) queue: OutboundQueue,
     /// Resolves when the link leaves the table: someone else closed it.
     pub(crate) removed: oneshot::Receiver<()>,
@@ -62,17 +63,28 @@ impl Shared {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the table would open a link to `peer` dialed by `dialer` now.
-    pub(crate) fn admits(&self, peer: Endpoint, dialer: WorkerId) -> Result<(), LinkError> {
-        match self.table().verdict(peer, dialer) {
+    /// Whether the table would open a link to `peer` on `lane` dialed by `dialer` now.
+    pub(crate) fn admits(
+        &self,
+        peer: Endpoint,
+        lane: Lane,
+        dialer: WorkerId,
+    ) -> Result<(), LinkError> {
+        match self.table().verdict(peer, lane, dialer) {
             Verdict::Refuse(error) => Err(error),
             Verdict::Open | Verdict::Supersede => Ok(()),
         }
     }
 
-    /// Puts a link that finished its handshake in the table, closing the one it supersedes,
-    /// and reports both.
-    pub(crate) async fn open(&self, peer: Endpoint, dialer: WorkerId) -> Result<Opened, LinkError> {
+    /// Puts a link that finished its handshake in the table, closing those it supersedes, and
+    /// reports them. A control link is reported `Up` and `Down`: it is the peer as the protocol
+    /// sees it. A KV lane is reported only when it ends (`KvLaneDown`), for the writes on it.
+    pub(crate) async fn open(
+        &self,
+        peer: Endpoint,
+        lane: Lane,
+        dialer: WorkerId,
+    ) -> Result<Opened, LinkError> {
         let _order = self.order.write().await;
         let peer = if lockstep_core::planted!(OldIncarnationStateKept) {
             // vLLM's NIXL connector hands back the remote agent it already registered for an
@@ -90,66 +102,76 @@ impl Shared {
             outbound::channel(self.config.send_queue_max, self.config.send_bytes_max);
         let (closer, removed) = oneshot::channel();
         let id = LinkId(self.next_link_id.fetch_add(1, Ordering::Relaxed));
-        let link = LiveLink { id, peer, dialer, sender, _closer: closer };
+        let link = LiveLink { id, peer, lane, dialer, sender, _closer: closer };
         let superseded = self.table().open(link)?;
-        if let Some(old) = superseded {
+        for old in superseded {
             PeerStats::bump(&self.stats.links_superseded);
-            let old_peer = old.peer;
+            let (old_peer, old_lane) = (old.peer, old.lane);
             drop(old);
             tracing::info!(
                 worker = peer.worker.0,
                 old = old_peer.incarnation.0,
+                lane = ?old_lane,
                 "peer link superseded"
             );
-            self.emit(PeerEvent::Down {
-                peer: old_peer,
-                reason: LinkError::Superseded { by: peer },
-            })
-            .await;
+            self.emit(down(old_peer, old_lane, LinkError::Superseded { by: peer })).await;
         }
         PeerStats::bump(&self.stats.links_opened);
-        tracing::info!(worker = peer.worker.0, incarnation = peer.incarnation.0, "peer link up");
-        self.emit(PeerEvent::Up { peer }).await;
-        Ok(Opened { id, peer, queue, removed })
+        tracing::info!(
+            worker = peer.worker.0,
+            incarnation = peer.incarnation.0,
+            ?lane,
+            "peer link up"
+        );
+        if lane == Lane::Control {
+            self.emit(PeerEvent::Up { peer }).await;
+        }
+        Ok(Opened { id, peer, lane, queue, removed })
     }
 
     /// Takes link `id` out of the table and reports it down, unless it already left (a newer
     /// link superseded it and reported that).
-    pub(crate) async fn close(&self, peer: Endpoint, id: LinkId, reason: LinkError) {
+    pub(crate) async fn close(&self, peer: Endpoint, lane: Lane, id: LinkId, reason: LinkError) {
         let _order = self.order.write().await;
-        let Some(link) = self.table().close(peer.worker, id) else {
+        let Some(link) = self.table().close(peer.worker, lane, id) else {
             return;
         };
         drop(link);
         PeerStats::bump(&self.stats.links_died);
-        tracing::info!(worker = peer.worker.0, incarnation = peer.incarnation.0, %reason, "peer link down");
+        tracing::info!(
+            worker = peer.worker.0,
+            incarnation = peer.incarnation.0,
+            ?lane,
+            %reason,
+            "peer link down"
+        );
         self.link_closed.notify_waiters();
-        self.emit(PeerEvent::Down { peer, reason }).await;
+        self.emit(down(peer, lane, reason)).await;
     }
 
     /// Hands a protocol envelope from link `id` to the owner, if it comes from that link's peer,
-    /// is addressed to this incarnation, and the link is still the live one.
-    pub(crate) async fn deliver(&self, id: LinkId, peer: Endpoint, envelope: Envelope) {
+    /// is addressed to this incarnation, and the link is still the live one on `lane`.
+    pub(crate) async fn deliver(&self, id: LinkId, peer: Endpoint, lane: Lane, envelope: Envelope) {
         if envelope.from != peer || envelope.to != self.config.me {
             PeerStats::bump(&self.stats.frames_misaddressed);
             return;
         }
         let _order = self.order.read().await;
-        if !self.table().is_live(peer.worker, id) {
+        if !self.table().is_live(peer.worker, lane, id) {
             return;
         }
         self.emit(PeerEvent::Received(envelope)).await;
     }
 
-    /// Returns once no link to `worker` is in the table. Bounded in effect: a link stays only
-    /// while its peer is heard from at least every `dead_after`.
-    pub(crate) async fn until_no_link(&self, worker: WorkerId) {
+    /// Returns once no link to `worker` on `lane` is in the table. Bounded in effect: a link
+    /// stays only while its peer is heard from at least every `dead_after`.
+    pub(crate) async fn until_no_link(&self, worker: WorkerId, lane: Lane) {
         loop {
             let closed = self.link_closed.notified();
             tokio::pin!(closed);
             // Registered before the check, so a close between the check and the wait wakes it.
             closed.as_mut().enable();
-            if !self.table().has_link(worker) {
+            if !self.table().has_link(worker, lane) {
                 return;
             }
             closed.await;
@@ -195,5 +217,13 @@ impl Shared {
         if !matches!(sent, Ok(Ok(()))) {
             PeerStats::bump(&self.stats.events_dropped);
         }
+    }
+}
+
+/// The event of a link on `lane` to `peer` ending.
+fn down(peer: Endpoint, lane: Lane, reason: LinkError) -> PeerEvent {
+    match lane {
+        Lane::Control => PeerEvent::Down { peer, reason },
+        Lane::Kv => PeerEvent::KvLaneDown { peer, reason },
     }
 }

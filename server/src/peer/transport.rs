@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::serve::Listener;
-use lockstep_core::wire::{Endpoint, Envelope, WorkerId, encode_frame};
+use lockstep_core::wire::{Endpoint, Envelope, Lane, WorkerId, encode_frame};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::{sleep, timeout};
 
@@ -28,8 +28,9 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// Starts dialing every peer in `config.dial` on the current tokio runtime. Returns the
-    /// transport and the receiver of its events (`config.events_max` of them at most waiting).
+    /// Starts dialing every peer in `config.dial` on the current tokio runtime, on both lanes if
+    /// `config.kv_lane`. Returns the transport and the receiver of its events
+    /// (`config.events_max` of them at most waiting).
     pub fn start<D: Dial>(
         config: PeerConfig,
         dial: D,
@@ -38,9 +39,17 @@ impl Transport {
         let (events, events_rx) = mpsc::channel(config.events_max);
         let (shutdown, _) = watch::channel(());
         let transport = Transport { shared: Arc::new(Shared::new(config, events)), shutdown };
+        let lanes: &[Lane] = if transport.shared.config.kv_lane {
+            &[Lane::Control, Lane::Kv]
+        } else {
+            &[Lane::Control]
+        };
         for (worker, addr) in &transport.shared.config.dial {
-            let task = dial_forever(transport.shared.clone(), dial.clone(), *worker, addr.clone());
-            spawn_until_shutdown(transport.shutdown.subscribe(), task);
+            for &lane in lanes {
+                let (shared, dial, addr) = (transport.shared.clone(), dial.clone(), addr.clone());
+                let task = dial_forever(shared, dial, *worker, lane, addr);
+                spawn_until_shutdown(transport.shutdown.subscribe(), task);
+            }
         }
         Ok((transport, events_rx))
     }
@@ -53,7 +62,8 @@ impl Transport {
         spawn_until_shutdown(self.shutdown.subscribe(), task);
     }
 
-    /// Queues `envelope` on the link to `envelope.to.worker` if there is room now.
+    /// Queues `envelope` on the link to `envelope.to.worker` on its lane (`Message::lane`) if
+    /// there is room now.
     pub fn try_send(&self, envelope: &Envelope) -> Result<(), SendError> {
         let result = self.encode_for_link(envelope).and_then(|(link, frame)| link.try_send(frame));
         self.shared.count_send(&result);
@@ -76,7 +86,7 @@ impl Transport {
         self.shared.config.me
     }
 
-    /// The peers with a link up now, by worker id.
+    /// The peers with a control link up now, by worker id.
     pub fn live_peers(&self) -> Vec<Endpoint> {
         self.shared.table().live_peers()
     }
@@ -90,10 +100,10 @@ impl Transport {
         if envelope.from != self.shared.config.me {
             return Err(SendError::NotFromMe { from: envelope.from });
         }
-        if envelope.body.key().is_none() {
+        let Some(lane) = envelope.body.lane() else {
             return Err(SendError::LinkMessage);
-        }
-        let route = self.shared.table().route(envelope.to.worker);
+        };
+        let route = self.shared.table().route(envelope.to.worker, lane);
         let Some((live, link)) = route else {
             return Err(SendError::NoLink { worker: envelope.to.worker });
         };
@@ -118,15 +128,22 @@ fn spawn_until_shutdown(
     });
 }
 
-/// Keeps a link to `worker` open: dials whenever none is up, backing off after each failure.
-async fn dial_forever<D: Dial>(shared: Arc<Shared>, dial: D, worker: WorkerId, addr: String) {
+/// Keeps a link to `worker` on `lane` open: dials whenever none is up, backing off after each
+/// failure.
+async fn dial_forever<D: Dial>(
+    shared: Arc<Shared>,
+    dial: D,
+    worker: WorkerId,
+    lane: Lane,
+    addr: String,
+) {
     let config = &shared.config;
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     loop {
         // An accepted link from the worker counts: no second link while one is up.
-        shared.until_no_link(worker).await;
-        let opened = match timeout(config.io_timeout, dial.dial(&addr)).await {
-            Ok(Ok(io)) => link::run(&shared, io, Side::Dialed(worker)).await,
+        shared.until_no_link(worker, lane).await;
+        let opened = match timeout(config.io_timeout, dial.dial(&addr, lane)).await {
+            Ok(Ok(io)) => link::run(&shared, io, Side::Dialed(worker, lane)).await,
             Ok(Err(error)) => {
                 tracing::debug!(worker = worker.0, %addr, %error, "dial failed");
                 PeerStats::bump(&shared.stats.dials_failed);

@@ -143,6 +143,8 @@ impl RouterEngine {
                 tracing::warn!(?peer, %reason, "worker down");
                 self.router.handle_worker_down(peer.worker, now);
             }
+            // The router moves no KV: no KV lane opens to it (`wire::check_lane`).
+            PeerEvent::KvLaneDown { .. } => {}
         }
     }
 

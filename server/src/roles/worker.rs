@@ -1,10 +1,11 @@
 //! The engine of a prefill or decode worker: one task owning the worker's node (scheduler, pool
 //! and protocol side, `core::node`), its executor through a `PageRunner`, and its end of the peer
 //! transport. It runs the same step loop as a single process, and moves KV as one-sided writes:
-//! the prefill side reads a computed page and sends it; the decode side lands it straight in the
-//! executor's page store, whatever its state machine thinks, once it checked the write's lease
-//! (a write whose transfer let go of the page is dropped and counted, as a revoked RDMA memory
-//! key drops it), and acknowledges it either way.
+//! the prefill side reads a computed page and sends it on the KV lane (its own connection,
+//! unordered with the protocol's messages, as RDMA writes are with a TCP control channel); the
+//! decode side lands it straight in the executor's page store, whatever its state machine
+//! thinks, once it checked the write's lease (a write whose transfer let go of the page is
+//! dropped and counted, as a revoked RDMA memory key drops it), and acknowledges it either way.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -162,8 +163,8 @@ impl WorkerNode {
 /// from.
 pub const KV_WRITES: &str = "lockstep_server::roles::worker::kv_writes";
 
-/// How long a protocol message waits for room on a link full of KV writes before it counts as
-/// lost: well under a lease, so a heartbeat that waits still extends one.
+/// How long a message waits for room on a full link before it counts as lost: well under a
+/// lease, so a heartbeat that waits still extends one.
 const CONTROL_WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// A KV write the link had no room for yet: sent as soon as it has, in issue order, or failed
@@ -173,6 +174,14 @@ struct HeldWrite {
     write: PendingWrite,
     envelope: Envelope,
     give_up_at: Time,
+}
+
+/// A write on its way: its ack completes `ordinal` of `key`.
+#[derive(Clone, Copy)]
+struct SentWrite {
+    key: TransferKey,
+    ordinal: u32,
+    to: Endpoint,
 }
 
 /// A page read for a write, waiting for its bytes.
@@ -194,11 +203,12 @@ pub struct WorkerEngine<R> {
     /// Reads issued for writes, by tag.
     reads: BTreeMap<u64, PendingWrite>,
     next_tag: u64,
-    /// Writes sent and not acknowledged: which ordinal of which transfer a page's ack completes.
-    writes_out: BTreeMap<(TransferId, u32), (TransferKey, u32)>,
-    /// Writes waiting for room on their link: the data plane's back-pressure.
+    /// Writes sent and not acknowledged: which ordinal of which transfer a page's ack completes,
+    /// and whom the write went to.
+    writes_out: BTreeMap<(TransferId, u32), SentWrite>,
+    /// Writes waiting for room on their KV lane: the data plane's back-pressure.
     held: VecDeque<HeldWrite>,
-    /// Protocol messages waiting for room, sent before any held write.
+    /// Other messages waiting for room on their link (protocol messages, write acks), in order.
     held_control: VecDeque<(Envelope, Time)>,
     /// Planted `DecodeReadsUnfinishedTransfer` only (always empty otherwise): KV writes
     /// acknowledged on arrival and not landed yet; they land once no step is running.
@@ -277,6 +287,10 @@ impl<R: PageRunner> WorkerEngine<R> {
                         tracing::warn!(?peer, %reason, "peer down");
                         let now = self.now();
                         self.node.handle_peer_down(peer.worker, now);
+                    }
+                    Some(PeerEvent::KvLaneDown { peer, reason }) => {
+                        tracing::warn!(?peer, %reason, "KV lane down");
+                        self.kv_lane_down(peer);
                     }
                     None => return self.shut_down().await,
                 },
@@ -373,10 +387,10 @@ impl<R: PageRunner> WorkerEngine<R> {
             }
             Message::KvWriteAck { key, page, landed } => {
                 let WorkerNode::Prefill(node) = &mut self.node else { return };
-                if let Some((k, ordinal)) = self.writes_out.remove(&(key.transfer, page.index))
-                    && k == key
+                if let Some(sent) = self.writes_out.remove(&(key.transfer, page.index))
+                    && sent.key == key
                 {
-                    node.handle_write_completion(key, ordinal, landed, now);
+                    node.handle_write_completion(key, sent.ordinal, landed, now);
                 }
             }
             _ => self.node.handle_envelope(envelope, now),
@@ -403,13 +417,14 @@ impl<R: PageRunner> WorkerEngine<R> {
         }
     }
 
-    /// Sends held messages in order while their link has room, protocol messages first; fails
-    /// writes past their flight bound and drops messages past their wait.
+    /// Sends held messages in order while their link has room, and held writes likewise (they
+    /// travel on their own lane, so neither queue waits for the other); fails writes past their
+    /// flight bound and drops messages past their wait.
     fn send_held(&mut self) {
         let now = self.now();
         while let Some((envelope, give_up_at)) = self.held_control.front() {
             match self.transport.try_send(envelope) {
-                Err(SendError::Full) if now < *give_up_at => return,
+                Err(SendError::Full) if now < *give_up_at => break,
                 Ok(()) => {
                     self.held_control.pop_front();
                 }
@@ -430,13 +445,27 @@ impl<R: PageRunner> WorkerEngine<R> {
                                 self.metrics.kv_bytes_sent.increment(data.len() as u64);
                             }
                             let w = h.write;
-                            self.writes_out
-                                .insert((w.key.transfer, w.page.index), (w.key, w.ordinal));
+                            let sent = SentWrite { key: w.key, ordinal: w.ordinal, to: w.to };
+                            self.writes_out.insert((w.key.transfer, w.page.index), sent);
                         }
                         Err(why) => self.write_failed(&h.write, &why.to_string()),
                     }
                 }
             }
+        }
+    }
+
+    /// The KV lane to `peer` ended: no ack will come for a write sent on it, so each fails now
+    /// (its transfer drains, as for any failed write). One that did land is dropped by the decode
+    /// side's lease check once the transfer lets go of its pages.
+    fn kv_lane_down(&mut self, peer: Endpoint) {
+        let now = self.now();
+        let WorkerNode::Prefill(node) = &mut self.node else { return };
+        let lost: Vec<(TransferId, u32)> =
+            self.writes_out.iter().filter(|(_, sent)| sent.to == peer).map(|(at, _)| *at).collect();
+        for at in lost {
+            let sent = self.writes_out.remove(&at).expect("listed above");
+            node.handle_write_completion(sent.key, sent.ordinal, false, now);
         }
     }
 
@@ -517,9 +546,9 @@ impl<R: PageRunner> WorkerEngine<R> {
             .set(f64::from(pool.held_count()) / f64::from(pool.pages_total()));
     }
 
-    /// Sends a protocol message; one that finds its link full (KV writes fill it) waits, ahead of
-    /// every held write, for at most `CONTROL_WAIT_MAX`. One the transport cannot take otherwise
-    /// is lost, as on a lossy network: the protocol's timeouts and retries recover from it.
+    /// Sends a message other than a write; one that finds its link full waits, behind the held
+    /// ones, for at most `CONTROL_WAIT_MAX`. One the transport cannot take otherwise is lost, as
+    /// on a lossy network: the protocol's timeouts and retries recover from it.
     fn send(&mut self, envelope: Envelope) {
         if self.held_control.is_empty() {
             match self.transport.try_send(&envelope) {

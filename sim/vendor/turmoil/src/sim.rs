@@ -166,6 +166,7 @@ impl<'a> Sim<'a> {
             let rt = self.rts.get_mut(&h).expect("missing host");
 
             self.world.borrow_mut().current = Some(h);
+            self.world.borrow_mut().crashing = Some(h);
 
             World::enter(&self.world, || {
                 rt.crash();
@@ -181,6 +182,7 @@ impl<'a> Sim<'a> {
 
                 tracing::trace!(target: TRACING_TARGET, addr = ?h, "Crash");
             });
+            self.world.borrow_mut().crashing = None;
         }
 
         self.world.borrow_mut().current = None;

@@ -33,6 +33,13 @@ pub(crate) struct World {
     /// If set, this is the current host being executed.
     pub(crate) current: Option<IpAddr>,
 
+    /// If set, this host is crashing: its software is being dropped, and what
+    /// the drops would send (a FIN, a RST) never leaves it, as nothing leaves
+    /// a machine that lost power. Without this, the segments go out in the
+    /// order tokio drops the host's tasks, which follows process-global task
+    /// ids: two runs of one seed in one process could differ.
+    pub(crate) crashing: Option<IpAddr>,
+
     /// Random number generator used for all decisions. To make execution
     /// deterministic, reuse the same seed.
     pub(crate) rng: Box<dyn RngCore>,
@@ -58,6 +65,7 @@ impl World {
             dns: Dns::new(addrs),
             multicast_groups: MulticastGroups::default(),
             current: None,
+            crashing: None,
             rng,
             tick_duration,
         }
@@ -266,6 +274,9 @@ impl World {
         dst: SocketAddr,
         message: Protocol,
     ) -> Result<()> {
+        if self.crashing == Some(src.ip()) {
+            return Ok(());
+        }
         self.topology
             .enqueue_message(&mut self.rng, src, dst, message)
     }
