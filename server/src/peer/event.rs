@@ -6,7 +6,8 @@ use super::error::LinkError;
 
 /// Events leave in the order the link table changed: a link's `Up` comes before anything it
 /// received, and its `Down` after; when a newer link takes a worker's place, the old one's `Down`
-/// comes before the new one's `Up`, and nothing the old one receives after that is delivered.
+/// comes before the new one's `Up`, and nothing the old one receives after that is delivered. A KV
+/// lane has no `Up`, and what it delivers is not ordered with the control link's deliveries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerEvent {
     /// A link opened. A worker that restarted shows up with a higher incarnation: whatever the
