@@ -4,14 +4,12 @@
 //! production code.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::serve::Listener;
 use lockstep_core::wire::Lane;
 use lockstep_server::peer::Dial;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::slow_lane::{KvLaneDelay, SlowLane};
 
@@ -63,60 +61,18 @@ impl TurmoilDial {
 }
 
 /// A dialed stream: turmoil's, or a KV lane the fault can slow.
-#[derive(Debug)]
-pub enum DialedStream {
-    Direct(turmoil::net::TcpStream),
-    Slowed(SlowLane<turmoil::net::TcpStream>),
-}
+pub trait DialedStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> DialedStream for S {}
 
 impl Dial for TurmoilDial {
-    type Io = DialedStream;
+    type Io = Box<dyn DialedStream>;
 
-    async fn dial(&self, addr: &str, lane: Lane) -> std::io::Result<DialedStream> {
+    async fn dial(&self, addr: &str, lane: Lane) -> std::io::Result<Self::Io> {
         let stream = turmoil::net::TcpStream::connect(addr).await?;
         Ok(match (&self.kv_lanes, lane) {
-            (Some(delay), Lane::Kv) => DialedStream::Slowed(SlowLane::new(stream, delay.clone())),
-            _ => DialedStream::Direct(stream),
+            (Some(delay), Lane::Kv) => Box::new(SlowLane::new(stream, delay.clone())),
+            _ => Box::new(stream),
         })
-    }
-}
-
-impl AsyncRead for DialedStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            DialedStream::Direct(s) => Pin::new(s).poll_read(cx, buf),
-            DialedStream::Slowed(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for DialedStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            DialedStream::Direct(s) => Pin::new(s).poll_write(cx, buf),
-            DialedStream::Slowed(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            DialedStream::Direct(s) => Pin::new(s).poll_flush(cx),
-            DialedStream::Slowed(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            DialedStream::Direct(s) => Pin::new(s).poll_shutdown(cx),
-            DialedStream::Slowed(s) => Pin::new(s).poll_shutdown(cx),
-        }
     }
 }

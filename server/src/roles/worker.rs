@@ -165,7 +165,7 @@ pub const KV_WRITES: &str = "lockstep_server::roles::worker::kv_writes";
 
 /// How long a message waits for room on a full link before it counts as lost: well under a
 /// lease, so a heartbeat that waits still extends one.
-const CONTROL_WAIT_MAX: Duration = Duration::from_millis(100);
+const MESSAGE_WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// A KV write the link had no room for yet: sent as soon as it has, in issue order, or failed
 /// once its flight bound has passed (the prefill side counts on every write issued landing or
@@ -209,7 +209,7 @@ pub struct WorkerEngine<R> {
     /// Writes waiting for room on their KV lane: the data plane's back-pressure.
     held: VecDeque<HeldWrite>,
     /// Other messages waiting for room on their link (protocol messages, write acks), in order.
-    held_control: VecDeque<(Envelope, Time)>,
+    held_messages: VecDeque<(Envelope, Time)>,
     /// Planted `DecodeReadsUnfinishedTransfer` only (always empty otherwise): KV writes
     /// acknowledged on arrival and not landed yet; they land once no step is running.
     unlanded: VecDeque<(TransferKey, u32, Vec<u8>)>,
@@ -253,7 +253,7 @@ impl<R: PageRunner> WorkerEngine<R> {
             next_tag: 0,
             writes_out: BTreeMap::new(),
             held: VecDeque::new(),
-            held_control: VecDeque::new(),
+            held_messages: VecDeque::new(),
             unlanded: VecDeque::new(),
             check_invariants,
             cadence: InvariantCadence::default(),
@@ -267,7 +267,7 @@ impl<R: PageRunner> WorkerEngine<R> {
         loop {
             self.launch_ready();
             let mut timer = self.node.next_timeout().and_then(|t| self.instant_of(t));
-            if !self.held.is_empty() || !self.held_control.is_empty() {
+            if !self.held.is_empty() || !self.held_messages.is_empty() {
                 // Held writes try again every millisecond: the link frees room as it writes.
                 let retry = Instant::now() + Duration::from_millis(1);
                 timer = Some(timer.map_or(retry, |t| t.min(retry)));
@@ -422,14 +422,14 @@ impl<R: PageRunner> WorkerEngine<R> {
     /// flight bound and drops messages past their wait.
     fn send_held(&mut self) {
         let now = self.now();
-        while let Some((envelope, give_up_at)) = self.held_control.front() {
+        while let Some((envelope, give_up_at)) = self.held_messages.front() {
             match self.transport.try_send(envelope) {
                 Err(SendError::Full) if now < *give_up_at => break,
                 Ok(()) => {
-                    self.held_control.pop_front();
+                    self.held_messages.pop_front();
                 }
                 Err(e) => {
-                    let (envelope, _) = self.held_control.pop_front().expect("looked at above");
+                    let (envelope, _) = self.held_messages.pop_front().expect("looked at above");
                     self.lost(&envelope, &e);
                 }
             }
@@ -547,18 +547,18 @@ impl<R: PageRunner> WorkerEngine<R> {
     }
 
     /// Sends a message other than a write; one that finds its link full waits, behind the held
-    /// ones, for at most `CONTROL_WAIT_MAX`. One the transport cannot take otherwise is lost, as
+    /// ones, for at most `MESSAGE_WAIT_MAX`. One the transport cannot take otherwise is lost, as
     /// on a lossy network: the protocol's timeouts and retries recover from it.
     fn send(&mut self, envelope: Envelope) {
-        if self.held_control.is_empty() {
+        if self.held_messages.is_empty() {
             match self.transport.try_send(&envelope) {
                 Ok(()) => return,
                 Err(SendError::Full) => {}
                 Err(e) => return self.lost(&envelope, &e),
             }
         }
-        let give_up_at = self.now().saturating_add(CONTROL_WAIT_MAX);
-        self.held_control.push_back((envelope, give_up_at));
+        let give_up_at = self.now().saturating_add(MESSAGE_WAIT_MAX);
+        self.held_messages.push_back((envelope, give_up_at));
     }
 
     fn lost(&self, envelope: &Envelope, e: &SendError) {
