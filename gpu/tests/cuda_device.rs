@@ -178,71 +178,117 @@ fn run(
     runs
 }
 
-/// How far CUDA's greedy run of one prompt stays with the CPU's: the widest logit gap over the
-/// steps compared, and the steps compared. Tokens must agree at every step; at a step where the
-/// CPU's two best logits are within `2 * tolerance` (a near tie either backend may break either
-/// way) a different token ends the comparison there instead of failing it.
+/// How far CUDA's greedy run of one prompt stayed with the CPU's.
+#[derive(Debug)]
+struct Comparison {
+    /// The widest logit gap over the steps compared.
+    widest: f32,
+    /// The prompt step's widest gap (the first step: a fault there is in the forward pass, one
+    /// that shows only later is in the KV cache or decode).
+    first_step: f32,
+    /// Steps compared (up to a near tie, see `compare`).
+    steps: usize,
+    /// What broke the tolerance, if anything.
+    failure: Option<String>,
+}
+
+/// Compares CUDA's run of one prompt with the CPU's: tokens must agree at every step and logits
+/// within `tolerance`; at a step where the CPU's two best logits are within `2 * tolerance` (a
+/// near tie either backend may break either way) a different token ends the comparison there
+/// instead of failing it.
 fn compare(
-    name: &str,
     cpu: &(Vec<u32>, Vec<Vec<f32>>),
     cuda: &(Vec<u32>, Vec<Vec<f32>>),
     tolerance: f32,
-) -> (f32, usize) {
-    let mut widest = 0f32;
+) -> Comparison {
+    let mut c = Comparison { widest: 0.0, first_step: 0.0, steps: 0, failure: None };
+    if cpu.1.len() != cuda.1.len() {
+        c.failure = Some(format!("CPU {} steps, CUDA {}", cpu.1.len(), cuda.1.len()));
+        return c;
+    }
     for (step, (a, b)) in cpu.1.iter().zip(&cuda.1).enumerate() {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            let gap = (x - y).abs();
-            widest = widest.max(gap);
-            assert!(gap <= tolerance, "{name}: step {step} token {i}: CPU {x}, CUDA {y}");
+            let gap = if x.is_nan() || y.is_nan() { f32::INFINITY } else { (x - y).abs() };
+            c.widest = c.widest.max(gap);
+            if step == 0 {
+                c.first_step = c.first_step.max(gap);
+            }
+            if gap > tolerance && c.failure.is_none() {
+                c.failure = Some(format!("step {step} token {i}: CPU {x}, CUDA {y}"));
+            }
+        }
+        if c.failure.is_some() {
+            return c;
         }
         if cpu.0[step] != cuda.0[step] {
             let mut sorted = a.clone();
             sorted.sort_by(|x, y| y.total_cmp(x));
             let margin = sorted[0] - sorted[1];
-            assert!(
-                margin <= 2.0 * tolerance,
-                "{name}: step {step}: CPU picks {}, CUDA {} with a margin of {margin}",
-                cpu.0[step],
-                cuda.0[step]
-            );
-            eprintln!("{name}: a near tie at step {step} (margin {margin}); compared up to it");
-            return (widest, step);
+            if margin > 2.0 * tolerance {
+                c.failure = Some(format!(
+                    "step {step}: CPU picks {}, CUDA {} with a margin of {margin}",
+                    cpu.0[step], cuda.0[step]
+                ));
+            }
+            return c;
         }
+        c.steps = step + 1;
     }
-    (widest, cpu.1.len())
+    c
+}
+
+/// Greedy requests of `max_tokens` for `prompts`, run one at a time.
+fn greedy(prompts: &[Vec<u32>], max_tokens: u32) -> Vec<(NewRequest, Sampling)> {
+    (prompts.iter().enumerate())
+        .map(|(i, p)| (request(i as u64, p.clone(), max_tokens), Sampling::GREEDY))
+        .collect()
+}
+
+/// The CPU backend on `prompts` (`both`'s first half).
+fn both_on_the_cpu(
+    weights: &Arc<LlamaWeights>,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+) -> (Runs, SchedConfig, Vec<(NewRequest, Sampling)>) {
+    let config = config(1, 7);
+    let requests = greedy(prompts, max_tokens);
+    let mut cpu = CpuExecutor::new(weights.clone(), config.pool, config.running_max);
+    (run(&mut cpu, &config, requests.clone()), config, requests)
 }
 
 /// Both backends on `prompts`, greedy, `max_tokens` each, one prompt at a time.
 fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> (Runs, Runs, u64) {
-    let config = config(1, 7);
-    let requests: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (request(i as u64, p.clone(), max_tokens), Sampling::GREEDY))
-        .collect();
-    let mut cpu = CpuExecutor::new(weights.clone(), config.pool, config.running_max);
-    let cpu_runs = run(&mut cpu, &config, requests.clone());
+    let (cpu_runs, config, requests) = both_on_the_cpu(weights, prompts, max_tokens);
     let mut executor = cuda(weights, config.pool, config.running_max, CudaOptions::default());
     let cuda_runs = run(&mut executor, &config, requests);
     (cpu_runs, cuda_runs, executor.steps_replayed)
 }
 
-/// The tiny models carry f32 or bf16 weights, multiplied exactly on both sides; only the order
-/// of the sums differs (lanes of 8 on the CPU, 32 lanes of 8 on the device) and the device's
-/// `expf`/`sincosf` against the CPU's: about 1e-6 relative on logits of order 1.
-const TINY_TOLERANCE: f32 = 2e-3;
-/// The default model is Q4_1. Both backends multiply the same dequantized weights, but the CPU
-/// quantizes each activation to 8 bits first (llama.cpp's `Q8_1` path) and the device does not;
-/// llama.cpp's own batched prompt path differs from its decode path by up to 0.3 logits on these
-/// prompts (see `llamacpp_goldens.rs`) for the same kind of reason. A real fault (a wrong RoPE
-/// pair, mask or page) moves logits by whole units.
-const DEFAULT_MODEL_TOLERANCE: f32 = 0.5;
+/// The tiny models carry f32 or bf16 weights, multiplied exactly on both sides; what differs is
+/// the order of the sums (lanes of 8 on the CPU, 32 lanes of 8 on the device), the device's
+/// `expf`/`sincosf` against the CPU's, and above all the softmax weights: the CPU rounds them to
+/// half precision before they weigh the values (llama.cpp's KQV product takes them as f16), the
+/// device keeps them f32, a relative 2^-11 per weight. Measured on the H200 (2026-12-04): at most
+/// 4.4e-3 on logits of order 1 to 10. A real fault (a wrong RoPE pair, mask or page) moves logits
+/// by whole units.
+const TINY_TOLERANCE: f32 = 1e-2;
+/// The default model is Q4_1. The device multiplies its weights dequantized (by the CPU's own
+/// dequantizer) with f32 activations; the CPU's quantized path first rounds each activation to 8
+/// bits (llama.cpp's `Q8_1`), which moves the default model's logits by up to 1.44 on the golden
+/// prompts (the CPU against itself on the dequantized model, measured here: first-step gaps
+/// 0.62, 1.38, 0.76, 0.73, 0.59) and changes greedy tokens after 0 to 25 steps. So the device is
+/// held to the CPU backend running the dequantized model, the same arithmetic but for the f16
+/// softmax weights (see `TINY_TOLERANCE`), whose relative 2^-11 grows over 30 layers and logits
+/// up to 20 to 0.018 (measured on the H200, 2026-12-04); the gap to the quantized path and
+/// agreement with llama.cpp are reported.
+const DEFAULT_MODEL_TOLERANCE: f32 = 0.05;
 
 #[test]
-fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s() {
+fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
     if !device_or_skip() {
         return;
     }
+    let mut failures = Vec::new();
     let goldens: Value = serde_json::from_str(include_str!("goldens/hf_tiny.json")).unwrap();
     let tokens: Vec<u32> = serde_json::from_value(goldens["tokens"].clone()).unwrap();
     for variant in tiny::variants() {
@@ -259,17 +305,31 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s() {
         for (name, weights) in models {
             let prompts = [tokens.clone(), tokens[..3].to_vec()];
             let (cpu, cuda, replayed) = both(&weights, &prompts, 24);
-            assert!(replayed > 0, "{name}: decode steps replay captured graphs");
+            if replayed == 0 {
+                failures.push(format!("{name}: no decode step replayed a captured graph"));
+            }
             for (id, run) in &cpu {
-                let (gap, steps) = compare(&name, run, &cuda[id], TINY_TOLERANCE);
+                let c = compare(run, &cuda[id], TINY_TOLERANCE);
                 report(
                     "tiny model vs CPU",
-                    json!({"model": name, "prompt": id.0,
-                    "widest_logit_gap": gap, "steps_agreeing": steps, "steps": run.0.len()}),
+                    json!({"model": name, "prompt": id.0, "widest_logit_gap": c.widest,
+                    "prompt_step_gap": c.first_step, "steps_agreeing": c.steps,
+                    "steps": run.0.len(), "failure": c.failure}),
                 );
+                if let Some(f) = c.failure {
+                    failures.push(format!("{name}, prompt {}: {f}", id.0));
+                }
             }
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_default_model() {
+    if !device_or_skip() {
+        return;
     }
     let Some((_, file)) = common::default_model() else { return };
     let weights = Arc::new(LlamaWeights::from_gguf(&common::parse(&file), &file).unwrap());
@@ -280,18 +340,63 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s() {
         .iter()
         .map(|p| serde_json::from_value(p["tokens"].clone()).unwrap())
         .collect();
-    let (cpu, cuda, _) = both(&weights, &prompts, 32);
+    let (quantized_cpu, _, _) = both_on_the_cpu(&weights, &prompts, 32);
+    let (cpu, cuda, _) = both(&Arc::new(dequantized(&weights)), &prompts, 32);
+    let mut failures = Vec::new();
     for (id, run) in &cpu {
-        let (gap, steps) = compare("default model", run, &cuda[id], DEFAULT_MODEL_TOLERANCE);
+        let c = compare(run, &cuda[id], DEFAULT_MODEL_TOLERANCE);
+        let quantized = compare(&quantized_cpu[id], &cuda[id], f32::INFINITY);
         let golden: Vec<u32> =
             serde_json::from_value(goldens["prompts"][id.0 as usize]["greedy"].clone()).unwrap();
-        let with_llama_cpp = cuda[id].0.iter().zip(&golden).take_while(|(a, b)| a == b).count();
+        let agree = |tokens: &[u32]| tokens.iter().zip(&golden).take_while(|(a, b)| a == b).count();
         report(
             "default model vs CPU",
-            json!({"prompt": id.0, "widest_logit_gap": gap,
-            "steps_agreeing": steps, "steps": run.0.len(),
-            "greedy_tokens_equal_to_llama_cpp": with_llama_cpp}),
+            json!({"prompt": id.0, "widest_logit_gap": c.widest,
+            "prompt_step_gap": c.first_step, "steps_agreeing": c.steps, "steps": run.0.len(),
+            "quantized_cpu_prompt_step_gap": quantized.first_step,
+            "cuda_greedy_tokens_equal_to_llama_cpp": agree(&cuda[id].0),
+            "dequantized_cpu_greedy_tokens_equal_to_llama_cpp": agree(&run.0),
+            "quantized_cpu_greedy_tokens_equal_to_llama_cpp": agree(&quantized_cpu[id].0),
+            "failure": c.failure}),
         );
+        if let Some(f) = c.failure {
+            failures.push(format!("prompt {}: {f}", id.0));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `weights` with every quantized matrix dequantized (the CPU backend's own dequantizer) into a
+/// dense f32 one: the CPU backend then multiplies the values the device multiplies, with f32
+/// activations as the device's (a quantized matrix makes the CPU round activations to 8 bits).
+fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
+    let dense = |w: &Weight| match w {
+        Weight::Dense { .. } => w.clone(),
+        Weight::Quantized(_) => Weight::Dense {
+            rows: w.rows(),
+            cols: w.cols(),
+            data: (0..w.rows()).flat_map(|r| w.row(r)).collect(),
+        },
+    };
+    LlamaWeights {
+        embed: dense(&weights.embed),
+        layers: (weights.layers.iter())
+            .map(|l| Layer {
+                attn_norm: l.attn_norm.clone(),
+                q: dense(&l.q),
+                k: dense(&l.k),
+                v: dense(&l.v),
+                qkv_bias: l.qkv_bias.clone(),
+                o: dense(&l.o),
+                ffn_norm: l.ffn_norm.clone(),
+                gate: dense(&l.gate),
+                up: dense(&l.up),
+                down: dense(&l.down),
+            })
+            .collect(),
+        output_norm: weights.output_norm.clone(),
+        output: weights.output.as_ref().map(dense),
+        config: weights.config.clone(),
     }
 }
 
@@ -319,6 +424,24 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
     [alone, in_crowd]
 }
 
+/// The watched request's logits alone and in the crowd are the same bits at every step.
+fn batch_invariant(name: &str, weights: &Arc<LlamaWeights>) {
+    let vocab = weights.config.vocab_size as u32;
+    let [alone, in_crowd] = alone_and_in_a_crowd(weights, vocab);
+    assert_eq!(alone.1.len(), 6);
+    let differing: Vec<usize> = (alone.1.iter().zip(&in_crowd.1).enumerate())
+        .filter(|(_, (a, b))| a.iter().zip(*b).any(|(x, y)| x.to_bits() != y.to_bits()))
+        .map(|(step, _)| step)
+        .collect();
+    report(
+        "batch invariance",
+        json!({"model": name, "steps": alone.1.len(), "steps_differing": differing,
+        "tokens_alone": alone.0, "tokens_in_the_batch": in_crowd.0}),
+    );
+    assert!(differing.is_empty(), "{name}: logits differ alone and in the batch at {differing:?}");
+    assert_eq!(alone.0, in_crowd.0, "{name}: tokens differ alone and in the batch");
+}
+
 #[test]
 fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda() {
     if !device_or_skip() {
@@ -327,26 +450,18 @@ fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda() {
     let dir = std::env::temp_dir().join("lockstep-cuda-invariance");
     let _ = std::fs::remove_dir_all(&dir);
     tiny::variants()[0].write(&dir);
-    let mut models = vec![("tiny llama".to_string(), Model::load(&dir).unwrap().weights)];
-    if let Some((_, file)) = common::default_model() {
-        let weights = LlamaWeights::from_gguf(&common::parse(&file), &file).unwrap();
-        models.push(("default model".to_string(), Arc::new(weights)));
-    }
-    for (name, weights) in models {
-        let vocab = weights.config.vocab_size as u32;
-        let [alone, in_crowd] = alone_and_in_a_crowd(&weights, vocab);
-        assert_eq!(alone.1.len(), 6);
-        for (step, (a, b)) in alone.1.iter().zip(&in_crowd.1).enumerate() {
-            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{name}: step {step}: logits differ alone and in the batch");
-        }
-        assert_eq!(alone.0, in_crowd.0, "{name}: tokens differ alone and in the batch");
-        report(
-            "batch invariance",
-            json!({"model": name, "steps": alone.1.len(), "bit_identical": true}),
-        );
-    }
+    batch_invariant("tiny llama", &Model::load(&dir).unwrap().weights);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda_on_the_default_model() {
+    if !device_or_skip() {
+        return;
+    }
+    let Some((_, file)) = common::default_model() else { return };
+    let weights = LlamaWeights::from_gguf(&common::parse(&file), &file).unwrap();
+    batch_invariant("default model", &Arc::new(weights));
 }
 
 #[test]
@@ -453,12 +568,17 @@ fn the_comparison_harness_holds_the_cpu_to_itself() {
     let mut b = run(&mut three, &config, requests);
     for (id, run) in &a {
         assert_eq!((run.0.len(), run.1.len()), (10, 10));
-        assert_eq!(compare("cpu", run, &b[id], 0.0), (0.0, 10));
+        let c = compare(run, &b[id], 0.0);
+        assert_eq!((c.widest, c.steps, c.failure), (0.0, 10, None));
     }
     let planted = b.get_mut(&RequestId(0)).unwrap();
     planted.1[4][7] += 0.01;
-    let caught = std::panic::catch_unwind(|| compare("planted", &a[&RequestId(0)], planted, 1e-3));
-    assert!(caught.is_err(), "a logit moved by 0.01 passes a tolerance of 0.001");
+    let c = compare(&a[&RequestId(0)], planted, 1e-3);
+    let failure = c.failure.expect("a logit moved by 0.01 fails a tolerance of 0.001");
+    assert!(failure.starts_with("step 4 token 7"), "{failure}");
+    assert_eq!((c.steps, c.first_step), (4, 0.0));
+    planted.1[4][7] = f32::NAN;
+    assert!(compare(&a[&RequestId(0)], planted, 1e-3).failure.is_some(), "NaN never passes");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -506,7 +626,12 @@ fn decode_throughput_against_the_hbm_roofline() {
     let c = weights.config.clone();
     let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
     let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
-    for batch in [1u32, 32, 256] {
+    // `LOCKSTEP_BENCH_BATCHES=1` (a comma-separated list): fewer sizes, for a profiler's run.
+    let batches: Vec<u32> = match std::env::var("LOCKSTEP_BENCH_BATCHES") {
+        Ok(list) => list.split(',').map(|b| b.trim().parse().unwrap()).collect(),
+        Err(_) => vec![1, 32, 256],
+    };
+    for batch in batches {
         let config = bench_config(batch);
         let options = CudaOptions { ordinal: 0, graph_rows_max: 256 };
         let mut executor = cuda(&weights, config.pool, batch, options);

@@ -35,7 +35,7 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
-use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
+use super::launch::{self, Buffers, Capacity, Dims, InputLayout, KernelImages, Kernels, Shape};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
 use super::probe::{self, DeviceInfo};
@@ -84,6 +84,8 @@ pub struct CudaExecutor {
     kv_layout: KvCacheLayout,
     limits: Limits,
     buffers: Buffers,
+    /// The host side of `buffers.inputs`, kept between steps.
+    staging: Vec<i32>,
     graphs: BTreeMap<usize, Captured>,
     graph_rows_max: usize,
     tables: PageTables,
@@ -186,6 +188,7 @@ impl CudaExecutor {
             kv_layout,
             limits,
             buffers,
+            staging: Vec::new(),
             graphs: BTreeMap::new(),
             graph_rows_max: options.graph_rows_max,
             tables: PageTables::new(slots),
@@ -292,17 +295,20 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// The step's input arrays in one copy (each copy from pageable memory costs the driver a
+    /// staging round of its own).
     fn write_inputs(&mut self, a: &StepArrays) -> Result<(), DriverError> {
-        let (s, b) = (&self.stream, &mut self.buffers);
-        s.memcpy_htod(&a.tokens, &mut b.tokens)?;
-        s.memcpy_htod(&a.positions, &mut b.positions)?;
-        s.memcpy_htod(&a.token_rows, &mut b.token_rows)?;
-        s.memcpy_htod(&a.table_offsets, &mut b.table_offsets)?;
-        s.memcpy_htod(&a.tables, &mut b.tables)?;
-        if !a.sample_tokens.is_empty() {
-            s.memcpy_htod(&a.sample_tokens, &mut b.sample_tokens)?;
-        }
-        Ok(())
+        let layout = InputLayout { capacity: self.buffers.capacity };
+        let arrays = [
+            &a.tokens[..],
+            &a.positions,
+            &a.token_rows,
+            &a.table_offsets,
+            &a.tables,
+            &a.sample_tokens,
+        ];
+        layout.pack(arrays, &mut self.staging);
+        self.stream.memcpy_htod(&self.staging, &mut self.buffers.inputs)
     }
 
     /// Replays the graph of `rows` rows, capturing it first if this is its first use.

@@ -13,7 +13,10 @@
 //!   slower than cuBLAS on large prefills, and that is the price of the differential check.
 //! - Activations and the residual stream are f32; weights stay in their upload type (f32, f16 or
 //!   bf16, see `weights`); the KV cache is f16, as the CPU backend's is.
-//! - The residual adds are fused into the output and down products (`accumulate`).
+//! - The residual adds are fused into the output and down products (`accumulate`), SwiGLU into
+//!   the gate and up product, and Q, K and V are one product (the weights stacked at upload):
+//!   at one token a step is bound by reading the weights and by the launches around them, so
+//!   fewer, larger launches are the decode step's speed.
 //! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
 //!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
 //!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and
@@ -44,7 +47,14 @@ pub const RMS_NORM: KernelSource = KernelSource {
 pub const MATMUL: KernelSource = KernelSource {
     name: "matmul",
     source: include_str!("kernels/matmul.cu"),
-    functions: &["matmul_f32", "matmul_f16", "matmul_bf16"],
+    functions: &[
+        "matmul_f32",
+        "matmul_f16",
+        "matmul_bf16",
+        "matmul_swiglu_f32",
+        "matmul_swiglu_f16",
+        "matmul_swiglu_bf16",
+    ],
 };
 pub const ROPE_KV_WRITE: KernelSource = KernelSource {
     name: "rope_kv_write",
@@ -54,12 +64,7 @@ pub const ROPE_KV_WRITE: KernelSource = KernelSource {
 pub const PAGED_ATTENTION: KernelSource = KernelSource {
     name: "paged_attention",
     source: include_str!("kernels/paged_attention.cu"),
-    functions: &["paged_attention"],
-};
-pub const SWIGLU: KernelSource = KernelSource {
-    name: "swiglu",
-    source: include_str!("kernels/swiglu.cu"),
-    functions: &["swiglu"],
+    functions: &["paged_attention_d64", "paged_attention_d128", "paged_attention_d256"],
 };
 pub const ARGMAX: KernelSource = KernelSource {
     name: "argmax",
@@ -68,8 +73,8 @@ pub const ARGMAX: KernelSource = KernelSource {
 };
 
 /// Every kernel source, each compiled as its own module.
-pub const ALL: [KernelSource; 7] =
-    [EMBED, RMS_NORM, MATMUL, ROPE_KV_WRITE, PAGED_ATTENTION, SWIGLU, ARGMAX];
+pub const ALL: [KernelSource; 6] =
+    [EMBED, RMS_NORM, MATMUL, ROPE_KV_WRITE, PAGED_ATTENTION, ARGMAX];
 
 /// The largest head size `paged_attention.cu` holds (its `HEAD_DIM_MAX`); `rope_kv_write.cu`
 /// holds more rotary pairs than that (its `ROPE_PAIRS_MAX`). A model past it is refused at load.

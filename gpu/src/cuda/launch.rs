@@ -14,7 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -29,10 +30,11 @@ use crate::llama::{LlamaConfig, RopeStyle};
 pub struct Kernels {
     embed: [CudaFunction; 3],
     matmul: [CudaFunction; 3],
+    matmul_swiglu: [CudaFunction; 3],
     rms_norm: CudaFunction,
     rope_kv_write: CudaFunction,
-    paged_attention: CudaFunction,
-    swiglu: CudaFunction,
+    /// By head size: up to 64, 128 and 256.
+    paged_attention: [CudaFunction; 3],
     argmax: CudaFunction,
 }
 
@@ -71,21 +73,27 @@ impl Kernels {
                 .map(|f| module.load_function(f).map_err(|e| format!("kernel {f}: {e}")))
                 .collect()
         };
-        let three = |source: &KernelSource| -> Result<[CudaFunction; 3], String> {
-            let functions = module(source)?;
-            <[CudaFunction; 3]>::try_from(functions)
-                .map_err(|_| format!("{}.cu: three kernels expected", source.name))
-        };
+        let three =
+            |functions: Vec<CudaFunction>, name: &str| -> Result<[CudaFunction; 3], String> {
+                <[CudaFunction; 3]>::try_from(functions)
+                    .map_err(|_| format!("{name}.cu: three kernels expected"))
+            };
         let one = |source: &KernelSource| -> Result<CudaFunction, String> {
             module(source)?.pop().ok_or_else(|| format!("{}.cu: no kernel", source.name))
         };
+        // matmul.cu: the three plain products, then the three with SwiGLU.
+        let mut products = module(&kernels::MATMUL)?;
+        let with_swiglu = products.split_off(3.min(products.len()));
         Ok(Kernels {
-            embed: three(&kernels::EMBED)?,
-            matmul: three(&kernels::MATMUL)?,
+            embed: three(module(&kernels::EMBED)?, kernels::EMBED.name)?,
+            matmul: three(products, kernels::MATMUL.name)?,
+            matmul_swiglu: three(with_swiglu, kernels::MATMUL.name)?,
             rms_norm: one(&kernels::RMS_NORM)?,
             rope_kv_write: one(&kernels::ROPE_KV_WRITE)?,
-            paged_attention: one(&kernels::PAGED_ATTENTION)?,
-            swiglu: one(&kernels::SWIGLU)?,
+            paged_attention: three(
+                module(&kernels::PAGED_ATTENTION)?,
+                kernels::PAGED_ATTENTION.name,
+            )?,
             argmax: one(&kernels::ARGMAX)?,
         })
     }
@@ -146,6 +154,11 @@ impl Dims {
     fn kv_width(&self) -> usize {
         self.kv_heads * self.head_dim
     }
+
+    /// A token's row of the fused Q/K/V product.
+    fn qkv_width(&self) -> usize {
+        self.q_width() + 2 * self.kv_width()
+    }
 }
 
 /// How much a step's buffers hold.
@@ -177,50 +190,102 @@ impl Capacity {
     }
 }
 
+/// Where each of a step's input arrays starts in `Buffers::inputs`: fixed by the capacity, so
+/// a captured graph's pointers stay valid, and one copy writes them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputLayout {
+    pub capacity: Capacity,
+}
+
+/// One of a step's input arrays (`StepArrays`'s fields of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    Tokens,
+    Positions,
+    TokenRows,
+    TableOffsets,
+    Tables,
+    SampleTokens,
+}
+
+impl InputLayout {
+    /// Where `input` starts and how many elements it may hold.
+    pub fn span(&self, input: Input) -> (usize, usize) {
+        let c = &self.capacity;
+        let sizes = [c.tokens, c.tokens, c.tokens, c.rows, c.table_entries, c.samples];
+        let index = input as usize;
+        (sizes[..index].iter().sum(), sizes[index])
+    }
+
+    /// Elements in all.
+    pub fn len(&self) -> usize {
+        let (start, len) = self.span(Input::SampleTokens);
+        start + len
+    }
+
+    /// `arrays` (each within its capacity) laid out as one array to copy; only up to the last
+    /// array in use.
+    pub fn pack(&self, arrays: [&[i32]; 6], out: &mut Vec<i32>) {
+        use Input::*;
+        out.clear();
+        for (input, array) in [Tokens, Positions, TokenRows, TableOffsets, Tables, SampleTokens]
+            .into_iter()
+            .zip(arrays)
+        {
+            let (start, len) = self.span(input);
+            assert!(array.len() <= len, "{input:?}: {} past its capacity {len}", array.len());
+            if !array.is_empty() {
+                out.resize(start, 0);
+                out.extend_from_slice(array);
+            }
+        }
+    }
+}
+
 /// The step's inputs (written by the host before a launch) and its activations.
 #[derive(Debug)]
 pub struct Buffers {
     pub capacity: Capacity,
-    pub tokens: CudaSlice<i32>,
-    pub positions: CudaSlice<i32>,
-    pub token_rows: CudaSlice<i32>,
-    pub table_offsets: CudaSlice<i32>,
-    pub tables: CudaSlice<i32>,
-    pub sample_tokens: CudaSlice<i32>,
+    /// Every input array, at `InputLayout`'s offsets.
+    pub inputs: CudaSlice<i32>,
     x: CudaSlice<f32>,
     h: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
+    /// Per token its Q heads, then K, then V (`Dims::qkv_width`).
+    qkv: CudaSlice<f32>,
     attended: CudaSlice<f32>,
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
+    /// SwiGLU of the gate and up products, the down product's input.
+    activated: CudaSlice<f32>,
     normed: CudaSlice<f32>,
     pub logits: CudaSlice<f32>,
     pub argmax: CudaSlice<i32>,
 }
 
 impl Buffers {
+    /// The arrays a token's page table is found through: positions, token rows, table offsets,
+    /// tables.
+    fn tables(&self) -> [CudaView<'_, i32>; 4] {
+        [Input::Positions, Input::TokenRows, Input::TableOffsets, Input::Tables]
+            .map(|input| self.input(input))
+    }
+
+    /// The device array of `input`, a view of `inputs`.
+    fn input(&self, input: Input) -> CudaView<'_, i32> {
+        let (start, len) = InputLayout { capacity: self.capacity }.span(input);
+        self.inputs.slice(start..start + len)
+    }
+
     pub fn new(stream: &Arc<CudaStream>, d: &Dims, c: Capacity) -> Result<Buffers, DriverError> {
         let f = |n: usize| stream.alloc_zeros::<f32>(n.max(1));
         let i = |n: usize| stream.alloc_zeros::<i32>(n.max(1));
         let n = c.tokens;
         Ok(Buffers {
             capacity: c,
-            tokens: i(n)?,
-            positions: i(n)?,
-            token_rows: i(n)?,
-            table_offsets: i(c.rows)?,
-            tables: i(c.table_entries)?,
-            sample_tokens: i(c.samples)?,
+            inputs: i(InputLayout { capacity: c }.len())?,
             x: f(n * d.hidden)?,
             h: f(n * d.hidden)?,
-            q: f(n * d.q_width())?,
-            k: f(n * d.kv_width())?,
-            v: f(n * d.kv_width())?,
+            qkv: f(n * d.qkv_width())?,
             attended: f(n * d.q_width())?,
-            gate: f(n * d.ffn)?,
-            up: f(n * d.ffn)?,
+            activated: f(n * d.ffn)?,
             normed: f(c.samples * d.hidden)?,
             logits: f(c.samples * d.vocab)?,
             argmax: i(c.samples)?,
@@ -267,33 +332,31 @@ pub fn forward(
     embed(stream, m, b, n)?;
     for (l, layer) in m.weights.layers.iter().enumerate() {
         rms_norm(stream, m, &b.x, None, &layer.attn_norm, &b.h, n)?;
-        matmul(stream, m, &layer.q, &b.h, &b.q, n, false)?;
-        matmul(stream, m, &layer.k, &b.h, &b.k, n, false)?;
-        matmul(stream, m, &layer.v, &b.h, &b.v, n, false)?;
+        matmul(stream, m, Product::Plain, &layer.qkv, &b.h, &b.qkv, n, false)?;
         rope_kv_write(stream, m, b, l, layer.qkv_bias.as_ref(), n)?;
         attention(stream, m, b, l, n)?;
-        matmul(stream, m, &layer.o, &b.attended, &b.x, n, true)?;
+        matmul(stream, m, Product::Plain, &layer.o, &b.attended, &b.x, n, true)?;
         rms_norm(stream, m, &b.x, None, &layer.ffn_norm, &b.h, n)?;
-        matmul(stream, m, &layer.gate, &b.h, &b.gate, n, false)?;
-        matmul(stream, m, &layer.up, &b.h, &b.up, n, false)?;
-        swiglu(stream, m, b, n * d.ffn)?;
-        matmul(stream, m, &layer.down, &b.gate, &b.x, n, true)?;
+        matmul(stream, m, Product::SwiGlu, &layer.gate_up, &b.h, &b.activated, n, false)?;
+        matmul(stream, m, Product::Plain, &layer.down, &b.activated, &b.x, n, true)?;
     }
     let s = shape.samples;
     if s == 0 {
         return Ok(());
     }
-    rms_norm(stream, m, &b.x, Some(&b.sample_tokens), &m.weights.output_norm, &b.normed, s)?;
-    matmul(stream, m, m.weights.output(), &b.normed, &b.logits, s, false)?;
+    let sample_tokens = b.input(Input::SampleTokens);
+    rms_norm(stream, m, &b.x, Some(&sample_tokens), &m.weights.output_norm, &b.normed, s)?;
+    matmul(stream, m, Product::Plain, m.weights.output(), &b.normed, &b.logits, s, false)?;
     let vocab = d.vocab as i32;
-    // SAFETY: argmax(const float* logits, int* out, int vocab); `s` rows of logits.
+    // SAFETY: argmax(const float* logits, int* out, int vocab); `s` rows of logits; 1024
+    // threads, as argmax.cu's ARGMAX_THREADS.
     unsafe {
         stream
             .launch_builder(&m.kernels.argmax)
             .arg(&b.logits)
             .arg(&b.argmax)
             .arg(&vocab)
-            .launch(config(grid(s)?, 1, 256))
+            .launch(config(grid(s)?, 1, 1024))
     }?;
     Ok(())
 }
@@ -301,6 +364,7 @@ pub fn forward(
 fn embed(stream: &CudaStream, m: &Model<'_>, b: &Buffers, n: usize) -> Result<(), DriverError> {
     let hidden = m.dims.hidden as i32;
     let cfg = config(grid(n)?, 1, 256);
+    let tokens = b.input(Input::Tokens);
     let [f32_kernel, f16_kernel, bf16_kernel] = &m.kernels.embed;
     // SAFETY: embed_*(const T* table, const int* tokens, float* x, int hidden); tokens were
     // checked against the vocabulary on the host.
@@ -309,21 +373,21 @@ fn embed(stream: &CudaStream, m: &Model<'_>, b: &Buffers, n: usize) -> Result<()
             MatrixData::F32(t) => stream
                 .launch_builder(f32_kernel)
                 .arg(t)
-                .arg(&b.tokens)
+                .arg(&tokens)
                 .arg(&b.x)
                 .arg(&hidden)
                 .launch(cfg),
             MatrixData::F16(t) => stream
                 .launch_builder(f16_kernel)
                 .arg(t)
-                .arg(&b.tokens)
+                .arg(&tokens)
                 .arg(&b.x)
                 .arg(&hidden)
                 .launch(cfg),
             MatrixData::Bf16(t) => stream
                 .launch_builder(bf16_kernel)
                 .arg(t)
-                .arg(&b.tokens)
+                .arg(&tokens)
                 .arg(&b.x)
                 .arg(&hidden)
                 .launch(cfg),
@@ -336,7 +400,7 @@ fn rms_norm(
     stream: &CudaStream,
     m: &Model<'_>,
     x: &CudaSlice<f32>,
-    rows: Option<&CudaSlice<i32>>,
+    rows: Option<&CudaView<'_, i32>>,
     weight: &CudaSlice<f32>,
     out: &CudaSlice<f32>,
     count: usize,
@@ -356,36 +420,51 @@ fn rms_norm(
     Ok(())
 }
 
+/// Which product of `matmul.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Product {
+    /// `y (+)= w x`.
+    Plain,
+    /// `w` is the gate's rows then the up's: `y = silu(gate x) * (up x)`, half of `w`'s rows.
+    SwiGlu,
+}
+
+#[allow(clippy::too_many_arguments, reason = "one launch's operands, each named at the call")]
 fn matmul(
     stream: &CudaStream,
     m: &Model<'_>,
+    product: Product,
     w: &DeviceMatrix,
     x: &CudaSlice<f32>,
     y: &CudaSlice<f32>,
     tokens: usize,
     accumulate: bool,
 ) -> Result<(), DriverError> {
-    let (rows, cols) = (w.rows as i32, w.cols as i32);
+    let out_rows = match product {
+        Product::Plain => w.rows,
+        Product::SwiGlu => w.rows / 2,
+    };
+    let (rows, cols) = (out_rows as i32, w.cols as i32);
     let (tokens, accumulate) = (tokens as i32, i32::from(accumulate));
-    // Four warps a block, one weight row each (matmul.cu's WARPS).
-    let cfg = config(grid(w.rows.div_ceil(4))?, 1, 128);
-    let [f32_kernel, f16_kernel, bf16_kernel] = &m.kernels.matmul;
+    // Four warps a block, one output row each (matmul.cu's WARPS).
+    let cfg = config(grid(out_rows.div_ceil(4))?, 1, 128);
+    let [f32_kernel, f16_kernel, bf16_kernel] = match product {
+        Product::Plain => &m.kernels.matmul,
+        Product::SwiGlu => &m.kernels.matmul_swiglu,
+    };
     macro_rules! go {
-        ($kernel:expr, $data:expr) => {
-            stream
-                .launch_builder($kernel)
-                .arg($data)
-                .arg(x)
-                .arg(y)
-                .arg(&rows)
-                .arg(&cols)
-                .arg(&tokens)
-                .arg(&accumulate)
-                .launch(cfg)
-        };
+        ($kernel:expr, $data:expr) => {{
+            let mut launch = stream.launch_builder($kernel);
+            launch.arg($data).arg(x).arg(y).arg(&rows).arg(&cols).arg(&tokens);
+            if product == Product::Plain {
+                launch.arg(&accumulate);
+            }
+            launch.launch(cfg)
+        }};
     }
     // SAFETY: matmul_*(const T* w, const float* x, float* y, int rows, int k_len, int tokens,
-    // int accumulate); `x` holds `tokens * cols`, `y` `tokens * rows` (the buffers' sizes).
+    // int accumulate), or matmul_swiglu_* without `accumulate` (and `w` of `2 * rows` rows);
+    // `x` holds `tokens * cols`, `y` `tokens * rows` (the buffers' sizes).
     unsafe {
         match &w.data {
             MatrixData::F32(data) => go!(f32_kernel, data),
@@ -401,7 +480,7 @@ fn rope_kv_write(
     m: &Model<'_>,
     b: &Buffers,
     layer: usize,
-    bias: Option<&[CudaSlice<f32>; 3]>,
+    bias: Option<&CudaSlice<f32>>,
     n: usize,
 ) -> Result<(), DriverError> {
     let d = &m.dims;
@@ -411,12 +490,13 @@ fn rope_kv_write(
     let (heads, kv_heads, head_dim) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32);
     let page_tokens = m.kv_layout.page_tokens as i32;
     let mut launch = stream.launch_builder(&m.kernels.rope_kv_write);
-    launch.arg(&b.q).arg(&b.k).arg(&b.v);
+    launch.arg(&b.qkv);
     match bias {
-        Some([qb, kb, vb]) => launch.arg(qb).arg(kb).arg(vb),
-        None => launch.arg(&null).arg(&null).arg(&null),
+        Some(bias) => launch.arg(bias),
+        None => launch.arg(&null),
     };
-    launch.arg(&b.positions).arg(&b.token_rows).arg(&b.table_offsets).arg(&b.tables);
+    let [positions, token_rows, table_offsets, tables] = b.tables();
+    launch.arg(&positions).arg(&token_rows).arg(&table_offsets).arg(&tables);
     launch.arg(&keys).arg(&values);
     match &m.weights.rope_freq_factors {
         Some(f) => launch.arg(f),
@@ -424,7 +504,7 @@ fn rope_kv_write(
     };
     launch.arg(&theta_scale).arg(&halves).arg(&heads).arg(&kv_heads).arg(&head_dim);
     launch.arg(&page_tokens);
-    // SAFETY: rope_kv_write's 20 parameters in order; page-table entries were checked against
+    // SAFETY: rope_kv_write's 15 parameters in order; page-table entries were checked against
     // the cache's pages on the host.
     unsafe { launch.launch(config(grid(n)?, 1, 128)) }?;
     Ok(())
@@ -442,29 +522,21 @@ fn attention(
     let (heads, kv_heads, head_dim) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32);
     let (page_tokens, window) = (m.kv_layout.page_tokens as i32, d.window as i32);
     let scale = d.attention_scale;
-    let mut launch = stream.launch_builder(&m.kernels.paged_attention);
-    launch.arg(&b.q).arg(&b.attended);
-    launch.arg(&b.positions).arg(&b.token_rows).arg(&b.table_offsets).arg(&b.tables);
+    let kernel = match d.head_dim {
+        ..=64 => &m.kernels.paged_attention[0],
+        65..=128 => &m.kernels.paged_attention[1],
+        _ => &m.kernels.paged_attention[2],
+    };
+    let mut launch = stream.launch_builder(kernel);
+    launch.arg(&b.qkv).arg(&b.attended);
+    let [positions, token_rows, table_offsets, tables] = b.tables();
+    launch.arg(&positions).arg(&token_rows).arg(&table_offsets).arg(&tables);
     launch.arg(&keys).arg(&values);
     launch.arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&page_tokens).arg(&window).arg(&scale);
-    // SAFETY: paged_attention's 14 parameters in order; one warp per (token, head), heads on
-    // the grid's y (at most 65,535 there; a model has far fewer heads).
-    unsafe { launch.launch(config(grid(n)?, grid(d.heads)?, 32)) }?;
-    Ok(())
-}
-
-fn swiglu(stream: &CudaStream, m: &Model<'_>, b: &Buffers, len: usize) -> Result<(), DriverError> {
-    let count = len as i64;
-    // SAFETY: swiglu(const float* gate, const float* up, float* out, long n); in place on gate.
-    unsafe {
-        stream
-            .launch_builder(&m.kernels.swiglu)
-            .arg(&b.gate)
-            .arg(&b.up)
-            .arg(&b.gate)
-            .arg(&count)
-            .launch(config(grid(len.div_ceil(256))?, 1, 256))
-    }?;
+    // SAFETY: paged_attention_d*'s 14 parameters in order, the entry point for the head size
+    // (`Dims::of` refused more than 256); a block of ATTENTION_WARPS (4) warps per (token,
+    // head), heads on the grid's y (at most 65,535 there; a model has far fewer heads).
+    unsafe { launch.launch(config(grid(n)?, grid(d.heads)?, 128)) }?;
     Ok(())
 }
 
@@ -479,4 +551,31 @@ fn layer_cache<'a>(
         m.kv.slice(at..at + l.part_elements())
     };
     (part(Part::Keys), part(Part::Values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAYOUT: InputLayout =
+        InputLayout { capacity: Capacity { tokens: 4, rows: 2, table_entries: 3, samples: 2 } };
+
+    #[test]
+    fn a_step_s_inputs_pack_at_offsets_fixed_by_the_capacity() {
+        assert_eq!(LAYOUT.len(), 4 * 3 + 2 + 3 + 2);
+        assert_eq!(LAYOUT.span(Input::Tables), (14, 3));
+        let mut out = Vec::new();
+        LAYOUT.pack([&[1, 2], &[10, 11], &[0, 0], &[0], &[7, 8, 9], &[1]], &mut out);
+        assert_eq!(out, [1, 2, 0, 0, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 9, 1]);
+        // The next step's arrays start where they did; nothing of the last step's is left past
+        // what this step uses.
+        LAYOUT.pack([&[5], &[6], &[0], &[0], &[3], &[]], &mut out);
+        assert_eq!(out, [5, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "past its capacity")]
+    fn an_array_past_its_capacity_is_refused() {
+        LAYOUT.pack([&[1, 2, 3, 4, 5], &[], &[], &[], &[], &[]], &mut Vec::new());
+    }
 }

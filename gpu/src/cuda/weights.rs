@@ -44,14 +44,14 @@ pub enum MatrixData {
 #[derive(Debug)]
 pub struct DeviceLayer {
     pub attn_norm: CudaSlice<f32>,
-    pub q: DeviceMatrix,
-    pub k: DeviceMatrix,
-    pub v: DeviceMatrix,
-    pub qkv_bias: Option<[CudaSlice<f32>; 3]>,
+    /// The Q, K and V matrices stacked, in that order: one product computes all three.
+    pub qkv: DeviceMatrix,
+    /// The Q, K and V biases (Qwen2), one vector in the same order.
+    pub qkv_bias: Option<CudaSlice<f32>>,
     pub o: DeviceMatrix,
     pub ffn_norm: CudaSlice<f32>,
-    pub gate: DeviceMatrix,
-    pub up: DeviceMatrix,
+    /// The gate matrix's rows, then the up matrix's: one product with SwiGLU at its end.
+    pub gate_up: DeviceMatrix,
     pub down: DeviceMatrix,
 }
 
@@ -120,9 +120,18 @@ impl Uploader<'_> {
     }
 
     fn matrix(&mut self, weight: &Weight) -> Result<DeviceMatrix, DriverError> {
-        let values = dense_values(weight);
+        self.stacked(&[weight])
+    }
+
+    /// `weights`' rows one after another as one matrix (they have the same columns), stored in
+    /// the narrowest type that holds all of them exactly.
+    fn stacked(&mut self, weights: &[&Weight]) -> Result<DeviceMatrix, DriverError> {
+        let values: std::borrow::Cow<'_, [f32]> = match weights {
+            [one] => dense_values(one),
+            _ => weights.iter().flat_map(|w| dense_values(w).into_owned()).collect(),
+        };
         let storage = storage_for(&values);
-        let (rows, cols) = (weight.rows(), weight.cols());
+        let (rows, cols) = (weights.iter().map(|w| w.rows()).sum(), weights[0].cols());
         let data = match storage {
             Storage::F32 => MatrixData::F32(self.vector(&values)?),
             Storage::F16 | Storage::Bf16 => {
@@ -150,22 +159,15 @@ pub fn upload(weights: &LlamaWeights, stream: &Arc<CudaStream>) -> Result<Device
         let e = err(&what);
         let qkv_bias = match &l.qkv_bias {
             None => None,
-            Some([q, k, v]) => Some([
-                up.vector(q).map_err(&e)?,
-                up.vector(k).map_err(&e)?,
-                up.vector(v).map_err(&e)?,
-            ]),
+            Some([q, k, v]) => Some(up.vector(&[&q[..], k, v].concat()).map_err(&e)?),
         };
         layers.push(DeviceLayer {
             attn_norm: up.vector(&l.attn_norm).map_err(&e)?,
-            q: up.matrix(&l.q).map_err(&e)?,
-            k: up.matrix(&l.k).map_err(&e)?,
-            v: up.matrix(&l.v).map_err(&e)?,
+            qkv: up.stacked(&[&l.q, &l.k, &l.v]).map_err(&e)?,
             qkv_bias,
             o: up.matrix(&l.o).map_err(&e)?,
             ffn_norm: up.vector(&l.ffn_norm).map_err(&e)?,
-            gate: up.matrix(&l.gate).map_err(&e)?,
-            up: up.matrix(&l.up).map_err(&e)?,
+            gate_up: up.stacked(&[&l.gate, &l.up]).map_err(&e)?,
             down: up.matrix(&l.down).map_err(&e)?,
         });
     }

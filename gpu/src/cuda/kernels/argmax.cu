@@ -2,7 +2,10 @@
 // value, ties to the lowest index, as core's `sampling::argmax`. NaN never wins a comparison,
 // as on the host. A fixed tree over the block's threads: the result depends only on the row.
 
-#define ARGMAX_THREADS 256
+// 1024 threads: a row is 32k to 256k logits read once, and a block's threads are what keeps
+// those reads in flight (the order of comparisons cannot change the winner: value, then the
+// lower index, is a total order).
+#define ARGMAX_THREADS 1024
 
 extern "C" __global__ void argmax(const float* logits, int* out, int vocab) {
     __shared__ float best_value[ARGMAX_THREADS];

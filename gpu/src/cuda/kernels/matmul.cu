@@ -1,5 +1,6 @@
 // The products with weight matrices: `y[t][r] (+)= sum_k w[r][k] * x[t][k]`, for `tokens` rows
-// of `x`, `w` stored as f32, f16 or bf16.
+// of `x`, `w` stored as f32, f16 or bf16; and the same product over the gate and up matrices
+// with SwiGLU fused into its end.
 //
 // Batch invariance by construction: one warp owns weight row `r`; lane `l` takes the 8-element
 // chunks starting at `k = 8 l + 256 i`, accumulating each chunk's elements in order into one f32
@@ -9,73 +10,189 @@
 // serves several tokens. (cuBLAS is not used: it picks its algorithm, split-K included, by the
 // shape, so a row's bits would change with the batch size.)
 //
+// At one token a step reads every weight once and does little else, so the loop over `k` is
+// unrolled: several 16-byte loads per lane are in flight at once, which is what keeps HBM busy
+// on the short rows (K = 2048) of a decode step, and the SwiGLU product walks its gate and up
+// rows together. The unrolled loop keeps each chain's order.
+//
 // `accumulate` adds into `y` (the residual stream after the attention output and down
 // projections: the residual add fused into the product).
 
 #define WARPS 4
 #define TILE 8
 
-template <typename T>
+// Adds weight chunks `wv` (8 elements starting at `k` of each of `ROWS` rows) times tokens
+// `t0..t0 + live` of `x` into `dots`, element by element in order; a token's 8 elements are
+// loaded once for all the rows. `VEC`: `k_len` is a multiple of 8, so each token's 8 elements
+// are 16-byte aligned (the buffers come from cudaMalloc) and load as two float4.
+template <bool VEC, int ROWS>
+__device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], const float* x, int k_len,
+                                           int k, int t0, int live, float dots[ROWS][TILE]) {
+    // Conditions on `t < live` rather than breaks, so the tile unrolls and `dots` stays in
+    // registers; a token's arithmetic is the same whichever slot of the tile it has.
+#pragma unroll
+    for (int t = 0; t < TILE; t++) {
+        if (t < live) {
+            const float* xt = x + (long)(t0 + t) * k_len + k;
+            float xv[8];
+            if (VEC) {
+                const float4 a = *(const float4*)xt, b = *(const float4*)(xt + 4);
+                xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) xv[j] = xt[j];
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) dots[r][t] = fmaf(wv[r][j], xv[j], dots[r][t]);
+            }
+        }
+    }
+}
+
+// The dot products of `ROWS` weight rows with tokens `t0..t0 + live` of `x`, summed over the
+// warp: every lane ends with `dots[r][t]` for each row and live `t`. Lane `l`'s chain per row
+// and token: its whole chunks in order, then, for the one lane whose next chunk it is, the
+// row's last `k_len % 8` elements. The rows go through together, so their loads are in flight
+// together; each row's arithmetic is what it would be alone.
+template <typename T, bool VEC, int ROWS>
+__device__ __forceinline__ void row_dots(const T* const row[ROWS], const float* x, int k_len,
+                                         int t0, int live, float dots[ROWS][TILE]) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int t = 0; t < TILE; t++) dots[r][t] = 0.0f;
+    }
+    const int whole = k_len - k_len % 8;
+    if (VEC) {
+        // Eight (one row) or four (two rows) chunks' loads in flight per lane: a 2048-wide f16
+        // row is exactly eight chunks a lane, one round trip to memory.
+#pragma unroll(8 / ROWS)
+        for (int k = lane * 8; k < whole; k += 256) {
+            float wv[ROWS][8];
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) load8(row[r], k, wv[r]);
+            chunk_dots<true, ROWS>(wv, x, k_len, k, t0, live, dots);
+        }
+    } else {
+        for (int k = lane * 8; k < whole; k += 256) {
+            float wv[ROWS][8];
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) wv[r][j] = load1(row[r], k + j);
+            }
+            chunk_dots<false, ROWS>(wv, x, k_len, k, t0, live, dots);
+        }
+        if (whole < k_len && lane == (whole / 8) % 32) {
+            for (int t = 0; t < live; t++) {
+                const float* xt = x + (long)(t0 + t) * k_len;
+                for (int r = 0; r < ROWS; r++) {
+                    for (int k = whole; k < k_len; k++) {
+                        dots[r][t] = fmaf(load1(row[r], k), xt[k], dots[r][t]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            if (t < live) dots[r][t] = warp_sum(dots[r][t]);
+        }
+    }
+}
+
+template <typename T, bool VEC>
 __device__ void matmul(const T* w, const float* x, float* y, int rows, int k_len, int tokens,
                        int accumulate) {
     const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
     if (r >= rows) return;
-    const T* row = w + (long)r * k_len;
-    const bool vector = (k_len % 8) == 0;
+    const T* const row[1] = {w + (long)r * k_len};
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
-        // Conditions on `t < live` rather than breaks, so the tile unrolls and `acc` stays in
-        // registers; a token's arithmetic is the same whichever slot of the tile it has.
         const int live = min(TILE, tokens - t0);
-        float acc[TILE];
-#pragma unroll
-        for (int t = 0; t < TILE; t++) acc[t] = 0.0f;
-        for (int k = lane * 8; k < k_len; k += 256) {
-            float wv[8];
-            if (vector) {
-                load8(row, k, wv);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) wv[j] = (k + j < k_len) ? load1(row, k + j) : 0.0f;
-            }
-            const int n = (k + 8 <= k_len) ? 8 : k_len - k;
+        float dots[1][TILE];
+        row_dots<T, VEC, 1>(row, x, k_len, t0, live, dots);
+        if (lane == 0) {
 #pragma unroll
             for (int t = 0; t < TILE; t++) {
                 if (t < live) {
-                    const float* xt = x + (long)(t0 + t) * k_len + k;
-                    if (n == 8) {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) acc[t] = fmaf(wv[j], xt[j], acc[t]);
-                    } else {
-                        for (int j = 0; j < n; j++) acc[t] = fmaf(wv[j], xt[j], acc[t]);
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < TILE; t++) {
-            if (t < live) {
-                const float sum = warp_sum(acc[t]);
-                if (lane == 0) {
                     float* out = y + (long)(t0 + t) * rows + r;
-                    *out = accumulate ? *out + sum : sum;
+                    *out = accumulate ? *out + dots[0][t] : dots[0][t];
                 }
             }
         }
     }
 }
 
+// `w` holds the gate matrix's `rows` rows and then the up matrix's: `y[t][r]` is
+// `silu(gate_r . x_t) * (up_r . x_t)`, as the CPU's `numerics::swiglu`: `g / (1 + exp(-g)) * u`
+// (the precise `expf`; the CPU's ggml exponential is within 1.5 ulp of it). Each product's bits
+// are those of `matmul` over the matrix alone.
+template <typename T, bool VEC>
+__device__ void matmul_swiglu(const T* w, const float* x, float* y, int rows, int k_len,
+                              int tokens) {
+    const int lane = threadIdx.x % 32;
+    const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    if (r >= rows) return;
+    // Row `r` of the gate and of the up matrix.
+    const T* const gate_up[2] = {w + (long)r * k_len, w + (long)(rows + r) * k_len};
+    for (int t0 = 0; t0 < tokens; t0 += TILE) {
+        const int live = min(TILE, tokens - t0);
+        float dots[2][TILE];
+        row_dots<T, VEC, 2>(gate_up, x, k_len, t0, live, dots);
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < TILE; t++) {
+                if (t < live) {
+                    const float g = dots[0][t], u = dots[1][t];
+                    y[(long)(t0 + t) * rows + r] = (g / (1.0f + expf(0.0f - g))) * u;
+                }
+            }
+        }
+    }
+}
+
+// The entry points per storage type; each picks the vector path once, by `k_len` (the same for
+// every launch over a given matrix, so a row's order never changes between steps).
+
 extern "C" __global__ void matmul_f32(const float* w, const float* x, float* y, int rows,
-                                      int k_len, int tokens, int accumulate) {
-    matmul(w, x, y, rows, k_len, tokens, accumulate);
+        int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<float, true>(w, x, y, rows, k_len, tokens, accumulate);
+    else matmul<float, false>(w, x, y, rows, k_len, tokens, accumulate);
+}
+
+extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x, float* y, int rows,
+        int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<float, true>(w, x, y, rows, k_len, tokens);
+    else matmul_swiglu<float, false>(w, x, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_f16(const f16_bits* w, const float* x, float* y, int rows,
-                                      int k_len, int tokens, int accumulate) {
-    matmul(w, x, y, rows, k_len, tokens, accumulate);
+        int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<f16_bits, true>(w, x, y, rows, k_len, tokens, accumulate);
+    else matmul<f16_bits, false>(w, x, y, rows, k_len, tokens, accumulate);
+}
+
+extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x, float* y, int rows,
+        int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true>(w, x, y, rows, k_len, tokens);
+    else matmul_swiglu<f16_bits, false>(w, x, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_bf16(const bf16_bits* w, const float* x, float* y, int rows,
-                                       int k_len, int tokens, int accumulate) {
-    matmul(w, x, y, rows, k_len, tokens, accumulate);
+        int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<bf16_bits, true>(w, x, y, rows, k_len, tokens, accumulate);
+    else matmul<bf16_bits, false>(w, x, y, rows, k_len, tokens, accumulate);
+}
+
+extern "C" __global__ void matmul_swiglu_bf16(const bf16_bits* w, const float* x, float* y, int rows,
+        int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true>(w, x, y, rows, k_len, tokens);
+    else matmul_swiglu<bf16_bits, false>(w, x, y, rows, k_len, tokens);
 }

@@ -1,4 +1,5 @@
-// Attention of every token of a step over its row's paged KV: one warp per (token, query head): grid (tokens, heads).
+// Attention of every token of a step over its row's paged KV: one block of `ATTENTION_WARPS`
+// warps per (token, query head), grid (tokens, heads).
 // A step mixes decode rows (one token) and prefill chunks (several consecutive positions of one
 // row); every token attends to positions `first..=position` of its own row, reading K and V
 // through the row's page table, so a chunk is causal by construction: its own K and V were
@@ -6,26 +7,43 @@
 // (0 without a window), as the CPU's `LlamaConfig::window_start`.
 //
 // Fixed split per row (batch invariance): positions go in tiles of 32 aligned to multiples of 32,
-// lane `l` scoring position `tile + l` (a sequential fused dot product over the head), merged by
-// an online softmax in tile order. The order depends only on the token's position and the
-// window, never on the batch. The query is rounded to half precision first, as the CPU's is to
+// lane `l` scoring position `tile + l` (a sequential fused dot product over the head); warp `w`
+// of the block takes tiles `w`, `w + ATTENTION_WARPS`, ... (counted from the window's first
+// tile), merged by an online softmax in its tile order; then warp 0 merges the warps' states in
+// warp order. The order depends only on the token's position and the window, never on the
+// batch. The query is rounded to half precision first, as the CPU's is to
 // meet the half-precision cache. Head sizes up to 256.
+//
+// Latency, not bandwidth, bounds a decode step's attention (a warp walks its row's positions):
+// the warps of a block walk different tiles, each lane's key is read as 16-byte vectors, and the
+// values of `VALUE_BATCH` positions are loaded before any is weighed, so many loads are in
+// flight. Each head size class (up to 64, 128, 256) has its own entry point, so a lane holds
+// only the output dimensions it can have.
+//
+// The queries are read from the fused Q/K/V rows that `rope_kv_write` rotated in place (a
+// token's Q heads, then its K and V heads); the output is a row of `heads * head_dim` per token.
 
 #define HEAD_DIM_MAX 256
-#define DIMS_PER_LANE (HEAD_DIM_MAX / 32)
+#define ATTENTION_WARPS 4
+#define VALUE_BATCH 8
 
-extern "C" __global__ void paged_attention(
-    const float* q, float* out, const int* positions, const int* token_rows,
+template <int DIMS_PER_LANE>
+__device__ void paged_attention(
+    const float* qkv, float* out, const int* positions, const int* token_rows,
     const int* table_offsets, const int* tables, const f16_bits* key_cache,
     const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
     int window, float scale) {
     __shared__ float query[HEAD_DIM_MAX];
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    __shared__ float warp_max_of[ATTENTION_WARPS], warp_total_of[ATTENTION_WARPS];
+    __shared__ float warp_acc_of[ATTENTION_WARPS][HEAD_DIM_MAX];
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int group = heads / kv_heads, kv_head = h / group;
     const int kv_width = kv_heads * head_dim;
-    const float* qt = q + ((long)t * heads + h) * head_dim;
-    for (int i = lane; i < head_dim; i += 32) query[i] = half_to_float(float_to_half(qt[i]));
-    __syncwarp();
+    const float* qt = qkv + (long)t * (kv_width * 2 + heads * head_dim) + h * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        query[i] = half_to_float(float_to_half(qt[i]));
+    }
+    __syncthreads();
     const int position = positions[t];
     const int first = window > 0 ? max(0, position + 1 - window) : 0;
     const int* table = tables + table_offsets[token_rows[t]];
@@ -33,7 +51,8 @@ extern "C" __global__ void paged_attention(
 #pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] = 0.0f;
     float running_max = NEG_INFINITY, total = 0.0f;
-    for (int tile = first - first % 32; tile <= position; tile += 32) {
+    for (int tile = first - first % 32 + 32 * warp; tile <= position;
+         tile += 32 * ATTENTION_WARPS) {
         const int p = tile + lane;
         const bool seen = p >= first && p <= position;
         float score = NEG_INFINITY;
@@ -41,7 +60,20 @@ extern "C" __global__ void paged_attention(
             const long at = ((long)table[p / page_tokens] * page_tokens + p % page_tokens);
             const f16_bits* key = key_cache + at * kv_width + kv_head * head_dim;
             float dot = 0.0f;
-            for (int i = 0; i < head_dim; i++) dot = fmaf(half_to_float(key[i]), query[i], dot);
+            if (head_dim % 8 == 0) {
+                // 16-byte aligned: `at * kv_width` and `kv_head * head_dim` are multiples of 8.
+#pragma unroll 8
+                for (int c = 0; c < head_dim; c += 8) {
+                    float k8[8];
+                    load8(key, c, k8);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) dot = fmaf(k8[j], query[c + j], dot);
+                }
+            } else {
+                for (int i = 0; i < head_dim; i++) {
+                    dot = fmaf(half_to_float(key[i]), query[i], dot);
+                }
+            }
             score = dot * scale;
         }
         const float next_max = fmaxf(running_max, warp_max(score));
@@ -51,23 +83,97 @@ extern "C" __global__ void paged_attention(
 #pragma unroll
         for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] *= rescale;
         running_max = next_max;
+        // `l0`, `u` and `last` are the same in every lane, so the shuffles stay warp-uniform.
         const int last = min(31, position - tile);
-        for (int l = max(0, first - tile); l <= last; l++) {
-            const float w = __shfl_sync(0xffffffffu, weight, l);
-            const int pos = tile + l;
-            const long at = ((long)table[pos / page_tokens] * page_tokens + pos % page_tokens);
-            const f16_bits* value = value_cache + at * kv_width + kv_head * head_dim;
+        for (int l0 = max(0, first - tile); l0 <= last; l0 += VALUE_BATCH) {
+            float values[VALUE_BATCH][DIMS_PER_LANE];
 #pragma unroll
-            for (int j = 0; j < DIMS_PER_LANE; j++) {
-                const int i = lane + 32 * j;
-                if (i < head_dim) acc[j] = fmaf(w, half_to_float(value[i]), acc[j]);
+            for (int u = 0; u < VALUE_BATCH; u++) {
+                const int pos = tile + l0 + u;
+                if (l0 + u <= last) {
+                    const long at =
+                        ((long)table[pos / page_tokens] * page_tokens + pos % page_tokens);
+                    const f16_bits* value = value_cache + at * kv_width + kv_head * head_dim;
+#pragma unroll
+                    for (int j = 0; j < DIMS_PER_LANE; j++) {
+                        const int i = lane + 32 * j;
+                        values[u][j] = i < head_dim ? half_to_float(value[i]) : 0.0f;
+                    }
+                }
             }
+#pragma unroll
+            for (int u = 0; u < VALUE_BATCH; u++) {
+                if (l0 + u <= last) {
+                    const float w = __shfl_sync(0xffffffffu, weight, l0 + u);
+#pragma unroll
+                    for (int j = 0; j < DIMS_PER_LANE; j++) {
+                        if (lane + 32 * j < head_dim) acc[j] = fmaf(w, values[u][j], acc[j]);
+                    }
+                }
+            }
+        }
+    }
+    // The warps' states, merged by warp 0 in warp order. Warp 0 always has the window's first
+    // tile, so the merged maximum is finite; a warp that had no tile adds nothing.
+    if (lane == 0) {
+        warp_max_of[warp] = running_max;
+        warp_total_of[warp] = total;
+    }
+#pragma unroll
+    for (int j = 0; j < DIMS_PER_LANE; j++) {
+        const int i = lane + 32 * j;
+        if (i < head_dim) warp_acc_of[warp][i] = acc[j];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float merged_max = warp_max_of[0];
+#pragma unroll
+    for (int w = 1; w < ATTENTION_WARPS; w++) merged_max = fmaxf(merged_max, warp_max_of[w]);
+    float merged_total = 0.0f, merged[DIMS_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < DIMS_PER_LANE; j++) merged[j] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATTENTION_WARPS; w++) {
+        if (warp_max_of[w] == NEG_INFINITY) continue;
+        const float factor = expf(warp_max_of[w] - merged_max);
+        merged_total += warp_total_of[w] * factor;
+#pragma unroll
+        for (int j = 0; j < DIMS_PER_LANE; j++) {
+            const int i = lane + 32 * j;
+            if (i < head_dim) merged[j] += warp_acc_of[w][i] * factor;
         }
     }
     float* o = out + ((long)t * heads + h) * head_dim;
 #pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) {
         const int i = lane + 32 * j;
-        if (i < head_dim) o[i] = acc[j] / total;
+        if (i < head_dim) o[i] = merged[j] / merged_total;
     }
+}
+
+extern "C" __global__ void paged_attention_d64(
+    const float* qkv, float* out, const int* positions, const int* token_rows,
+    const int* table_offsets, const int* tables, const f16_bits* key_cache,
+    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
+    int window, float scale) {
+    paged_attention<2>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
+                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
+}
+
+extern "C" __global__ void paged_attention_d128(
+    const float* qkv, float* out, const int* positions, const int* token_rows,
+    const int* table_offsets, const int* tables, const f16_bits* key_cache,
+    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
+    int window, float scale) {
+    paged_attention<4>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
+                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
+}
+
+extern "C" __global__ void paged_attention_d256(
+    const float* qkv, float* out, const int* positions, const int* token_rows,
+    const int* table_offsets, const int* tables, const f16_bits* key_cache,
+    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
+    int window, float scale) {
+    paged_attention<8>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
+                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
 }

@@ -8,7 +8,7 @@
 
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* weight,
                                     float* out, int hidden, float eps) {
-    __shared__ double partial[NORM_THREADS];
+    __shared__ double partial[NORM_THREADS / 32];
     const int row = rows ? rows[blockIdx.x] : blockIdx.x;
     const float* in = x + (long)row * hidden;
     double sum = 0.0;
@@ -16,13 +16,14 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
         const float v = in[i];
         sum += (double)(v * v);
     }
-    partial[threadIdx.x] = sum;
+    // A fixed tree: a butterfly within each warp, then the warps' sums in order.
+    for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
     __syncthreads();
-    for (int half = NORM_THREADS / 2; half > 0; half >>= 1) {
-        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-        __syncthreads();
-    }
-    const float mean = (float)(partial[0] / (double)hidden);
+    double total = 0.0;
+#pragma unroll
+    for (int w = 0; w < NORM_THREADS / 32; w++) total += partial[w];
+    const float mean = (float)(total / (double)hidden);
     const float scale = 1.0f / sqrtf(mean + eps);
     float* o = out + (long)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += NORM_THREADS) o[i] = (in[i] * scale) * weight[i];

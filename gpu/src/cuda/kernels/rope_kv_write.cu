@@ -1,6 +1,8 @@
-// After the Q, K and V products of a token (one block per token): the Q/K/V biases (Qwen2), the
-// rotary embedding of Q and K at the token's position, and K and V rounded to half precision
-// into the paged cache through the token's row's page table.
+// After the fused Q/K/V product of a token (one block per token; the token's row of `qkv` holds
+// its Q heads, then its K heads, then its V heads): the Q/K/V biases (Qwen2, one vector in the
+// same order), the rotary embedding of Q and K at the token's position, and K and V rounded to
+// half precision into the paged cache through the token's row's page table. Q stays in `qkv`,
+// rotated, for the attention that follows.
 //
 // RoPE as the CPU's `forward::rope`: pair `i`'s angle is `position * theta_scale^i` by repeated
 // f32 multiplication (`theta_scale` computed on the host with the CPU's formula and passed in),
@@ -22,27 +24,33 @@ __device__ __forceinline__ void rotate(float* head, int i, int d, int halves, fl
 }
 
 extern "C" __global__ void rope_kv_write(
-    float* q, const float* k, const float* v, const float* q_bias, const float* k_bias,
-    const float* v_bias, const int* positions, const int* token_rows, const int* table_offsets,
-    const int* tables, f16_bits* key_cache, f16_bits* value_cache, const float* freq_factors,
-    float theta_scale, int halves, int heads, int kv_heads, int head_dim, int page_tokens) {
+    float* qkv, const float* bias, const int* positions, const int* token_rows,
+    const int* table_offsets, const int* tables, f16_bits* key_cache, f16_bits* value_cache,
+    const float* freq_factors, float theta_scale, int halves, int heads,
+    int kv_heads, int head_dim, int page_tokens) {
     __shared__ float cos_of[ROPE_PAIRS_MAX];
     __shared__ float sin_of[ROPE_PAIRS_MAX];
     __shared__ float key[ROPE_PAIRS_MAX * 2 * 8];
     const int t = blockIdx.x;
     const int pairs = head_dim / 2;
     const int position = positions[t];
-    if (threadIdx.x == 0) {
+    // Pair `i`'s angle is the CPU's running product `position * theta_scale * ... ` (i factors),
+    // each thread repeating the product up to its pair so the bits are the sequential loop's;
+    // the sines and cosines are then computed side by side, not one after another.
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
         float theta = (float)position;
-        for (int i = 0; i < pairs; i++) {
-            const float angle = freq_factors ? theta / freq_factors[i] : theta;
-            sincosf(angle, &sin_of[i], &cos_of[i]);
-            theta *= theta_scale;
-        }
+        for (int j = 0; j < i; j++) theta *= theta_scale;
+        const float angle = freq_factors ? theta / freq_factors[i] : theta;
+        sincosf(angle, &sin_of[i], &cos_of[i]);
     }
     __syncthreads();
     const int q_width = heads * head_dim, kv_width = kv_heads * head_dim;
-    float* qt = q + (long)t * q_width;
+    float* qt = qkv + (long)t * (q_width + 2 * kv_width);
+    const float* kt = qt + q_width;
+    const float* vt = kt + kv_width;
+    const float* q_bias = bias;
+    const float* k_bias = bias ? bias + q_width : bias;
+    const float* v_bias = bias ? bias + q_width + kv_width : bias;
     if (q_bias) {
         for (int i = threadIdx.x; i < q_width; i += blockDim.x) qt[i] += q_bias[i];
         __syncthreads();
@@ -53,8 +61,6 @@ extern "C" __global__ void rope_kv_write(
     }
     const int page = tables[table_offsets[token_rows[t]] + position / page_tokens];
     const long at = ((long)page * page_tokens + position % page_tokens) * kv_width;
-    const float* kt = k + (long)t * kv_width;
-    const float* vt = v + (long)t * kv_width;
     // K heads a few at a time through shared memory: biased, rotated, then stored.
     const int heads_at_once = (ROPE_PAIRS_MAX * 2 * 8) / head_dim;
     for (int h0 = 0; h0 < kv_heads; h0 += heads_at_once) {
