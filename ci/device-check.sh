@@ -130,7 +130,9 @@ for t in $tests; do
             "$OUT/sanitizer.log" | head -30
     fi
 done
-if [ -n "$nvrtc" ] && [ -n "${LOCKSTEP_CUDA_KERNELS_DIR:-}" ] && [ -z "${LOCKSTEP_DEVICE_TESTS:-}" ]; then
+#   LOCKSTEP_NVRTC_RUN=0, LOCKSTEP_NCU_RUN=0   skip the NVRTC run and the profile below
+if [ -n "$nvrtc" ] && [ -n "${LOCKSTEP_CUDA_KERNELS_DIR:-}" ] && [ -z "${LOCKSTEP_DEVICE_TESTS:-}" ] \
+    && [ "${LOCKSTEP_NVRTC_RUN:-1}" = 1 ]; then
     t=cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models
     log "test $t, kernels compiled by the device's NVRTC"
     echo "==== $t (NVRTC)" >>"$OUT/tests.log"
@@ -142,7 +144,7 @@ if [ -n "$nvrtc" ] && [ -n "${LOCKSTEP_CUDA_KERNELS_DIR:-}" ] && [ -z "${LOCKSTE
 fi
 # Where a batch-1 decode step's time goes, kernel by kernel: Nsight Compute over one decode
 # step's launches (after the prefill's and four decode steps'), with the clocks left alone.
-if command -v ncu >/dev/null && [ -z "${LOCKSTEP_DEVICE_TESTS:-}" ]; then
+if command -v ncu >/dev/null && [ -z "${LOCKSTEP_DEVICE_TESTS:-}" ] && [ "${LOCKSTEP_NCU_RUN:-1}" = 1 ]; then
     log "ncu: one batch-1 decode step"
     env -u OUT LOCKSTEP_BENCH_BATCHES=1 timeout 180 ncu --clock-control none \
         --launch-skip "${LOCKSTEP_NCU_SKIP:-660}" --launch-count "${LOCKSTEP_NCU_COUNT:-132}" \
@@ -162,8 +164,8 @@ if [ -n "${LOCKSTEP_BIN:-}" ] && [ -n "${LOCKSTEP_DEFAULT_MODEL:-}" ]; then
     for device in cpu cuda; do
         log "lockstep generate --device $device"
         timeout 90 "$LOCKSTEP_BIN" generate --model "$model" --device "$device" --max-tokens 24 \
-            --prompt "$prompt" >"$OUT/generate-$device.txt" 2>&1 || { status=1; log "generate failed"; }
-        tail -4 "$OUT/generate-$device.txt"
+            --prompt "$prompt" >"$OUT/generate.txt" 2>&1 || { status=1; log "generate failed"; }
+        tail -4 "$OUT/generate.txt" | tee -a "$OUT/device-check.log"
     done
     up() { for _ in $(seq 1 120); do curl -sf "127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
     complete() {
@@ -185,6 +187,7 @@ if [ -n "${LOCKSTEP_BIN:-}" ] && [ -n "${LOCKSTEP_DEFAULT_MODEL:-}" ]; then
     split=""
     if up 8201 && up 8202 && up 8200; then sleep 1; split="$(complete 8200)"; fi
     kill %2 %3 %4 2>/dev/null || true
+    rm -f "$OUT/generate.txt"
     log "prefill + decode workers on cuda: ${split:-NO ANSWER}"
     if [ -z "$single" ] || [ "$single" != "$split" ]; then status=1; log "FAILED: the split deployment's answer differs"; tail -20 "$OUT/serve.log"; fi
 fi

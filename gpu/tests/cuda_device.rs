@@ -269,8 +269,8 @@ fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> (
 /// `expf`/`sincosf` against the CPU's, and above all the softmax weights: the CPU rounds them to
 /// half precision before they weigh the values (llama.cpp's KQV product takes them as f16), the
 /// device keeps them f32, a relative 2^-11 per weight. Measured on the H200 (2026-12-04): at most
-/// 4.4e-3 on logits of order 1 to 10. A real fault (a wrong RoPE pair, mask or page) moves logits
-/// by whole units.
+/// 5.1e-3 on logits of order 1 to 10 over 24 steps, so about twice that. A real fault (a wrong
+/// RoPE pair, mask or page) moves logits by whole units.
 const TINY_TOLERANCE: f32 = 1e-2;
 /// The default model is Q4_1. The device multiplies its weights dequantized (by the CPU's own
 /// dequantizer) with f32 activations; the CPU's quantized path first rounds each activation to 8
@@ -278,10 +278,11 @@ const TINY_TOLERANCE: f32 = 1e-2;
 /// prompts (the CPU against itself on the dequantized model, measured here: first-step gaps
 /// 0.62, 1.38, 0.76, 0.73, 0.59) and changes greedy tokens after 0 to 25 steps. So the device is
 /// held to the CPU backend running the dequantized model, the same arithmetic but for the f16
-/// softmax weights (see `TINY_TOLERANCE`), whose relative 2^-11 grows over 30 layers and logits
-/// up to 20 to 0.018 (measured on the H200, 2026-12-04); the gap to the quantized path and
-/// agreement with llama.cpp are reported.
-const DEFAULT_MODEL_TOLERANCE: f32 = 0.05;
+/// softmax weights (see `TINY_TOLERANCE`), whose relative 2^-11 grows over 30 layers, logits up
+/// to 20 and 32 steps of cache to at most 0.042 (measured on the H200, 2026-12-04; 0.015 at the
+/// prompt step). The tolerance is about twice that, as the tiny models' is; the gap to the
+/// quantized path and agreement with llama.cpp are reported beside it.
+const DEFAULT_MODEL_TOLERANCE: f32 = 0.1;
 
 #[test]
 fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
@@ -633,7 +634,7 @@ fn decode_throughput_against_the_hbm_roofline() {
     };
     for batch in batches {
         let config = bench_config(batch);
-        let options = CudaOptions { ordinal: 0, graph_rows_max: 256 };
+        let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
         let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
         let mut sched = Scheduler::new(config.clone()).unwrap();
