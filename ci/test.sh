@@ -69,14 +69,30 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
         cd fuzz
         # Stable Rust: no sanitizer (RUSTC_BOOTSTRAP=1 would give AddressSanitizer).
         cargo fuzz build --sanitizer none
-        for target in $(cargo fuzz list); do
+        fuzz_one() {
+            local target="$1" log
             log="$(mktemp)"
             if ! cargo fuzz run --sanitizer none "$target" -- -max_total_time="$FUZZ_SECONDS" >"$log" 2>&1; then
                 tail -n 60 "$log"
                 echo "fuzz target $target failed: the input is in fuzz/artifacts/$target" >&2
-                exit 1
+                return 1
             fi
             echo "$target: $(grep -E '^Done [0-9]+ runs' "$log")"
+        }
+        # Two targets at a time: libFuzzer runs on one core, and CI has two.
+        mapfile -t targets < <(cargo fuzz list)
+        for ((i = 0; i < ${#targets[@]}; i += 2)); do
+            fuzz_one "${targets[i]}" &
+            first=$!
+            second=""
+            if [ $((i + 1)) -lt ${#targets[@]} ]; then
+                fuzz_one "${targets[i + 1]}" &
+                second=$!
+            fi
+            failed=0
+            wait "$first" || failed=1
+            if [ -n "$second" ]; then wait "$second" || failed=1; fi
+            [ "$failed" = 0 ] || exit 1
         done
     )
 fi
