@@ -12,7 +12,7 @@
 # About 4 minutes past the build. Prints `N passed, M failed` last; exits non-zero on any
 # failure. Knobs:
 #   LOCKSTEP_CACHE          cache folder (default: $XDG_CACHE_HOME/lockstep or ~/.cache/lockstep)
-#   API_FUZZ_SECONDS        schemathesis's time against the provenance model (default 150)
+#   API_FUZZ_SECONDS        schemathesis's time against the provenance model (default 100)
 #   API_MODEL_FUZZ_SECONDS  and against the real default model (default 60)
 #   API_SEED                schemathesis's seed (default: a fresh one per run, printed)
 set -euo pipefail
@@ -22,7 +22,7 @@ SCHEMATHESIS_VERSION=4.32.5
 OPENAI_VERSION=3.57.0
 # Checks that the served document is valid OpenAPI 3.0.3 (ci/openai_client_test.py).
 SPEC_VALIDATOR_VERSION=0.9.0
-API_FUZZ_SECONDS="${API_FUZZ_SECONDS:-150}"
+API_FUZZ_SECONDS="${API_FUZZ_SECONDS:-100}"
 API_MODEL_FUZZ_SECONDS="${API_MODEL_FUZZ_SECONDS:-60}"
 API_CASES_MIN=1000
 CACHE="${LOCKSTEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep}"

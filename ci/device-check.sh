@@ -12,13 +12,20 @@
 #   ci/device-check.sh --make-kit DIR   (here, with network) builds the release test binary and
 #                                       compiles the kernels to cubins (sm_90, sm_100, sm_120) into
 #                                       DIR, about 9 MB; carry DIR to the device, then
-#   LOCKSTEP_DEVICE_KIT=DIR ci/device-check.sh   runs them; the cubins are used when the device
-#                                       has no NVRTC.
+#   LOCKSTEP_DEVICE_KIT=DIR ci/device-check.sh   runs them on the cubins; the device's NVRTC,
+#                                       if it has one, then compiles them for one more run of
+#                                       the tiny models.
 # Without a kit the script builds on the device (`cargo test --release --offline`: the crates
 # must already be in the device's cargo cache) and compiles the kernels with the device's NVRTC.
-#   LOCKSTEP_NVRTC_LIB       a folder holding libnvrtc.so.12 (else the system's is looked for)
+#   LOCKSTEP_NVRTC_LIB       a folder holding libnvrtc.so.12 or libnvrtc.so (else the toolkit's
+#                            or a pip wheel's is looked for)
 #   LOCKSTEP_DEFAULT_MODEL   the default model's GGUF (ci/fetch-default-model.sh); optional here
+#   LOCKSTEP_BIN             a lockstep binary: generate, serve and split serving on the device
 #   OUT                      where results go (default target/device-check)
+# The `device` tool carries 64 MiB a call and the default model is 98 MB: carry it in two halves
+# (`head -c 52000000` / `tail -c +52000001`), the kit and the first half in one call that copies
+# them to /tmp, then at once (the machine stays 30 s) the second half and the binary, joining the
+# halves and running with LOCKSTEP_DEVICE_TESTS=default_model. BENCHMARKS.md has the last run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never

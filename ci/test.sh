@@ -77,7 +77,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
                 echo "fuzz target $target failed: the input is in fuzz/artifacts/$target" >&2
                 return 1
             fi
-            echo "$target: $(grep -E '^Done [0-9]+ runs' "$log")"
+            echo "$target: $(grep -E '^Done [0-9]+ runs' "$log"), $(grep -oE 'cov: [0-9]+' "$log" | tail -n 1)"
         }
         # Two targets at a time: libFuzzer runs on one core, and CI has two.
         mapfile -t targets < <(cargo fuzz list)
