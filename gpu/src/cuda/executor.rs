@@ -35,7 +35,7 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
-use super::launch::{self, Buffers, Capacity, Dims, InputLayout, KernelImages, Kernels, Shape};
+use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
 use super::probe::{self, DeviceInfo};
@@ -298,7 +298,6 @@ impl CudaExecutor {
     /// The step's input arrays in one copy (each copy from pageable memory costs the driver a
     /// staging round of its own).
     fn write_inputs(&mut self, a: &StepArrays) -> Result<(), DriverError> {
-        let layout = InputLayout { capacity: self.buffers.capacity };
         let arrays = [
             &a.tokens[..],
             &a.positions,
@@ -307,7 +306,7 @@ impl CudaExecutor {
             &a.tables,
             &a.sample_tokens,
         ];
-        layout.pack(arrays, &mut self.staging);
+        self.buffers.capacity.pack_inputs(arrays, &mut self.staging);
         self.stream.memcpy_htod(&self.staging, &mut self.buffers.inputs)
     }
 

@@ -190,13 +190,6 @@ impl Capacity {
     }
 }
 
-/// Where each of a step's input arrays starts in `Buffers::inputs`: fixed by the capacity, so
-/// a captured graph's pointers stay valid, and one copy writes them all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InputLayout {
-    pub capacity: Capacity,
-}
-
 /// One of a step's input arrays (`StepArrays`'s fields of the same names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -208,31 +201,40 @@ pub enum Input {
     SampleTokens,
 }
 
-impl InputLayout {
+impl Input {
+    const ALL: [Input; 6] = [
+        Input::Tokens,
+        Input::Positions,
+        Input::TokenRows,
+        Input::TableOffsets,
+        Input::Tables,
+        Input::SampleTokens,
+    ];
+}
+
+/// Where each of a step's input arrays sits in `Buffers::inputs`: fixed by the capacity, so a
+/// captured graph's pointers stay valid, and one copy writes them all.
+impl Capacity {
     /// Where `input` starts and how many elements it may hold.
-    pub fn span(&self, input: Input) -> (usize, usize) {
-        let c = &self.capacity;
+    pub fn input_span(&self, input: Input) -> (usize, usize) {
+        let c = self;
         let sizes = [c.tokens, c.tokens, c.tokens, c.rows, c.table_entries, c.samples];
         let index = input as usize;
         (sizes[..index].iter().sum(), sizes[index])
     }
 
-    /// Elements in all.
-    pub fn len(&self) -> usize {
-        let (start, len) = self.span(Input::SampleTokens);
+    /// Input elements in all.
+    pub fn input_len(&self) -> usize {
+        let (start, len) = self.input_span(Input::SampleTokens);
         start + len
     }
 
     /// `arrays` (each within its capacity) laid out as one array to copy; only up to the last
     /// array in use.
-    pub fn pack(&self, arrays: [&[i32]; 6], out: &mut Vec<i32>) {
-        use Input::*;
+    pub fn pack_inputs(&self, arrays: [&[i32]; 6], out: &mut Vec<i32>) {
         out.clear();
-        for (input, array) in [Tokens, Positions, TokenRows, TableOffsets, Tables, SampleTokens]
-            .into_iter()
-            .zip(arrays)
-        {
-            let (start, len) = self.span(input);
+        for (input, array) in Input::ALL.into_iter().zip(arrays) {
+            let (start, len) = self.input_span(input);
             assert!(array.len() <= len, "{input:?}: {} past its capacity {len}", array.len());
             if !array.is_empty() {
                 out.resize(start, 0);
@@ -246,7 +248,7 @@ impl InputLayout {
 #[derive(Debug)]
 pub struct Buffers {
     pub capacity: Capacity,
-    /// Every input array, at `InputLayout`'s offsets.
+    /// Every input array, at `Capacity::input_span`'s offsets.
     pub inputs: CudaSlice<i32>,
     x: CudaSlice<f32>,
     h: CudaSlice<f32>,
@@ -270,7 +272,7 @@ impl Buffers {
 
     /// The device array of `input`, a view of `inputs`.
     fn input(&self, input: Input) -> CudaView<'_, i32> {
-        let (start, len) = InputLayout { capacity: self.capacity }.span(input);
+        let (start, len) = self.capacity.input_span(input);
         self.inputs.slice(start..start + len)
     }
 
@@ -280,7 +282,7 @@ impl Buffers {
         let n = c.tokens;
         Ok(Buffers {
             capacity: c,
-            inputs: i(InputLayout { capacity: c }.len())?,
+            inputs: i(c.input_len())?,
             x: f(n * d.hidden)?,
             h: f(n * d.hidden)?,
             qkv: f(n * d.qkv_width())?,
@@ -557,25 +559,24 @@ fn layer_cache<'a>(
 mod tests {
     use super::*;
 
-    const LAYOUT: InputLayout =
-        InputLayout { capacity: Capacity { tokens: 4, rows: 2, table_entries: 3, samples: 2 } };
+    const LAYOUT: Capacity = Capacity { tokens: 4, rows: 2, table_entries: 3, samples: 2 };
 
     #[test]
     fn a_step_s_inputs_pack_at_offsets_fixed_by_the_capacity() {
-        assert_eq!(LAYOUT.len(), 4 * 3 + 2 + 3 + 2);
-        assert_eq!(LAYOUT.span(Input::Tables), (14, 3));
+        assert_eq!(LAYOUT.input_len(), 4 * 3 + 2 + 3 + 2);
+        assert_eq!(LAYOUT.input_span(Input::Tables), (14, 3));
         let mut out = Vec::new();
-        LAYOUT.pack([&[1, 2], &[10, 11], &[0, 0], &[0], &[7, 8, 9], &[1]], &mut out);
+        LAYOUT.pack_inputs([&[1, 2], &[10, 11], &[0, 0], &[0], &[7, 8, 9], &[1]], &mut out);
         assert_eq!(out, [1, 2, 0, 0, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 9, 1]);
         // The next step's arrays start where they did; nothing of the last step's is left past
         // what this step uses.
-        LAYOUT.pack([&[5], &[6], &[0], &[0], &[3], &[]], &mut out);
+        LAYOUT.pack_inputs([&[5], &[6], &[0], &[0], &[3], &[]], &mut out);
         assert_eq!(out, [5, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
     }
 
     #[test]
     #[should_panic(expected = "past its capacity")]
     fn an_array_past_its_capacity_is_refused() {
-        LAYOUT.pack([&[1, 2, 3, 4, 5], &[], &[], &[], &[], &[]], &mut Vec::new());
+        LAYOUT.pack_inputs([&[1, 2, 3, 4, 5], &[], &[], &[], &[], &[]], &mut Vec::new());
     }
 }
