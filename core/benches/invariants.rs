@@ -276,6 +276,7 @@ fn busy_decode() -> (DecodeSide, PagePool) {
         write_flight_max: Duration::from_secs(1),
         transfers_max: TRANSFERS,
         prefix_cache: false,
+        live_report_interval: Duration::from_secs(30),
     };
     let mut side = DecodeSide::new(endpoint(DECODE), pd);
     for id in 0..u64::from(TRANSFERS) {

@@ -99,6 +99,7 @@ fn run_transfers() -> Duration {
         write_flight_max: Duration::from_secs(1),
         transfers_max: TRANSFERS,
         prefix_cache: false,
+        live_report_interval: Duration::from_secs(30),
     };
     let prefill_config = PrefillConfig {
         heartbeat_interval: Duration::from_secs(2),

@@ -34,7 +34,9 @@ const DEADLINE_MS: u64 = 400;
 
 #[derive(Clone, Debug)]
 enum Action {
-    NewRequest { prompt_len: u8 },
+    NewRequest {
+        prompt_len: u8,
+    },
     Deliver(u8),
     Drop(u8),
     Duplicate(u8),
@@ -42,6 +44,8 @@ enum Action {
     FailWrite(u8),
     Compute(u8),
     ComputeFail(u8),
+    /// The prefill worker computed a step of its prompts: its computing transfers live on.
+    ComputeProgress,
     Abort(u8),
     ReleaseReady(u8),
     Advance(u8),
@@ -59,6 +63,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => any::<u8>().prop_map(Action::FailWrite),
         3 => any::<u8>().prop_map(Action::Compute),
         1 => any::<u8>().prop_map(Action::ComputeFail),
+        2 => Just(Action::ComputeProgress),
         1 => any::<u8>().prop_map(Action::Abort),
         2 => any::<u8>().prop_map(Action::ReleaseReady),
         3 => (1..30u8).prop_map(Action::Advance),
@@ -118,6 +123,7 @@ fn decode_config() -> DecodeConfig {
         write_flight_max: Duration::from_millis(FLIGHT_MS),
         transfers_max: 4,
         prefix_cache: true,
+        live_report_interval: Duration::from_millis(DEADLINE_MS / 2),
     }
 }
 
@@ -229,6 +235,7 @@ impl Pair {
                     self.compute(i, false);
                 }
             }
+            Action::ComputeProgress => self.prefill.handle_compute_progress(self.now),
             Action::Abort(i) => {
                 let request = RequestId(u64::from(i) % self.next_transfer.max(1));
                 let _ = self.router.abort(request, self.now);

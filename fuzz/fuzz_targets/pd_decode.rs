@@ -61,6 +61,7 @@ fuzz_target!(|ops: Vec<Op>| {
         write_flight_max: Duration::from_millis(10),
         transfers_max: 4,
         prefix_cache: true,
+        live_report_interval: Duration::from_millis(100),
     };
     let mut pool =
         PagePool::new(PoolConfig { pages_total: 12, page_tokens: 4, pins_max: 12 }).expect("valid");

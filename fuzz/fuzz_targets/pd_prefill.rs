@@ -29,6 +29,7 @@ enum Op {
     Abort { sender: u8, transfer: u8 },
     Computed { transfer: u8, sources: u8 },
     ComputeFailed { transfer: u8 },
+    ComputeProgress,
     Completion { transfer: u8, ordinal: u8, landed: bool },
     Advance(u8),
 }
@@ -114,6 +115,7 @@ fuzz_target!(|ops: Vec<Op>| {
             Op::ComputeFailed { transfer } => {
                 side.handle_compute_failed(key(transfer), &mut pool, now)
             }
+            Op::ComputeProgress => side.handle_compute_progress(now),
             Op::Completion { transfer, ordinal, landed } => {
                 side.handle_write_completion(
                     key(transfer),

@@ -27,6 +27,7 @@ enum Op {
     Submit(u8),
     Abort(u8),
     Outcome { worker: u8, incarnation: u8, transfer: u8, epoch: u8, failed: bool },
+    Live { worker: u8, incarnation: u8, transfer: u8 },
     Restart { worker: u8, incarnation: u8 },
     Tokens { worker: u8, incarnation: u8, transfer: u8, index: u8, count: u8, finish: bool },
     Down { worker: u8 },
@@ -93,6 +94,18 @@ fuzz_target!(|ops: Vec<Op>| {
                     });
                 let failure = failed.then_some(AbortReason::DecodeFailed);
                 let body = Message::Outcome { key, failure };
+                router.handle_envelope(
+                    Envelope { from: endpoint(worker, incarnation), to: ME, body },
+                    now,
+                );
+            }
+            Op::Live { worker, incarnation, transfer } => {
+                let key = reserved.get(usize::from(transfer) % reserved.len().max(1)).copied();
+                let key = key.unwrap_or(TransferKey {
+                    transfer: TransferId(u64::from(transfer)),
+                    epoch: Epoch(0),
+                });
+                let body = Message::TransferLive { key };
                 router.handle_envelope(
                     Envelope { from: endpoint(worker, incarnation), to: ME, body },
                     now,

@@ -82,6 +82,7 @@ async fn cluster_with(mode: StepMode, tweak: impl FnOnce(&mut PeerConfig)) -> Cl
         write_flight_max: Duration::from_millis(100),
         transfers_max: 16,
         prefix_cache: true,
+        live_report_interval: Duration::from_millis(1_000),
     };
     let prefill_config = PrefillConfig {
         heartbeat_interval: Duration::from_millis(50),

@@ -128,6 +128,10 @@ impl PrefillNode {
 
     pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
         let result = self.sched.apply_outputs(outputs, now);
+        if result.is_ok() {
+            // Every request here is a prompt being computed: a step applied is progress.
+            self.side.handle_compute_progress(now);
+        }
         self.after_input(now);
         result
     }

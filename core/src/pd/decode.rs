@@ -29,6 +29,10 @@ pub struct DecodeConfig {
     pub transfers_max: u32,
     /// Whether reserved prompts reuse the decode side's prefix cache.
     pub prefix_cache: bool,
+    /// How often a transfer whose prefill side still asks for leases tells the router so
+    /// (`Message::TransferLive`): well under the router's outcome timeout, which counts from
+    /// the last report, and long enough that a transfer of a short prompt sends none.
+    pub live_report_interval: Duration,
 }
 
 /// What the decode side asks its driver to do. Drained with `poll_output` after every input.
@@ -77,6 +81,8 @@ struct Transfer {
     reserved: Vec<PageRef>,
     pin: PinId,
     lease_until: Time,
+    /// The router hears `TransferLive` at the first heartbeat from then on.
+    next_live_report: Time,
     phase: Phase,
 }
 
@@ -381,6 +387,7 @@ impl DecodeSide {
                 reserved,
                 pin,
                 lease_until,
+                next_live_report: now.saturating_add(self.config.live_report_interval),
                 phase: Phase::AwaitingPrefill,
             },
         );
@@ -407,9 +414,20 @@ impl DecodeSide {
             transfer.lease_until = until;
             self.changed.insert(key.transfer);
         }
-        let (prefill, lease_ms) =
-            (transfer.prefill, u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX));
+        // The prefill side is computing or writing: the router's outcome timeout starts again.
+        let live = transfer.next_live_report <= now;
+        if live {
+            transfer.next_live_report = now.saturating_add(self.config.live_report_interval);
+        }
+        let (prefill, router, lease_ms) = (
+            transfer.prefill,
+            transfer.router,
+            u32::try_from(self.config.lease.as_millis()).unwrap_or(u32::MAX),
+        );
         self.send(prefill, Message::LeaseGrant { key, seq, lease_ms });
+        if live {
+            self.send(router, Message::TransferLive { key });
+        }
     }
 
     fn on_done(

@@ -49,6 +49,7 @@ fn legit() -> (DecodeSide, PagePool) {
         write_flight_max: Duration::from_millis(20),
         transfers_max: 2,
         prefix_cache: true,
+        live_report_interval: Duration::from_millis(200),
     };
     let mut side = DecodeSide::new(D, config);
     let mut pool =

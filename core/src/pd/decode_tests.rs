@@ -11,6 +11,8 @@ const R: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) 
 const P: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
 const LEASE_MS: u64 = 100;
 const FLIGHT_MS: u64 = 20;
+/// The decode side reports a transfer still at work to the router at most this often.
+const LIVE_REPORT_MS: u64 = 250;
 
 struct Rig {
     side: DecodeSide,
@@ -33,6 +35,7 @@ impl Rig {
             write_flight_max: Duration::from_millis(FLIGHT_MS),
             transfers_max: 4,
             prefix_cache: true,
+            live_report_interval: Duration::from_millis(LIVE_REPORT_MS),
         };
         let pool =
             PagePool::new(PoolConfig { pages_total: 8, page_tokens: 4, pins_max: 16 }).unwrap();
@@ -442,4 +445,32 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
         assert_eq!(terminals(&out), 1);
         assert_eq!(rig.side.transfers_live(), 0);
     }
+}
+
+/// A long prompt: its prefill side asks for leases for longer than the router's outcome timeout
+/// would wait from `Reserve`. Every heartbeat at least `live_report_interval` after the last
+/// report tells the router the transfer is still at work; the others do not, and a transfer that
+/// ended tells it nothing more.
+#[test]
+fn a_transfer_still_at_work_tells_the_router_at_most_once_per_interval() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let live = |out: &[DecodeOutput]| {
+        sent(out).iter().filter(|m| *m == &(R, Message::TransferLive { key: key(1) })).count()
+    };
+    let mut reports = Vec::new();
+    for seq in 0..20 {
+        rig.now = rig.now.saturating_add(Duration::from_millis(LEASE_MS / 2));
+        let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq });
+        assert!(sent(&out).contains(&(P, Message::LeaseGrant { key: key(1), seq, lease_ms: 100 })));
+        if live(&out) == 1 {
+            reports.push(rig.now.as_nanos() / 1_000_000);
+        }
+    }
+    // Heartbeats at 50, 100, ..., 1000 ms: reports at the first one at or past each interval.
+    assert_eq!(reports, vec![250, 500, 750, 1000]);
+    rig.deliver(P, Message::Abort { key: key(1), reason: AbortReason::Timeout });
+    rig.now = rig.now.saturating_add(Duration::from_millis(LIVE_REPORT_MS));
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 20 });
+    assert_eq!(live(&out), 0, "an ended transfer is not at work");
 }

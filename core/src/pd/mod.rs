@@ -7,6 +7,7 @@
 //! router ──Reserve──▶ decode: match the prefix cache, allocate and pin the missing pages
 //!                     decode ──Prepare(pages)──▶ prefill
 //!          prefill ──Heartbeat(seq)──▶ decode ──LeaseGrant(seq)──▶ prefill      (repeats)
+//!                     decode ──TransferLive──▶ router   (at most once per report interval)
 //!          prefill ══KvWrite══▶ decode memory (one-sided; lands whatever decode's state)
 //!          prefill ──Done(first token)──▶ decode   (only after every write completed)
 //!                     decode ──DoneAck──▶ prefill, ──Outcome──▶ router; pages go to the scheduler
@@ -27,6 +28,17 @@
 //! drained, or (3) when the lease has run out. A restarted prefill worker's writes may still be in
 //! flight: its transfers wait for their lease. KV that did not arrive whole is never decoded from:
 //! `Done` must report every page written, and nothing reaches the scheduler before `Done`.
+//!
+//! ## Why a long prompt is not cut off, and a stalled one still ends
+//!
+//! Each side bounds what it waits for by what it can see. The prefill side's deadline counts
+//! from `Prepare` and again from the end of the computation; while computing, it is at least one
+//! deadline past the worker's last computed step, so a prompt that waits its turn behind others
+//! lives as long as the worker makes progress and ends once it stops. The decode side holds the
+//! pages while heartbeats come (the lease), and tells the router at most once per report
+//! interval that they do (`TransferLive`). The router gives up on a transfer that it has heard
+//! nothing of for its outcome timeout: longer than the prefill side's deadline plus the report
+//! interval, so it never gives up on a transfer the workers are still finishing.
 //!
 //! ## Identity
 //!

@@ -24,8 +24,10 @@ pub struct PrefillConfig {
     pub heartbeat_interval: Duration,
     /// How long a write issued may take to land or fail (`W`); the transport guarantees it.
     pub write_flight_max: Duration,
-    /// How long a transfer may take from `Prepare` to `Done`: what ends one stuck waiting for a
-    /// lease, a computation or an answer.
+    /// How long a transfer may wait for a lease, a computation or an answer. Counted from
+    /// `Prepare`, and again from the end of its computation: a prompt computed while the worker
+    /// makes progress is never cut off for its length, only one stalled this long since the
+    /// worker last computed a step (`handle_compute_progress`).
     pub transfer_deadline: Duration,
     /// How often `Done` is sent again until acknowledged.
     pub done_retransmit: Duration,
@@ -143,6 +145,9 @@ pub struct PrefillSide {
     changed: BTreeSet<TransferId>,
     /// Transfers holding a pin on their source pages.
     source_pins: usize,
+    /// When this worker last computed a step of the prompts it holds: a computing transfer's
+    /// deadline is at least `transfer_deadline` past it.
+    compute_progress_at: Time,
 }
 
 impl PrefillSide {
@@ -157,6 +162,7 @@ impl PrefillSide {
             due: BTreeSet::new(),
             changed: BTreeSet::new(),
             source_pins: 0,
+            compute_progress_at: Time::ZERO,
         }
     }
 
@@ -301,6 +307,11 @@ impl PrefillSide {
             return;
         };
         let t = self.transfers.get_mut(&key.transfer).expect("looked up above");
+        if !crate::planted!(StuckInBootstrap) {
+            // The computation's time is not the protocol's: the handshake, the writes and the
+            // answer get the whole deadline from here.
+            t.deadline = now.saturating_add(self.config.transfer_deadline);
+        }
         t.sources = sources[first_page..prompt_pages].to_vec();
         t.source_pin = Some(pin);
         self.source_pins += 1;
@@ -315,6 +326,14 @@ impl PrefillSide {
             self.drain(key, Answer::Abort(AbortReason::PrefillFailed), pool, now);
             self.touch(key.transfer);
         }
+    }
+
+    /// The worker computed a step of the prompts it holds. A prompt waits its turn behind the
+    /// others (the scheduler's order bounds that wait), so the worker's progress, not the
+    /// prompt's own, is what keeps a computing transfer alive: the deadline ends only a stalled
+    /// computation. Takes effect at each transfer's next timer (`handle_timeout`).
+    pub fn handle_compute_progress(&mut self, now: Time) {
+        self.compute_progress_at = self.compute_progress_at.max(now);
     }
 
     /// A write issued earlier completed (`landed`) or failed.
@@ -351,13 +370,19 @@ impl PrefillSide {
             .map(|(_, id)| self.transfers.get(id).expect("the due index names live transfers").key)
             .collect();
         due.sort_unstable_by_key(|key| key.transfer);
+        let stalled_after = self.compute_progress_at.saturating_add(self.config.transfer_deadline);
         for key in due {
-            let Some(t) = self.transfers.get(&key.transfer) else { continue };
+            let Some(t) = self.transfers.get_mut(&key.transfer) else { continue };
+            if t.phase == Phase::Computing {
+                t.deadline = t.deadline.max(stalled_after);
+            }
             match t.phase {
                 Phase::Draining { .. } => self.finish_drain_if_done(key, pool, now),
                 _ if t.deadline <= now => {
                     self.drain(key, Answer::Abort(AbortReason::Timeout), pool, now)
                 }
+                // Filed under a deadline that the worker's progress has since moved.
+                Phase::Computing if t.next_heartbeat > now => {}
                 Phase::DoneSent { first_token, .. } => {
                     let (decode, pages_written) = (t.decode, t.pages.len() as u32);
                     self.send(decode, Message::Done { key, first_token, pages_written });

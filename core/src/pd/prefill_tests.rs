@@ -363,3 +363,38 @@ fn timers_fire_in_transfer_order_whatever_fell_due_first() {
     assert_eq!(heartbeats, [1, 2]);
     assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(70)));
 }
+
+/// A prompt whose computation takes three deadlines, the worker computing steps all along: the
+/// transfer lives through it, and then has the whole deadline for its handshake and writes.
+#[test]
+fn a_long_computation_lives_while_the_worker_makes_progress() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    for _ in 0..300 {
+        rig.side.handle_compute_progress(rig.now);
+        assert!(ends(&rig.advance(10)).is_empty(), "ended at {:?} while computing", rig.now);
+    }
+    let computed_at = rig.now;
+    assert_eq!(computed_at, Time::from_millis(3_000));
+    rig.computed(1);
+    // No grant ever comes: the deadline counts from the end of the computation.
+    assert!(!ends_within(&mut rig, 990), "ended before its deadline from the computation");
+    assert!(ends_within(&mut rig, 10), "outlived its deadline from the computation");
+}
+
+/// The worker stops computing (a wedged executor, a pool that no step fits): the transfer ends
+/// one deadline after the worker's last step, not before and not never.
+#[test]
+fn a_stalled_computation_ends_one_deadline_after_the_last_step() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    for _ in 0..150 {
+        rig.side.handle_compute_progress(rig.now);
+        rig.advance(10);
+    }
+    // The last step at 1490 ms; nothing since.
+    assert!(!ends_within(&mut rig, 980), "ended before one deadline passed since the last step");
+    assert_eq!(rig.now, Time::from_millis(2_480));
+    assert!(ends_within(&mut rig, 10), "a stalled computation outlived its deadline");
+    assert_eq!(rig.pool.pins_live_count(), 0);
+}

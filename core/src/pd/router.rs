@@ -26,9 +26,10 @@ use self::index::{Index, Times};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouterConfig {
-    /// How long a transfer may go without an `Outcome` before the router gives up on it. Longer
-    /// than the prefill side's deadline, so the router does not give up on a transfer the workers
-    /// are still finishing.
+    /// How long a transfer may go without an `Outcome` or a `TransferLive` before the router
+    /// gives up on it. Longer than the prefill side's deadline plus the decode side's interval
+    /// between reports, so the router does not give up on a transfer the workers are still
+    /// finishing.
     pub outcome_timeout: Duration,
     /// Requests in transfer at once; a submit beyond it is refused.
     pub requests_max: u32,
@@ -472,8 +473,24 @@ impl Router {
             Message::Tokens { key, request, index, tokens, finish } => {
                 self.on_tokens(from, key, request, index, tokens, finish, now)
             }
+            Message::TransferLive { key } => self.on_transfer_live(from, key, now),
             _ => {}
         }
+    }
+
+    /// The transfer's workers are still at it (the prefill side computing or writing): its
+    /// outcome timeout counts from now. Never shortened; a stale or foreign report is ignored.
+    fn on_transfer_live(&mut self, from: Endpoint, key: TransferKey, now: Time) {
+        let Some(t) = self.transfers.get_mut(&key.transfer) else { return };
+        let deadline = now.saturating_add(self.config.outcome_timeout);
+        if t.key != key || t.decode != from || deadline <= t.deadline {
+            return;
+        }
+        self.deadlines.remove(&(t.deadline, key.transfer));
+        self.deadlines.insert((deadline, key.transfer));
+        t.deadline = deadline;
+        let request = t.request.id;
+        self.index.changed(request);
     }
 
     fn start_decoding(&mut self, key: TransferKey, now: Time) {

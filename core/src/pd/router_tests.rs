@@ -135,6 +135,38 @@ fn silence_ends_in_a_timeout_and_an_abort_to_the_decode_side() {
     assert!(drain(&mut r).is_empty(), "a late Outcome for a transfer given up on is ignored");
 }
 
+/// A long prompt: its decode worker reports the transfer still at work, and each report moves
+/// the outcome timeout to a whole timeout from then; a report from another worker, of another
+/// attempt or older than the last changes nothing. Silence after the last report still ends it.
+#[test]
+fn a_transfer_reported_at_work_is_given_its_timeout_again() {
+    let mut r = router(0);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let k1 = r.transfer_of(RequestId(1)).unwrap();
+    drain(&mut r);
+    let live = |from, key| Envelope { from, to: ME, body: Message::TransferLive { key } };
+    for at in [400, 800, 1_200] {
+        r.handle_envelope(live(D1, k1), Time::from_millis(at));
+        assert!(drain(&mut r).is_empty());
+        assert_eq!(r.next_timeout(), Some(Time::from_millis(at + 500)));
+        r.handle_timeout(Time::from_millis(at + 499));
+        assert!(drain(&mut r).is_empty(), "given up on at {at} + 499 ms despite the report");
+    }
+    let other_attempt = TransferKey { epoch: Epoch(1), ..k1 };
+    r.handle_envelope(live(D2, k1), Time::from_millis(1_600));
+    r.handle_envelope(live(D1, other_attempt), Time::from_millis(1_600));
+    r.handle_envelope(live(D1, k1), Time::from_millis(1_000));
+    drain(&mut r);
+    assert_eq!(r.next_timeout(), Some(Time::from_millis(1_700)), "only its own worker's reports");
+    r.handle_timeout(Time::from_millis(1_700));
+    assert!(
+        drain(&mut r).contains(&RouterOutput::Failed {
+            request: RequestId(1),
+            reason: AbortReason::Timeout
+        })
+    );
+}
+
 #[test]
 fn a_client_abort_ends_the_request_at_once_and_tells_the_decode_side() {
     let mut r = router(3);

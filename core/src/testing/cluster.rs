@@ -50,6 +50,7 @@ impl ClusterConfig {
                 write_flight_max: Duration::from_millis(10),
                 transfers_max: 4,
                 prefix_cache: true,
+                live_report_interval: Duration::from_millis(200),
             },
             router: RouterConfig {
                 outcome_timeout: Duration::from_millis(500),

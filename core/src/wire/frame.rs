@@ -11,7 +11,7 @@ use super::messages::*;
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -127,6 +127,7 @@ fn kind(message: &Message) -> u8 {
         Message::Tokens { .. } => 15,
         Message::Cancel { .. } => 16,
         Message::KvWriteAck { .. } => 17,
+        Message::TransferLive { .. } => 18,
     }
 }
 
@@ -169,7 +170,7 @@ fn body(w: &mut Writer, message: &Message) {
             }
             w.u32(*lease_ms);
         }
-        Message::DoneAck { .. } | Message::AbortAck { .. } => {}
+        Message::DoneAck { .. } | Message::AbortAck { .. } | Message::TransferLive { .. } => {}
         Message::Heartbeat { seq, .. } => w.u32(*seq),
         Message::LeaseGrant { seq, lease_ms, .. } => {
             w.u32(*seq);
@@ -236,6 +237,7 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
         6 => Message::DoneAck { key },
         7 => Message::Abort { key, reason: read_abort_reason(r.u8("abort reason")?)? },
         8 => Message::AbortAck { key },
+        18 => Message::TransferLive { key },
         9 => {
             let failure = match r.u8("outcome")? {
                 0 => None,

@@ -234,6 +234,13 @@ pub enum Message {
         key: TransferKey,
         failure: Option<AbortReason>,
     },
+    /// Decode → router: the transfer is live here, and its prefill side still asks for leases
+    /// (it is computing or writing). The router's outcome timeout counts again from here, so a
+    /// long prompt is not given up on while the workers make progress on it. Sent at most once
+    /// per `DecodeConfig::live_report_interval` per transfer.
+    TransferLive {
+        key: TransferKey,
+    },
     /// Prefill → decode memory, one-sided: KV bytes for a page, landing whatever the receiver's
     /// state (as an RDMA write does). Never handled by the decode state machine.
     KvWrite {
@@ -296,6 +303,7 @@ impl Message {
             | Message::Abort { key, .. }
             | Message::AbortAck { key }
             | Message::Outcome { key, .. }
+            | Message::TransferLive { key }
             | Message::KvWrite { key, .. }
             | Message::KvWriteAck { key, .. }
             | Message::Tokens { key, .. }

@@ -157,6 +157,7 @@ fn message() -> impl Strategy<Value = Message> {
         key().prop_map(|key| Message::DoneAck { key }),
         (key(), reason()).prop_map(|(key, reason)| Message::Abort { key, reason }),
         key().prop_map(|key| Message::AbortAck { key }),
+        key().prop_map(|key| Message::TransferLive { key }),
         (key(), prop::option::of(reason()))
             .prop_map(|(key, failure)| Message::Outcome { key, failure }),
         (key(), page(), any::<u32>(), prop::collection::vec(any::<u8>(), 0..200)).prop_map(
@@ -225,16 +226,16 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![9, 0, 0, 0, 2, 3, 1, 2, 1, 2, 3, 4, 5]
+        vec![9, 0, 0, 0, 3, 3, 1, 2, 1, 2, 3, 4, 5]
     );
 }
 
 #[test]
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
-    frame[4] = 1;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 1, supported: 2 }));
     frame[4] = 2;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 2, supported: 3 }));
+    frame[4] = 3;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }

@@ -74,8 +74,9 @@ pub fn router_engine_config(options: &ServeOptions, timing: DataPlaneTiming) -> 
     workers.extend(options.decodes.iter().map(|(w, _)| (WorkerId(*w), Role::Decode)));
     RouterEngineConfig {
         router: RouterConfig {
-            // Past the prefill side's deadline and the lease, so the router does not give up on
-            // a transfer the workers are still finishing.
+            // Past the prefill side's deadline and the lease, counted from the decode worker's
+            // last report that the transfer is at work (`live_report_interval`), so the router
+            // does not give up on a transfer the workers are still finishing.
             outcome_timeout: timing.transfer_deadline + timing.lease + 2 * timing.write_flight_max,
             requests_max: options.max_waiting
                 + options.max_running * options.decodes.len().max(1) as u32,
@@ -118,6 +119,9 @@ pub fn worker_node(
                 write_flight_max: timing.write_flight_max,
                 transfers_max,
                 prefix_cache: sched.prefix_cache,
+                // Half the prefill side's deadline: the router's outcome timeout (that deadline,
+                // a lease and two flights) always hears a report of a transfer still at work.
+                live_report_interval: timing.transfer_deadline / 2,
             };
             DecodeNode::new(me, sched, config).map(WorkerNode::Decode).map_err(|e| e.to_string())
         }
