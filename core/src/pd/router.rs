@@ -269,7 +269,7 @@ impl Router {
         while self.index.queue_deadlines.first().is_some_and(|t| t <= now) {
             let at = self.queue.iter().position(|q| q.deadline <= now).expect("indexed as due");
             let q = self.dequeue(at);
-            let reason = AbortReason::Timeout;
+            let reason = AbortReason::QueueTimeout;
             self.outputs.push_back(RouterOutput::Failed { request: q.request.id, reason });
         }
         while self.index.queue_not_before.first().is_some_and(|t| t <= now) && self.has_room() {

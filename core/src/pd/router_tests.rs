@@ -424,7 +424,11 @@ fn a_request_waits_at_most_queue_wait_max_and_a_queued_abort_ends_it() {
     r.handle_timeout(Time::from_millis(100));
     let out = drain(&mut r);
     assert!(
-        out.contains(&RouterOutput::Failed { request: RequestId(2), reason: AbortReason::Timeout })
+        out.contains(&RouterOutput::Failed {
+            request: RequestId(2),
+            reason: AbortReason::QueueTimeout
+        }),
+        "a wait past queue_wait_max is the queue's timeout, not a transfer's: {out:?}"
     );
 }
 

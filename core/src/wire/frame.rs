@@ -335,6 +335,7 @@ fn abort_reason(reason: AbortReason) -> u8 {
         AbortReason::Timeout => 5,
         AbortReason::PeerRestarted => 6,
         AbortReason::DecodeBusy => 7,
+        AbortReason::QueueTimeout => 8,
     }
 }
 
@@ -347,6 +348,7 @@ fn read_abort_reason(code: u8) -> Result<AbortReason, WireError> {
         5 => AbortReason::Timeout,
         6 => AbortReason::PeerRestarted,
         7 => AbortReason::DecodeBusy,
+        8 => AbortReason::QueueTimeout,
         value => return Err(WireError::Invalid { what: "abort reason", value: u64::from(value) }),
     })
 }

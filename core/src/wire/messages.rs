@@ -103,6 +103,9 @@ pub enum AbortReason {
     PeerRestarted,
     /// The decode worker had no batch slot, page or transfer place free: try again later.
     DecodeBusy,
+    /// The request waited at the router longer than its `queue_wait_max` for workers with room:
+    /// no worker ever took it (an overload, not a failure of the engine).
+    QueueTimeout,
 }
 
 /// What a worker does in a deployment.

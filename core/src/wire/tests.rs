@@ -28,6 +28,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
         Just(AbortReason::Timeout),
         Just(AbortReason::PeerRestarted),
         Just(AbortReason::DecodeBusy),
+        Just(AbortReason::QueueTimeout),
     ]
 }
 

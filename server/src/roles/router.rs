@@ -259,17 +259,20 @@ impl RouterEngine {
             }
             RouterOutput::Failed { request, reason } => {
                 let decoding = self.live.get(&request).is_some_and(|l| l.first_token_at.is_some());
-                if !decoding && reason != AbortReason::Client {
+                // A request that timed out in the router's queue never had a transfer.
+                let transferred = reason != AbortReason::QueueTimeout;
+                if !decoding && transferred && reason != AbortReason::Client {
                     self.metrics.transfers_failed.increment(1);
                     if reason == AbortReason::Timeout {
                         self.metrics.transfers_timed_out.increment(1);
                     }
                 }
                 tracing::debug!(request = request.0, ?reason, "failed");
-                let finish = if reason == AbortReason::Client {
-                    FinishReason::Aborted
-                } else {
-                    FinishReason::StepFailed
+                let finish = match reason {
+                    AbortReason::Client => FinishReason::Aborted,
+                    // An overload: the client is told so (503, retry), as a single process does.
+                    AbortReason::QueueTimeout => FinishReason::QueueTimeout,
+                    _ => FinishReason::StepFailed,
                 };
                 self.finish(request, finish);
             }
