@@ -367,7 +367,7 @@ fn protocol(c: &mut Criterion) {
     let mut beaten = decode.clone();
     let mut beaten_pool = decode_pool.clone();
     beaten.check_invariants_incremental(&beaten_pool).unwrap();
-    let heartbeat = Message::Heartbeat { key: key(7), seq: 0 };
+    let heartbeat = Message::Heartbeat { key: key(7), seq: 0, progress: 0 };
     let later = Time::ZERO.saturating_add(Duration::from_secs(5));
     beaten.handle_envelope(envelope(PREFILL, DECODE, heartbeat), &mut beaten_pool, later);
     while beaten.poll_output().is_some() {}

@@ -53,7 +53,7 @@ fn codec(c: &mut Criterion) {
             Envelope {
                 from: PREFILL,
                 to: DECODE,
-                body: Message::Heartbeat { key: key(7), seq: 3 },
+                body: Message::Heartbeat { key: key(7), seq: 3, progress: 0 },
             },
         ),
         (

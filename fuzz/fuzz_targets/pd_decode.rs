@@ -84,7 +84,7 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Heartbeat { sender, transfer, epoch, seq } => (
                 endpoint(sender),
-                Message::Heartbeat { key: key(transfer, epoch), seq: u32::from(seq) },
+                Message::Heartbeat { key: key(transfer, epoch), seq: u32::from(seq), progress: 0 },
             ),
             Op::Done { sender, transfer, epoch, pages_written } => (
                 endpoint(sender),

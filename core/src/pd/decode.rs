@@ -81,8 +81,10 @@ struct Transfer {
     reserved: Vec<PageRef>,
     pin: PinId,
     lease_until: Time,
-    /// The router hears `TransferLive` at the first heartbeat from then on.
+    /// The router hears `TransferLive` at the first heartbeat from then on that reports more
+    /// progress than `reported_progress`, the last it heard of.
     next_live_report: Time,
+    reported_progress: u32,
     phase: Phase,
 }
 
@@ -228,7 +230,7 @@ impl DecodeSide {
             return;
         }
         match envelope.body {
-            Message::Heartbeat { seq, .. } => self.on_heartbeat(key, seq, now),
+            Message::Heartbeat { seq, progress, .. } => self.on_heartbeat(key, seq, progress, now),
             Message::Done { first_token, pages_written, .. } => {
                 self.on_done(key, first_token, pages_written, pool)
             }
@@ -388,6 +390,7 @@ impl DecodeSide {
                 pin,
                 lease_until,
                 next_live_report: now.saturating_add(self.config.live_report_interval),
+                reported_progress: 0,
                 phase: Phase::AwaitingPrefill,
             },
         );
@@ -397,7 +400,7 @@ impl DecodeSide {
         }
     }
 
-    fn on_heartbeat(&mut self, key: TransferKey, seq: u32, now: Time) {
+    fn on_heartbeat(&mut self, key: TransferKey, seq: u32, progress: u32, now: Time) {
         let span = self.lease_span();
         let transfer = self.transfers.get_mut(&key.transfer).expect("checked by the caller");
         if transfer.phase == Phase::Draining {
@@ -414,10 +417,12 @@ impl DecodeSide {
             transfer.lease_until = until;
             self.changed.insert(key.transfer);
         }
-        // The prefill side is computing or writing: the router's outcome timeout starts again.
-        let live = transfer.next_live_report <= now;
+        // The prefill side got further since the last report: the router's outcome timeout
+        // starts again. Heartbeats alone do not: a sender stuck in its handshake heartbeats too.
+        let live = transfer.next_live_report <= now && progress > transfer.reported_progress;
         if live {
             transfer.next_live_report = now.saturating_add(self.config.live_report_interval);
+            transfer.reported_progress = progress;
         }
         let (prefill, router, lease_ms) = (
             transfer.prefill,

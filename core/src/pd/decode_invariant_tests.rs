@@ -59,7 +59,7 @@ fn legit() -> (DecodeSide, PagePool) {
         let body = Message::Reserve { key: key(id), request, prefill: P };
         side.handle_envelope(Envelope { from: R, to: D, body }, &mut pool, Time::ZERO);
     }
-    let body = Message::Heartbeat { key: key(1), seq: 0 };
+    let body = Message::Heartbeat { key: key(1), seq: 0, progress: 0 };
     side.handle_envelope(Envelope { from: P, to: D, body }, &mut pool, Time::from_millis(10));
     while side.poll_output().is_some() {}
     let indices = |id: u64| side.transfers[&TransferId(id)].reserved.iter().map(|p| p.index());

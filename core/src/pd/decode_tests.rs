@@ -95,7 +95,7 @@ fn happy_path_hands_whole_kv_to_the_scheduler() {
     let mut rig = Rig::new();
     let pages = rig.reserve(1, 10);
     assert_eq!(pages.len(), 3);
-    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
     assert_eq!(
         sent(&out),
         vec![(P, Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS as u32 })]
@@ -126,7 +126,7 @@ fn happy_path_hands_whole_kv_to_the_scheduler() {
 fn free_while_a_write_lands() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+    rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
     let out = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
     assert_eq!(terminals(&out), 1);
     assert!(sent(&out).contains(&(P, Message::Abort { key: key(1), reason: AbortReason::Client })));
@@ -180,7 +180,7 @@ fn leak_when_the_peer_is_silent() {
     rig.reserve(1, 10);
     for _ in 0..10 {
         rig.advance(LEASE_MS / 2);
-        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 1 });
+        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 1, progress: 0 });
     }
     assert_eq!(rig.side.transfers_live(), 1);
     rig.advance(LEASE_MS + FLIGHT_MS);
@@ -259,7 +259,7 @@ fn a_restarted_prefill_gives_up_its_transfers_after_their_lease() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let reborn = Endpoint { incarnation: Incarnation(2), ..P };
-    let out = rig.deliver(reborn, Message::Heartbeat { key: key(9), seq: 0 });
+    let out = rig.deliver(reborn, Message::Heartbeat { key: key(9), seq: 0, progress: 0 });
     assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PeerRestarted }));
     assert_eq!(rig.pool.held_count(), 3, "the old incarnation's writes may still be in flight");
     // The old incarnation is not heard any more.
@@ -275,7 +275,7 @@ fn an_ended_transfer_is_never_granted_a_lease() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
-    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 3 });
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 3, progress: 0 });
     assert!(sent(&out).iter().all(|(_, m)| !matches!(m, Message::LeaseGrant { .. })));
     assert!(sent(&out).iter().any(|(_, m)| matches!(m, Message::Abort { .. })));
 }
@@ -431,7 +431,7 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
         assert_eq!(rig.pool.poll_expired(), None, "the pool expired a transfer's pin");
         assert_eq!(rig.pool.next_timeout(), None, "a transfer's pin set a pool timer");
         rig.drain();
-        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0 });
+        rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
         let out = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
         assert!(out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
         // Transfer 2 ends on its lease, the pool's timers run before or after this side's.
@@ -448,29 +448,33 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
 }
 
 /// A long prompt: its prefill side asks for leases for longer than the router's outcome timeout
-/// would wait from `Reserve`. Every heartbeat at least `live_report_interval` after the last
-/// report tells the router the transfer is still at work; the others do not, and a transfer that
-/// ended tells it nothing more.
+/// would wait from `Reserve`. A heartbeat at least `live_report_interval` after the last report
+/// that says the transfer got further tells the router it is still at work; the others do not:
+/// heartbeats that report no progress (a sender stuck in its handshake) tell it nothing, nor do
+/// those of a transfer that ended.
 #[test]
-fn a_transfer_still_at_work_tells_the_router_at_most_once_per_interval() {
+fn a_transfer_that_gets_further_tells_the_router_at_most_once_per_interval() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let live = |out: &[DecodeOutput]| {
         sent(out).iter().filter(|m| *m == &(R, Message::TransferLive { key: key(1) })).count()
     };
     let mut reports = Vec::new();
-    for seq in 0..20 {
+    // Progress grows with every heartbeat to 1000 ms, then stands still to 2000 ms.
+    for seq in 0..40 {
         rig.now = rig.now.saturating_add(Duration::from_millis(LEASE_MS / 2));
-        let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq });
+        let progress = seq.min(19);
+        let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq, progress });
         assert!(sent(&out).contains(&(P, Message::LeaseGrant { key: key(1), seq, lease_ms: 100 })));
         if live(&out) == 1 {
             reports.push(rig.now.as_nanos() / 1_000_000);
         }
     }
-    // Heartbeats at 50, 100, ..., 1000 ms: reports at the first one at or past each interval.
+    // Heartbeats every 50 ms: reports at the first one at or past each interval, while progress
+    // grows; the last growth (at 1000 ms) was reported at 1000 ms, and nothing after.
     assert_eq!(reports, vec![250, 500, 750, 1000]);
     rig.deliver(P, Message::Abort { key: key(1), reason: AbortReason::Timeout });
     rig.now = rig.now.saturating_add(Duration::from_millis(LIVE_REPORT_MS));
-    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 20 });
+    let out = rig.deliver(P, Message::Heartbeat { key: key(1), seq: 40, progress: 100 });
     assert_eq!(live(&out), 0, "an ended transfer is not at work");
 }

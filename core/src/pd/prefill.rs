@@ -107,6 +107,10 @@ struct Transfer {
     /// Send times of recent heartbeats, to anchor each grant to when it was asked for.
     heartbeats_sent: VecDeque<(u32, Time)>,
     next_heartbeat: Time,
+    /// Heartbeats that found the worker had computed a step since the one before (`progress`).
+    compute_ticks: u32,
+    /// The worker's last step those heartbeats have counted.
+    compute_progress_counted: Time,
     deadline: Time,
     phase: Phase,
     /// The time this transfer is filed under in `PrefillSide::due`.
@@ -442,6 +446,8 @@ impl PrefillSide {
                 heartbeat_seq: 0,
                 heartbeats_sent: VecDeque::with_capacity(HEARTBEATS_REMEMBERED),
                 next_heartbeat: now,
+                compute_ticks: 0,
+                compute_progress_counted: now,
                 deadline,
                 phase: Phase::Computing,
                 filed_due: now,
@@ -454,7 +460,14 @@ impl PrefillSide {
 
     fn heartbeat(&mut self, key: TransferKey, now: Time) {
         let interval = self.config.heartbeat_interval;
+        let compute_progress_at = self.compute_progress_at;
         let t = self.transfer_mut(key);
+        if t.phase == Phase::Computing && compute_progress_at > t.compute_progress_counted {
+            t.compute_ticks = t.compute_ticks.saturating_add(1);
+            t.compute_progress_counted = compute_progress_at;
+        }
+        let computed = u32::from(t.phase != Phase::Computing);
+        let progress = t.compute_ticks.saturating_add(computed).saturating_add(t.completed_writes);
         let seq = t.heartbeat_seq;
         t.heartbeat_seq = seq.wrapping_add(1);
         if t.heartbeats_sent.len() == HEARTBEATS_REMEMBERED {
@@ -463,7 +476,7 @@ impl PrefillSide {
         t.heartbeats_sent.push_back((seq, now));
         t.next_heartbeat = now.saturating_add(interval);
         let decode = t.decode;
-        self.send(decode, Message::Heartbeat { key, seq });
+        self.send(decode, Message::Heartbeat { key, seq, progress });
     }
 
     fn on_grant(

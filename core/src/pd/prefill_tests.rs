@@ -109,7 +109,7 @@ fn ends(out: &[PrefillOutput]) -> Vec<bool> {
 fn happy_path_writes_under_a_lease_then_done() {
     let mut rig = Rig::new();
     let out = rig.deliver(prepare(1, 10, 0));
-    assert_eq!(sent(&out), vec![Message::Heartbeat { key: key(1), seq: 0 }]);
+    assert_eq!(sent(&out), vec![Message::Heartbeat { key: key(1), seq: 0, progress: 0 }]);
     assert!(out.iter().any(|o| matches!(o, PrefillOutput::Compute { .. })));
     let out = rig.computed(1);
     assert!(writes(&out).is_empty(), "no write before a lease is granted");
@@ -356,7 +356,7 @@ fn timers_fire_in_transfer_order_whatever_fell_due_first() {
     let heartbeats: Vec<u64> = sent(&out)
         .iter()
         .map(|m| match m {
-            Message::Heartbeat { key, seq: 1 } => key.transfer.0,
+            Message::Heartbeat { key, seq: 1, progress: 0 } => key.transfer.0,
             other => panic!("expected a second heartbeat, got {other:?}"),
         })
         .collect();
@@ -397,4 +397,33 @@ fn a_stalled_computation_ends_one_deadline_after_the_last_step() {
     assert_eq!(rig.now, Time::from_millis(2_480));
     assert!(ends_within(&mut rig, 10), "a stalled computation outlived its deadline");
     assert_eq!(rig.pool.pins_live_count(), 0);
+}
+
+/// The progress a heartbeat reports grows only when the transfer got further: a step computed
+/// since the last heartbeat, the computation's end, a write completed. A sender waiting for a
+/// lease that never comes reports the same progress however long it heartbeats.
+#[test]
+fn heartbeats_report_progress_only_when_the_transfer_got_further() {
+    let mut rig = Rig::new();
+    let progress = |out: &[PrefillOutput]| {
+        sent(out).iter().find_map(|m| match m {
+            Message::Heartbeat { progress, .. } => Some(*progress),
+            _ => None,
+        })
+    };
+    assert_eq!(progress(&rig.deliver(prepare(1, 10, 0))), Some(0));
+    assert_eq!(progress(&rig.advance(30)), Some(0), "no step computed");
+    rig.side.handle_compute_progress(rig.now);
+    assert_eq!(progress(&rig.advance(30)), Some(1));
+    assert_eq!(progress(&rig.advance(30)), Some(1), "no step since the last heartbeat");
+    rig.computed(1);
+    assert_eq!(progress(&rig.advance(30)), Some(2), "the computation ended");
+    for _ in 0..5 {
+        assert_eq!(progress(&rig.advance(30)), Some(2), "waiting for a lease is no progress");
+    }
+    let out = rig.deliver(Message::LeaseGrant { key: key(1), seq: 7, lease_ms: LEASE_MS });
+    assert_eq!(writes(&out), vec![0, 1, 2]);
+    rig.completion(1, 0, true);
+    rig.completion(1, 1, true);
+    assert_eq!(progress(&rig.advance(30)), Some(4), "two writes completed");
 }

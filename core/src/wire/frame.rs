@@ -171,7 +171,10 @@ fn body(w: &mut Writer, message: &Message) {
             w.u32(*lease_ms);
         }
         Message::DoneAck { .. } | Message::AbortAck { .. } | Message::TransferLive { .. } => {}
-        Message::Heartbeat { seq, .. } => w.u32(*seq),
+        Message::Heartbeat { seq, progress, .. } => {
+            w.u32(*seq);
+            w.u32(*progress);
+        }
         Message::LeaseGrant { seq, lease_ms, .. } => {
             w.u32(*seq);
             w.u32(*lease_ms);
@@ -227,7 +230,11 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             let lease_ms = r.u32("lease")?;
             Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
         }
-        3 => Message::Heartbeat { key, seq: r.u32("heartbeat seq")? },
+        3 => Message::Heartbeat {
+            key,
+            seq: r.u32("heartbeat seq")?,
+            progress: r.u32("heartbeat progress")?,
+        },
         4 => Message::LeaseGrant { key, seq: r.u32("heartbeat seq")?, lease_ms: r.u32("lease")? },
         5 => Message::Done {
             key,

@@ -146,7 +146,11 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(key, request, cached_tokens, page_tokens, pages, lease_ms)| {
                 Message::Prepare { key, request, cached_tokens, page_tokens, pages, lease_ms }
             }),
-        (key(), any::<u32>()).prop_map(|(key, seq)| Message::Heartbeat { key, seq }),
+        (key(), any::<u32>(), any::<u32>()).prop_map(|(key, seq, progress)| Message::Heartbeat {
+            key,
+            seq,
+            progress
+        }),
         (key(), any::<u32>(), any::<u32>()).prop_map(|(key, seq, lease_ms)| Message::LeaseGrant {
             key,
             seq,
@@ -218,6 +222,7 @@ fn sample() -> Envelope {
         body: Message::Heartbeat {
             key: TransferKey { transfer: TransferId(3), epoch: Epoch(4) },
             seq: 5,
+            progress: 6,
         },
     }
 }
@@ -227,7 +232,7 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![9, 0, 0, 0, 3, 3, 1, 2, 1, 2, 3, 4, 5]
+        vec![10, 0, 0, 0, 3, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
