@@ -7,7 +7,7 @@
 //! router ──Reserve──▶ decode: match the prefix cache, allocate and pin the missing pages
 //!                     decode ──Prepare(pages)──▶ prefill
 //!          prefill ──Heartbeat(seq)──▶ decode ──LeaseGrant(seq)──▶ prefill      (repeats)
-//!                     decode ──TransferLive──▶ router   (at most once per report interval)
+//!                     decode ──TransferLive──▶ router   (progress grew; once per interval at most)
 //!          prefill ══KvWrite══▶ decode memory (one-sided; lands whatever decode's state)
 //!          prefill ──Done(first token)──▶ decode   (only after every write completed)
 //!                     decode ──DoneAck──▶ prefill, ──Outcome──▶ router; pages go to the scheduler
@@ -35,10 +35,11 @@
 //! from `Prepare` and again from the end of the computation; while computing, it is at least one
 //! deadline past the worker's last computed step, so a prompt that waits its turn behind others
 //! lives as long as the worker makes progress and ends once it stops. The decode side holds the
-//! pages while heartbeats come (the lease), and tells the router at most once per report
-//! interval that they do (`TransferLive`). The router gives up on a transfer that it has heard
-//! nothing of for its outcome timeout: longer than the prefill side's deadline plus the report
-//! interval, so it never gives up on a transfer the workers are still finishing.
+//! pages while heartbeats come (the lease), and tells the router, at most once per report
+//! interval, when a heartbeat says the transfer got further (`TransferLive`). The router gives
+//! up on a transfer that it has heard nothing of for its outcome timeout: longer than the prefill
+//! side's deadline plus the report interval, so it never gives up on a transfer the workers are
+//! still finishing.
 //!
 //! ## Identity
 //!

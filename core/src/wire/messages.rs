@@ -242,10 +242,10 @@ pub enum Message {
         key: TransferKey,
         failure: Option<AbortReason>,
     },
-    /// Decode → router: the transfer is live here, and its prefill side still asks for leases
-    /// (it is computing or writing). The router's outcome timeout counts again from here, so a
-    /// long prompt is not given up on while the workers make progress on it. Sent at most once
-    /// per `DecodeConfig::live_report_interval` per transfer.
+    /// Decode → router: the transfer is live here, and its prefill side's heartbeats say it got
+    /// further (it is computing or writing). The router's outcome timeout counts again from
+    /// here, so a long prompt is not given up on while the workers make progress on it. Sent at
+    /// most once per `DecodeConfig::live_report_interval` per transfer.
     TransferLive {
         key: TransferKey,
     },
