@@ -29,9 +29,9 @@ pub struct DecodeConfig {
     pub transfers_max: u32,
     /// Whether reserved prompts reuse the decode side's prefix cache.
     pub prefix_cache: bool,
-    /// How often a transfer whose prefill side still asks for leases tells the router so
-    /// (`Message::TransferLive`): well under the router's outcome timeout, which counts from
-    /// the last report, and long enough that a transfer of a short prompt sends none.
+    /// How often, at most, a transfer whose prefill side's heartbeats report progress tells the
+    /// router so (`Message::TransferLive`): well under the router's outcome timeout, which counts
+    /// from the last report, and long enough that a transfer of a short prompt sends none.
     pub live_report_interval: Duration,
 }
 
