@@ -46,6 +46,10 @@ pub enum PrefillNodeOutput {
 pub(super) struct Computation {
     key: TransferKey,
     first_token: Option<u32>,
+    /// The most positions it ever had computed. A preempted prompt recomputes what it lost, and
+    /// that is not progress: only passing this mark is (a worker thrashing between prompts that
+    /// preempt each other must look stalled, or a transfer pinning pages would never time out).
+    computed_high: u32,
     /// Planted `EmptyHandOff` only (else always false): preempted while its last step was in
     /// flight, so the buggy hand-off takes its page list as that preemption left it.
     planted_preempted_in_last_step: bool,
@@ -128,12 +132,30 @@ impl PrefillNode {
 
     pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
         let result = self.sched.apply_outputs(outputs, now);
-        if result.is_ok() {
-            // Every request here is a prompt being computed: a step applied is progress.
+        if result.is_ok() && self.passed_high_water_marks() {
             self.side.handle_compute_progress(now);
         }
         self.after_input(now);
         result
+    }
+
+    /// Whether some prompt has now more positions computed than ever before, raising the marks.
+    /// A prompt the step finished counts too: its computed positions reached its length.
+    fn passed_high_water_marks(&mut self) -> bool {
+        let mut passed = false;
+        for (&id, c) in self.computing.iter_mut() {
+            match self.sched.computed_tokens(id) {
+                Some(computed) if computed > c.computed_high => {
+                    c.computed_high = computed;
+                    passed = true;
+                }
+                Some(_) => {}
+                // Ended in this step, which sampled its one token: the prompt is complete. (A
+                // cancelled one is gone from `computing` before the next step is applied.)
+                None => passed = true,
+            }
+        }
+        passed
     }
 
     pub fn fail_step(&mut self, step: StepId, now: Time) -> Result<(), ApplyError> {
@@ -194,6 +216,7 @@ impl PrefillNode {
                                 Computation {
                                     key,
                                     first_token: None,
+                                    computed_high: 0,
                                     planted_preempted_in_last_step: false,
                                 },
                             );

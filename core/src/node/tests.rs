@@ -2,11 +2,13 @@
 //! them equals the single-worker run, every page and pin comes back, and each hand-over hole
 //! that issue 9 named stays closed.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::sched::{RequestId, StepMode};
+use crate::Time;
+use crate::sched::{FinishReason, RequestId, StepMode};
 use crate::testing::{Cluster, ClusterConfig, DECODE, End, request, run_alone, small_config};
-use crate::wire::{Message, RequestSpec};
+use crate::wire::{Message, RequestSpec, TransferKey};
 
 fn prompt(id: u64, len: u32, shared: u32) -> Vec<u32> {
     // The first `shared` tokens are common to every request: prefix-cache hits on both sides.
@@ -163,5 +165,63 @@ fn a_late_write_is_dropped_and_the_request_fails_closed() {
     assert!(c.writes_late >= 1);
     c.run_until_done(5_000);
     assert!(matches!(c.ends[&RequestId(1)], End::Failed(_)), "{:?}", c.ends);
+    quiet(&c);
+}
+
+/// A prompt preempted over and over recomputes what it lost, which is no progress. Here the
+/// first prompt's transfer holds its pages pinned while its writes wait for a lease that never
+/// comes, and the second prompt, which the rest of the pool cannot hold whole, preempts itself
+/// and starts again every step. Those steps must not show in its heartbeats, nor keep its
+/// transfer alive: it ends one deadline after its last real progress, like the stuck one, and
+/// the router's retry then runs it to the end.
+#[test]
+fn recomputing_after_a_preemption_is_no_progress() {
+    let mut config = ClusterConfig::new(small_config(StepMode::Sync, 6));
+    // Without the cache a preempted prompt starts from nothing: the thrash is certain.
+    config.prefill_sched.prefix_cache = false;
+    config.decode_sched = small_config(StepMode::Sync, 64);
+    let deadline = config.prefill.transfer_deadline;
+    let sched = config.prefill_sched.clone();
+    let mut c = Cluster::new(config);
+    let specs = [spec(1, 16, 0, 2), spec(2, 16, 0, 2)];
+    for s in &specs {
+        c.submit(s.clone()).unwrap();
+    }
+    let mut reported: BTreeMap<TransferKey, Vec<u32>> = BTreeMap::new();
+    let mut steps = 0;
+    while c.now < Time::ZERO.saturating_add(deadline) {
+        while let Some(envelope) = c.network.front() {
+            match envelope.body {
+                Message::LeaseGrant { .. } => {
+                    c.drop_message(0);
+                    continue;
+                }
+                Message::Heartbeat { key, progress, .. } => {
+                    reported.entry(key).or_default().push(progress)
+                }
+                _ => {}
+            }
+            c.deliver(0);
+        }
+        steps += u32::from(c.step_prefill());
+        c.step_decode();
+        c.advance(Duration::from_millis(1));
+    }
+    assert!(steps >= 390, "the second prompt stopped thrashing: {steps} steps");
+    assert_eq!(c.prefill.side().transfers_live(), 2, "a transfer ended before its deadline");
+    for (key, progress) in &reported {
+        assert!(progress.len() >= 40, "{key:?} sent {} heartbeats", progress.len());
+        assert!(
+            progress[2..].iter().all(|&p| p == progress[2]),
+            "{key:?} reported progress while the worker thrashed: {progress:?}"
+        );
+    }
+    c.advance(Duration::from_millis(2));
+    assert_eq!(c.prefill.side().transfers_live(), 0, "a thrashing transfer outlived its deadline");
+    c.run_until_done(5_000);
+    for s in &specs {
+        assert_eq!(c.ends[&s.id], End::Finished(FinishReason::Length), "{}", s.id);
+        assert_eq!(c.outputs[&s.id], alone(&sched, s), "{}", s.id);
+    }
     quiet(&c);
 }

@@ -33,8 +33,9 @@
 //!
 //! Each side bounds what it waits for by what it can see. The prefill side's deadline counts
 //! from `Prepare` and again from the end of the computation; while computing, it is at least one
-//! deadline past the worker's last computed step, so a prompt that waits its turn behind others
-//! lives as long as the worker makes progress and ends once it stops. The decode side holds the
+//! deadline past the worker's last progress (a step that took some prompt further than it had
+//! ever been: recomputing what a preemption lost does not count), so a prompt that waits its turn
+//! behind others lives as long as the worker makes progress and ends once it stops or thrashes. The decode side holds the
 //! pages while heartbeats come (the lease), and tells the router, at most once per report
 //! interval, when a heartbeat says the transfer got further (`TransferLive`). The router gives
 //! up on a transfer that it has heard nothing of for its outcome timeout: longer than the prefill

@@ -27,7 +27,7 @@ pub struct PrefillConfig {
     /// How long a transfer may wait for a lease, a computation or an answer. Counted from
     /// `Prepare`, and again from the end of its computation: a prompt computed while the worker
     /// makes progress is never cut off for its length, only one stalled this long since the
-    /// worker last computed a step (`handle_compute_progress`).
+    /// worker last made progress (`handle_compute_progress`).
     pub transfer_deadline: Duration,
     /// How often `Done` is sent again until acknowledged.
     pub done_retransmit: Duration,
@@ -332,10 +332,12 @@ impl PrefillSide {
         }
     }
 
-    /// The worker computed a step of the prompts it holds. A prompt waits its turn behind the
-    /// others (the scheduler's order bounds that wait), so the worker's progress, not the
-    /// prompt's own, is what keeps a computing transfer alive: the deadline ends only a stalled
-    /// computation. Takes effect at each transfer's next timer (`handle_timeout`).
+    /// The worker took one of the prompts it holds further than it had ever been (the caller
+    /// decides; recomputing what a preemption lost is not progress). A prompt waits its turn
+    /// behind the others (the scheduler's order bounds that wait), so the worker's progress, not
+    /// the prompt's own, is what keeps a computing transfer alive: the deadline ends only a
+    /// stalled or thrashing computation. Takes effect at each transfer's next timer
+    /// (`handle_timeout`).
     pub fn handle_compute_progress(&mut self, now: Time) {
         self.compute_progress_at = self.compute_progress_at.max(now);
     }

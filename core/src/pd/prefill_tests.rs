@@ -399,7 +399,7 @@ fn a_stalled_computation_ends_one_deadline_after_the_last_step() {
     assert_eq!(rig.pool.pins_live_count(), 0);
 }
 
-/// The progress a heartbeat reports grows only when the transfer got further: a step computed
+/// The progress a heartbeat reports grows only when the transfer got further: the worker's progress
 /// since the last heartbeat, the computation's end, a write completed. A sender waiting for a
 /// lease that never comes reports the same progress however long it heartbeats.
 #[test]

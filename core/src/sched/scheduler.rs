@@ -202,6 +202,12 @@ impl Scheduler {
         self.by_id.get(&id).map(|&e| self.entry(e).tokens.as_slice())
     }
 
+    /// Positions of a held request whose KV applied steps wrote; back to what the prefix cache
+    /// holds after a preemption.
+    pub fn computed_tokens(&self, id: RequestId) -> Option<u32> {
+        self.by_id.get(&id).map(|&e| self.entry(e).computed)
+    }
+
     /// Accepts a request into the waiting queue, or refuses it with the reason. A refused request
     /// leaves no trace.
     pub fn submit(&mut self, req: NewRequest, now: Time) -> Result<(), AdmissionError> {

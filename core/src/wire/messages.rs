@@ -204,8 +204,9 @@ pub enum Message {
     Heartbeat {
         key: TransferKey,
         seq: u32,
-        /// How far the transfer has come: grows when the prefill worker computed steps since the
-        /// last heartbeat, when the computation ended, and with each write completed. The decode
+        /// How far the transfer has come: grows when the prefill worker made progress since the
+        /// last heartbeat (took a prompt further than ever: recomputing after a preemption does
+        /// not count), when the computation ended, and with each write completed. The decode
         /// side reports a transfer to the router (`TransferLive`) only when it grew: a prefill
         /// side that heartbeats without getting anywhere does not keep the router waiting.
         progress: u32,
