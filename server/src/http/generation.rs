@@ -13,6 +13,10 @@ use crate::engine::{RequestEvent, RequestStream};
 use crate::record::{Recording, TraceFinish};
 use crate::text::{Detokenizer, StopMatcher, TextCodec};
 
+/// What a client reads when its request was shed for waiting past the queue's bound: the
+/// deployment is overloaded, not broken (the simulator's liveness oracle tells the two apart).
+pub const QUEUE_TIMEOUT_MESSAGE: &str = "the request waited too long in the queue";
+
 /// New output: text (possibly empty while a character or a possible stop string is held back),
 /// and the tokens it came from.
 #[derive(Debug, Default)]
@@ -138,7 +142,7 @@ impl Generation {
                     FinishReason::EndOfSequence(_) | FinishReason::StopToken(_) => Ok(Finish::Stop),
                     FinishReason::Length | FinishReason::ContextLength => Ok(Finish::Length),
                     FinishReason::QueueTimeout => {
-                        Err(ApiError::unavailable("the request waited too long in the queue", 1))
+                        Err(ApiError::unavailable(QUEUE_TIMEOUT_MESSAGE, 1))
                     }
                     FinishReason::Aborted => {
                         Err(ApiError::unavailable("the request was aborted", 1))

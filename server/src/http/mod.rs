@@ -22,6 +22,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 pub use error::ApiError;
+pub use generation::QUEUE_TIMEOUT_MESSAGE;
 pub use protocol::GenerationParams;
 
 use crate::engine::EngineHandle;
