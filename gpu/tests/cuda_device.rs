@@ -402,9 +402,9 @@ fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
 }
 
 /// Runs one watched request alone, then among 31 companions whose prompts of 3 to 17 tokens
-/// prefill 2 at a time while the short ones decode; returns both runs of the watched request
-/// and whether a step had 32 rows mixing prefill and decode.
-fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 2] {
+/// prefill 2 at a time while the short ones decode, then in the same crowd with every kernel a
+/// programmatic dependent launch; returns the three runs of the watched request.
+fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 3] {
     let config = config(32, 2);
     let sampling = |id: u64| Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 ^ id };
     let prompt: Vec<u32> = (0..5).map(|i| (11 + 37 * i) % vocab).collect();
@@ -416,31 +416,50 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
             (0..len).map(|i| (100 + id as u32 * 131 + i as u32 * 17) % vocab).collect();
         crowd.push((request(id, p, 3 + (id as u32 % 4)), sampling(id)));
     }
-    let new = || cuda(weights, config.pool, config.running_max, CudaOptions::default());
-    let mut alone_executor = new();
+    let new = |dependent_launches| {
+        let options = CudaOptions { dependent_launches, ..CudaOptions::default() };
+        cuda(weights, config.pool, config.running_max, options)
+    };
+    let mut alone_executor = new(false);
     let alone = run(&mut alone_executor, &config, vec![watched]).remove(&RequestId(0)).unwrap();
-    let mut crowd_executor = new();
-    let in_crowd = run(&mut crowd_executor, &config, crowd).remove(&RequestId(0)).unwrap();
+    let mut crowd_executor = new(false);
+    let in_crowd = run(&mut crowd_executor, &config, crowd.clone()).remove(&RequestId(0)).unwrap();
     assert!(alone_executor.steps_replayed > 0 && crowd_executor.steps_eager > 0);
-    [alone, in_crowd]
+    let mut dependent_executor = new(true);
+    let dependent = run(&mut dependent_executor, &config, crowd).remove(&RequestId(0)).unwrap();
+    assert!(dependent_executor.steps_replayed > 0 && dependent_executor.steps_eager > 0);
+    [alone, in_crowd, dependent]
+}
+
+/// The steps at which two runs' logits differ in any bit.
+fn steps_differing(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<usize> {
+    (a.iter().zip(b).enumerate())
+        .filter(|(_, (a, b))| {
+            a.len() != b.len() || a.iter().zip(*b).any(|(x, y)| x.to_bits() != y.to_bits())
+        })
+        .map(|(step, _)| step)
+        .collect()
 }
 
 /// The watched request's logits alone and in the crowd are the same bits at every step.
 fn batch_invariant(name: &str, weights: &Arc<LlamaWeights>) {
     let vocab = weights.config.vocab_size as u32;
-    let [alone, in_crowd] = alone_and_in_a_crowd(weights, vocab);
-    assert_eq!(alone.1.len(), 6);
-    let differing: Vec<usize> = (alone.1.iter().zip(&in_crowd.1).enumerate())
-        .filter(|(_, (a, b))| a.iter().zip(*b).any(|(x, y)| x.to_bits() != y.to_bits()))
-        .map(|(step, _)| step)
-        .collect();
+    let [alone, in_crowd, dependent] = alone_and_in_a_crowd(weights, vocab);
+    assert_eq!((alone.1.len(), dependent.1.len()), (6, 6));
+    let differing = steps_differing(&alone.1, &in_crowd.1);
+    let differing_dependent = steps_differing(&in_crowd.1, &dependent.1);
     report(
         "batch invariance",
         json!({"model": name, "steps": alone.1.len(), "steps_differing": differing,
+        "steps_differing_with_dependent_launches": differing_dependent,
         "tokens_alone": alone.0, "tokens_in_the_batch": in_crowd.0}),
     );
     assert!(differing.is_empty(), "{name}: logits differ alone and in the batch at {differing:?}");
     assert_eq!(alone.0, in_crowd.0, "{name}: tokens differ alone and in the batch");
+    assert!(
+        differing_dependent.is_empty(),
+        "{name}: dependent launches changed the logits at {differing_dependent:?}"
+    );
 }
 
 #[test]
@@ -632,9 +651,12 @@ fn decode_throughput_against_the_hbm_roofline() {
         Ok(list) => list.split(',').map(|b| b.trim().parse().unwrap()).collect(),
         Err(_) => vec![1, 32, 256],
     };
-    for batch in batches {
+    // Each size with plain launches and then with programmatic dependent ones, side by side.
+    let runs = batches.iter().flat_map(|&batch| [(batch, false), (batch, true)]);
+    for (batch, dependent_launches) in runs {
         let config = bench_config(batch);
-        let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
+        let options =
+            CudaOptions { graph_rows_max: 256, dependent_launches, ..CudaOptions::default() };
         let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
         let mut sched = Scheduler::new(config.clone()).unwrap();
@@ -671,7 +693,7 @@ fn decode_throughput_against_the_hbm_roofline() {
         let seconds = decode_time.as_secs_f64();
         report(
             "decode throughput",
-            json!({"batch": batch, "params": 1.24e9,
+            json!({"batch": batch, "dependent_launches": dependent_launches, "params": 1.24e9,
             "weight_bytes": weight_bytes, "decode_steps_timed": decode_only_steps.saturating_sub(2),
             "tokens_per_s": decode_tokens as f64 / seconds,
             "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),

@@ -97,3 +97,35 @@ fn a_broken_kernel_fails_with_nvrtc_s_log() {
     let err = nvrtc::compile_clean(&warns, Target::Cubin { sm: 90 }).unwrap_err();
     assert!(err.contains("warned") && err.contains("planted"), "{err}");
 }
+
+/// A dependent launch is safe only if every kernel waits for the one before it: on sm_90 each
+/// entry point's code holds `griddepcontrol.wait` (the prelude's `wait_for_inputs`, which an
+/// architecture test could compile out) and lets the next kernel start; the products prefetch
+/// their rows. Below sm_90 the instructions do not exist, the guard compiles them out, and the
+/// executor launches plainly there.
+#[test]
+fn every_kernel_waits_for_the_one_before_it_on_hopper() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    for kernel in kernels::ALL {
+        let ptx = |compute| {
+            let compiled = nvrtc::compile_clean(&kernel, Target::Ptx { compute })
+                .unwrap_or_else(|e| panic!("{e}"));
+            String::from_utf8_lossy(&compiled.image).into_owned()
+        };
+        let hopper = ptx(90);
+        // Each entry point's body is the text from its `.entry` to the next one's.
+        let entries: Vec<&str> = hopper.split(".entry ").skip(1).collect();
+        assert_eq!(entries.len(), kernel.functions.len(), "{}: entry points", kernel.name);
+        for body in entries {
+            let name = body.split('(').next().unwrap_or_default();
+            assert!(body.contains("griddepcontrol.wait"), "{name} never waits");
+            assert!(body.contains("griddepcontrol.launch_dependents"), "{name} holds back");
+            if kernel.name == "matmul" {
+                assert!(body.contains("cp.async.bulk.prefetch.L2"), "{name} prefetches nothing");
+            }
+        }
+        assert!(!ptx(80).contains("griddepcontrol"), "{}: PDL compiled for sm_80", kernel.name);
+    }
+}

@@ -279,7 +279,7 @@ pub fn cuda_executor(
     ordinal: usize,
 ) -> Result<CudaExecutor, String> {
     let graph_rows_max = sched.capture_sizes.last().map_or(0, |&s| s as usize);
-    let options = CudaOptions { ordinal, graph_rows_max };
+    let options = CudaOptions { ordinal, graph_rows_max, ..CudaOptions::default() };
     CudaExecutor::new(weights, sched.pool, sched.running_max, options)
         .map_err(|e| format!("--device cuda:{ordinal}: {e}"))
 }

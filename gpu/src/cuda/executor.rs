@@ -48,11 +48,16 @@ pub struct CudaOptions {
     pub ordinal: usize,
     /// The largest padded size run as a captured graph; 0 runs every step eagerly.
     pub graph_rows_max: usize,
+    /// Programmatic dependent launches (`launch`): each kernel may start, and prefetch its
+    /// weights, while the one before it finishes. Compute capability 9.0 on; ignored below. Off
+    /// by default until a device run has measured it (BENCHMARKS.md); the bits are the same
+    /// either way, which `tests/cuda_device.rs` checks.
+    pub dependent_launches: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> CudaOptions {
-        CudaOptions { ordinal: 0, graph_rows_max: 512 }
+        CudaOptions { ordinal: 0, graph_rows_max: 512, dependent_launches: false }
     }
 }
 
@@ -88,6 +93,7 @@ pub struct CudaExecutor {
     staging: Vec<i32>,
     graphs: BTreeMap<usize, Captured>,
     graph_rows_max: usize,
+    dependent_launches: bool,
     tables: PageTables,
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
@@ -177,6 +183,8 @@ impl CudaExecutor {
             pages_total: pool.pages_total as usize,
             sliding_window: c.sliding_window,
         };
+        // `griddepcontrol` is sm_90's; the kernels compile it out below.
+        let dependent_launches = options.dependent_launches && device.compute_capability.0 >= 9;
         Ok(CudaExecutor {
             device,
             weights,
@@ -191,6 +199,7 @@ impl CudaExecutor {
             staging: Vec::new(),
             graphs: BTreeMap::new(),
             graph_rows_max: options.graph_rows_max,
+            dependent_launches,
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
@@ -273,6 +282,7 @@ impl CudaExecutor {
             dims: self.dims,
             kv: &self.kv,
             kv_layout: self.kv_layout,
+            dependent_launches: self.dependent_launches,
         }
     }
 

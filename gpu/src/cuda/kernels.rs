@@ -17,6 +17,10 @@
 //!   the gate and up product, and Q, K and V are one product (the weights stacked at upload):
 //!   at one token a step is bound by reading the weights and by the launches around them, so
 //!   fewer, larger launches are the decode step's speed.
+//! - Programmatic dependent launch (prelude.cu's `allow_next_kernel`, `wait_for_inputs`): every
+//!   kernel lets the next one start at once and reads no activation before its wait, so that a
+//!   launch with `CudaOptions::dependent_launches` overlaps the one before; launched plainly the
+//!   two are no-ops.
 //! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
 //!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
 //!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and

@@ -4,10 +4,15 @@
 //! that changes between steps of the same shape, so the same calls run eagerly or are captured
 //! once into a CUDA graph and replayed (`executor`).
 //!
-//! Every `unsafe` here is a kernel launch (cudarc cannot check a kernel's parameters): each
+//! Every `unsafe` here is a kernel launch (nothing can check a kernel's parameters): each
 //! launch's arguments follow its `.cu` signature one for one, in order and type (pointers as
-//! device slices or a null `u64`, `int` as `i32`, `long` as `i64`, `float` as `f32`), and every
-//! buffer holds the elements the launch touches (`Buffers::ensure` sizes them before a step).
+//! buffers or `null`, `int` and `float`), and every buffer holds the elements the launch touches
+//! (`Buffers::ensure` sizes them before a step).
+//!
+//! With `Model::dependent_launches`, every kernel after the first is a programmatic dependent
+//! launch (`kernel_call`): each kernel's source calls `allow_next_kernel()` first and touches
+//! nothing another kernel writes before `wait_for_inputs()`. The first kernel follows the input
+//! copy, which the attribute would not order, so it is launched plainly.
 #![allow(unsafe_code)]
 
 use std::path::Path;
@@ -15,10 +20,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchConfig,
-    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
+use super::kernel_call::KernelCall;
 use super::kernels::{self, KernelSource};
 use super::layout::{KvCacheLayout, Part};
 use super::nvrtc::{self, Target};
@@ -304,6 +309,25 @@ fn config(grid_x: u32, grid_y: u32, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// The entry point for a matrix's storage type, of a kernel's `[f32, f16, bf16]` entry points.
+fn for_type<'k>(kernels: &'k [CudaFunction; 3], data: &MatrixData) -> &'k CudaFunction {
+    let [f32_kernel, f16_kernel, bf16_kernel] = kernels;
+    match data {
+        MatrixData::F32(_) => f32_kernel,
+        MatrixData::F16(_) => f16_kernel,
+        MatrixData::Bf16(_) => bf16_kernel,
+    }
+}
+
+/// A matrix's elements as the `const T*` parameter of its type's entry point.
+fn matrix(call: &mut KernelCall<'_>, data: &MatrixData) {
+    match data {
+        MatrixData::F32(d) => call.buffer(d),
+        MatrixData::F16(d) => call.buffer(d),
+        MatrixData::Bf16(d) => call.buffer(d),
+    };
+}
+
 /// What one launch sequence computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -319,6 +343,8 @@ pub struct Model<'a> {
     pub dims: Dims,
     pub kv: &'a CudaSlice<u16>,
     pub kv_layout: KvCacheLayout,
+    /// Launch every kernel after the first as a programmatic dependent launch.
+    pub dependent_launches: bool,
 }
 
 /// Queues a forward pass of `shape` on `stream`: embeddings, every layer, the final norm of the
@@ -349,53 +375,22 @@ pub fn forward(
     let sample_tokens = b.input(Input::SampleTokens);
     rms_norm(stream, m, &b.x, Some(&sample_tokens), &m.weights.output_norm, &b.normed, s)?;
     matmul(stream, m, Product::Plain, m.weights.output(), &b.normed, &b.logits, s, false)?;
-    let vocab = d.vocab as i32;
+    let mut call = KernelCall::new(stream, &m.kernels.argmax);
+    call.buffer(&b.logits).buffer(&b.argmax).int(d.vocab as i32);
     // SAFETY: argmax(const float* logits, int* out, int vocab); `s` rows of logits; 1024
     // threads, as argmax.cu's ARGMAX_THREADS.
-    unsafe {
-        stream
-            .launch_builder(&m.kernels.argmax)
-            .arg(&b.logits)
-            .arg(&b.argmax)
-            .arg(&vocab)
-            .launch(config(grid(s)?, 1, 1024))
-    }?;
-    Ok(())
+    unsafe { call.launch(config(grid(s)?, 1, 1024), m.dependent_launches) }
 }
 
+/// The step's first kernel: launched plainly, after the input copy.
 fn embed(stream: &CudaStream, m: &Model<'_>, b: &Buffers, n: usize) -> Result<(), DriverError> {
-    let hidden = m.dims.hidden as i32;
-    let cfg = config(grid(n)?, 1, 256);
-    let tokens = b.input(Input::Tokens);
-    let [f32_kernel, f16_kernel, bf16_kernel] = &m.kernels.embed;
+    let table = &m.weights.embed.data;
+    let mut call = KernelCall::new(stream, for_type(&m.kernels.embed, table));
+    matrix(&mut call, table);
+    call.buffer(&b.input(Input::Tokens)).buffer(&b.x).int(m.dims.hidden as i32);
     // SAFETY: embed_*(const T* table, const int* tokens, float* x, int hidden); tokens were
     // checked against the vocabulary on the host.
-    unsafe {
-        match &m.weights.embed.data {
-            MatrixData::F32(t) => stream
-                .launch_builder(f32_kernel)
-                .arg(t)
-                .arg(&tokens)
-                .arg(&b.x)
-                .arg(&hidden)
-                .launch(cfg),
-            MatrixData::F16(t) => stream
-                .launch_builder(f16_kernel)
-                .arg(t)
-                .arg(&tokens)
-                .arg(&b.x)
-                .arg(&hidden)
-                .launch(cfg),
-            MatrixData::Bf16(t) => stream
-                .launch_builder(bf16_kernel)
-                .arg(t)
-                .arg(&tokens)
-                .arg(&b.x)
-                .arg(&hidden)
-                .launch(cfg),
-        }
-    }?;
-    Ok(())
+    unsafe { call.launch(config(grid(n)?, 1, 256), false) }
 }
 
 fn rms_norm(
@@ -407,19 +402,16 @@ fn rms_norm(
     out: &CudaSlice<f32>,
     count: usize,
 ) -> Result<(), DriverError> {
-    let (hidden, eps) = (m.dims.hidden as i32, m.dims.rms_eps);
-    let null = 0u64;
-    let mut launch = stream.launch_builder(&m.kernels.rms_norm);
-    launch.arg(x);
+    let mut call = KernelCall::new(stream, &m.kernels.rms_norm);
+    call.buffer(x);
     match rows {
-        Some(rows) => launch.arg(rows),
-        None => launch.arg(&null),
+        Some(rows) => call.buffer(rows),
+        None => call.null(),
     };
-    launch.arg(weight).arg(out).arg(&hidden).arg(&eps);
+    call.buffer(weight).buffer(out).int(m.dims.hidden as i32).float(m.dims.rms_eps);
     // SAFETY: rms_norm(const float* x, const int* rows, const float* weight, float* out,
     // int hidden, float eps); 256 threads, as NORM_THREADS; `count` rows.
-    unsafe { launch.launch(config(grid(count)?, 1, 256)) }?;
-    Ok(())
+    unsafe { call.launch(config(grid(count)?, 1, 256), m.dependent_launches) }
 }
 
 /// Which product of `matmul.cu`.
@@ -446,35 +438,22 @@ fn matmul(
         Product::Plain => w.rows,
         Product::SwiGlu => w.rows / 2,
     };
-    let (rows, cols) = (out_rows as i32, w.cols as i32);
-    let (tokens, accumulate) = (tokens as i32, i32::from(accumulate));
     // Four warps a block, one output row each (matmul.cu's WARPS).
     let cfg = config(grid(out_rows.div_ceil(4))?, 1, 128);
-    let [f32_kernel, f16_kernel, bf16_kernel] = match product {
+    let kernels = match product {
         Product::Plain => &m.kernels.matmul,
         Product::SwiGlu => &m.kernels.matmul_swiglu,
     };
-    macro_rules! go {
-        ($kernel:expr, $data:expr) => {{
-            let mut launch = stream.launch_builder($kernel);
-            launch.arg($data).arg(x).arg(y).arg(&rows).arg(&cols).arg(&tokens);
-            if product == Product::Plain {
-                launch.arg(&accumulate);
-            }
-            launch.launch(cfg)
-        }};
+    let mut call = KernelCall::new(stream, for_type(kernels, &w.data));
+    matrix(&mut call, &w.data);
+    call.buffer(x).buffer(y).int(out_rows as i32).int(w.cols as i32).int(tokens as i32);
+    if product == Product::Plain {
+        call.int(i32::from(accumulate));
     }
     // SAFETY: matmul_*(const T* w, const float* x, float* y, int rows, int k_len, int tokens,
     // int accumulate), or matmul_swiglu_* without `accumulate` (and `w` of `2 * rows` rows);
     // `x` holds `tokens * cols`, `y` `tokens * rows` (the buffers' sizes).
-    unsafe {
-        match &w.data {
-            MatrixData::F32(data) => go!(f32_kernel, data),
-            MatrixData::F16(data) => go!(f16_kernel, data),
-            MatrixData::Bf16(data) => go!(bf16_kernel, data),
-        }
-    }?;
-    Ok(())
+    unsafe { call.launch(cfg, m.dependent_launches) }
 }
 
 fn rope_kv_write(
@@ -486,30 +465,26 @@ fn rope_kv_write(
     n: usize,
 ) -> Result<(), DriverError> {
     let d = &m.dims;
-    let null = 0u64;
     let (keys, values) = layer_cache(m, layer);
-    let (theta_scale, halves) = (d.theta_scale, i32::from(d.halves));
-    let (heads, kv_heads, head_dim) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32);
-    let page_tokens = m.kv_layout.page_tokens as i32;
-    let mut launch = stream.launch_builder(&m.kernels.rope_kv_write);
-    launch.arg(&b.qkv);
+    let mut call = KernelCall::new(stream, &m.kernels.rope_kv_write);
+    call.buffer(&b.qkv);
     match bias {
-        Some(bias) => launch.arg(bias),
-        None => launch.arg(&null),
+        Some(bias) => call.buffer(bias),
+        None => call.null(),
     };
     let [positions, token_rows, table_offsets, tables] = b.tables();
-    launch.arg(&positions).arg(&token_rows).arg(&table_offsets).arg(&tables);
-    launch.arg(&keys).arg(&values);
+    call.buffer(&positions).buffer(&token_rows).buffer(&table_offsets).buffer(&tables);
+    call.buffer(&keys).buffer(&values);
     match &m.weights.rope_freq_factors {
-        Some(f) => launch.arg(f),
-        None => launch.arg(&null),
+        Some(f) => call.buffer(f),
+        None => call.null(),
     };
-    launch.arg(&theta_scale).arg(&halves).arg(&heads).arg(&kv_heads).arg(&head_dim);
-    launch.arg(&page_tokens);
+    call.float(d.theta_scale).int(i32::from(d.halves));
+    call.int(d.heads as i32).int(d.kv_heads as i32).int(d.head_dim as i32);
+    call.int(m.kv_layout.page_tokens as i32);
     // SAFETY: rope_kv_write's 15 parameters in order; page-table entries were checked against
     // the cache's pages on the host.
-    unsafe { launch.launch(config(grid(n)?, 1, 128)) }?;
-    Ok(())
+    unsafe { call.launch(config(grid(n)?, 1, 128), m.dependent_launches) }
 }
 
 fn attention(
@@ -521,25 +496,22 @@ fn attention(
 ) -> Result<(), DriverError> {
     let d = &m.dims;
     let (keys, values) = layer_cache(m, layer);
-    let (heads, kv_heads, head_dim) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32);
-    let (page_tokens, window) = (m.kv_layout.page_tokens as i32, d.window as i32);
-    let scale = d.attention_scale;
     let kernel = match d.head_dim {
         ..=64 => &m.kernels.paged_attention[0],
         65..=128 => &m.kernels.paged_attention[1],
         _ => &m.kernels.paged_attention[2],
     };
-    let mut launch = stream.launch_builder(kernel);
-    launch.arg(&b.qkv).arg(&b.attended);
+    let mut call = KernelCall::new(stream, kernel);
+    call.buffer(&b.qkv).buffer(&b.attended);
     let [positions, token_rows, table_offsets, tables] = b.tables();
-    launch.arg(&positions).arg(&token_rows).arg(&table_offsets).arg(&tables);
-    launch.arg(&keys).arg(&values);
-    launch.arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&page_tokens).arg(&window).arg(&scale);
+    call.buffer(&positions).buffer(&token_rows).buffer(&table_offsets).buffer(&tables);
+    call.buffer(&keys).buffer(&values);
+    call.int(d.heads as i32).int(d.kv_heads as i32).int(d.head_dim as i32);
+    call.int(m.kv_layout.page_tokens as i32).int(d.window as i32).float(d.attention_scale);
     // SAFETY: paged_attention_d*'s 14 parameters in order, the entry point for the head size
     // (`Dims::of` refused more than 256); a block of ATTENTION_WARPS (4) warps per (token,
     // head), heads on the grid's y (at most 65,535 there; a model has far fewer heads).
-    unsafe { launch.launch(config(grid(n)?, grid(d.heads)?, 128)) }?;
-    Ok(())
+    unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 128), m.dependent_launches) }
 }
 
 /// Layer `layer`'s keys and values, all pages.

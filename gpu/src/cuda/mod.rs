@@ -10,9 +10,12 @@
 //! - `layout`: a step plan as the flat arrays the kernels read, the KV cache's byte layout, and
 //!   which captured graph a step replays. Pure host code, tested without a device.
 //! - `weights`: the model's tensors in device memory.
+//! - `launch` and `kernel_call`: a forward pass as a sequence of kernel launches, each through
+//!   `cuLaunchKernelEx` so that it may be a programmatic dependent launch.
 //! - `executor`: `CudaExecutor`, the `Executor` over all of the above.
 
 pub mod executor;
+mod kernel_call;
 pub mod kernels;
 mod launch;
 pub mod layout;

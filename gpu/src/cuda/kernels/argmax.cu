@@ -10,6 +10,8 @@
 extern "C" __global__ void argmax(const float* logits, int* out, int vocab) {
     __shared__ float best_value[ARGMAX_THREADS];
     __shared__ int best_index[ARGMAX_THREADS];
+    allow_next_kernel();
+    wait_for_inputs();
     const float* row = logits + (long)blockIdx.x * vocab;
     float value = row[0];
     int index = 0;

@@ -3,6 +3,8 @@
 
 template <typename T>
 __device__ void embed(const T* table, const int* tokens, float* x, int hidden) {
+    allow_next_kernel();
+    wait_for_inputs();
     const long row = (long)tokens[blockIdx.x] * hidden;
     float* out = x + (long)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = load1(table, row + i);

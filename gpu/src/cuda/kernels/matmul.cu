@@ -15,6 +15,10 @@
 // on the short rows (K = 2048) of a decode step, and the SwiGLU product walks its gate and up
 // rows together. The unrolled loop keeps each chain's order.
 //
+// With a dependent launch (prelude.cu), each warp starts its rows on their way into L2 before it
+// waits for the kernel before: a decode step's products read their weights while the norm or the
+// attention before them finishes. The prefetch changes no value.
+//
 // `accumulate` adds into `y` (the residual stream after the attention output and down
 // projections: the residual add fused into the product).
 
@@ -112,8 +116,11 @@ __device__ void matmul(const T* w, const float* x, float* y, int rows, int k_len
                        int accumulate) {
     const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    allow_next_kernel();
     if (r >= rows) return;
     const T* const row[1] = {w + (long)r * k_len};
+    if (VEC && lane == 0) prefetch_to_l2(row[0], k_len * sizeof(T));
+    wait_for_inputs();
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
         const int live = min(TILE, tokens - t0);
         float dots[1][TILE];
@@ -139,9 +146,15 @@ __device__ void matmul_swiglu(const T* w, const float* x, float* y, int rows, in
                               int tokens) {
     const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    allow_next_kernel();
     if (r >= rows) return;
     // Row `r` of the gate and of the up matrix.
     const T* const gate_up[2] = {w + (long)r * k_len, w + (long)(rows + r) * k_len};
+    if (VEC && lane == 0) {
+        prefetch_to_l2(gate_up[0], k_len * sizeof(T));
+        prefetch_to_l2(gate_up[1], k_len * sizeof(T));
+    }
+    wait_for_inputs();
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
         const int live = min(TILE, tokens - t0);
         float dots[2][TILE];

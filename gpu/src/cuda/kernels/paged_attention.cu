@@ -36,6 +36,8 @@ __device__ void paged_attention(
     __shared__ float query[HEAD_DIM_MAX];
     __shared__ float warp_max_of[ATTENTION_WARPS], warp_total_of[ATTENTION_WARPS];
     __shared__ float warp_acc_of[ATTENTION_WARPS][HEAD_DIM_MAX];
+    allow_next_kernel();
+    wait_for_inputs();
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int group = heads / kv_heads, kv_head = h / group;
     const int kv_width = kv_heads * head_dim;

@@ -74,3 +74,30 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
 }
+
+// Programmatic dependent launch (sm_90 on; `launch.rs` launches every kernel after a step's first
+// so when `CudaOptions::dependent_launches` is set). Such a kernel may start while the kernel
+// before it still runs: before `wait_for_inputs()` it may read only what no kernel of the step
+// writes (the weights, and the step's inputs, copied before its first kernel began), and write
+// nothing. `allow_next_kernel()` lets the next kernel start likewise, once every block of this
+// one has called it. Launched plainly, or compiled for an older architecture, both do nothing:
+// the stream already orders the kernels.
+__device__ __forceinline__ void wait_for_inputs() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Starts reading `bytes` from `p` into L2 and goes on (a hint: nothing waits for it, and it
+// changes no value read later). `p` 16-byte aligned, `bytes` a multiple of 16.
+__device__ __forceinline__ void prefetch_to_l2(const void* p, unsigned int bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}

@@ -9,6 +9,8 @@
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* weight,
                                     float* out, int hidden, float eps) {
     __shared__ double partial[NORM_THREADS / 32];
+    allow_next_kernel();
+    wait_for_inputs();
     const int row = rows ? rows[blockIdx.x] : blockIdx.x;
     const float* in = x + (long)row * hidden;
     double sum = 0.0;

@@ -31,6 +31,7 @@ extern "C" __global__ void rope_kv_write(
     __shared__ float cos_of[ROPE_PAIRS_MAX];
     __shared__ float sin_of[ROPE_PAIRS_MAX];
     __shared__ float key[ROPE_PAIRS_MAX * 2 * 8];
+    allow_next_kernel();
     const int t = blockIdx.x;
     const int pairs = head_dim / 2;
     const int position = positions[t];
@@ -43,6 +44,9 @@ extern "C" __global__ void rope_kv_write(
         const float angle = freq_factors ? theta / freq_factors[i] : theta;
         sincosf(angle, &sin_of[i], &cos_of[i]);
     }
+    // The angles read only the step's inputs and the weights: with a dependent launch they are
+    // computed while the Q/K/V product finishes.
+    wait_for_inputs();
     __syncthreads();
     const int q_width = heads * head_dim, kv_width = kv_heads * head_dim;
     float* qt = qkv + (long)t * (q_width + 2 * kv_width);
