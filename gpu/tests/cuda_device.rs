@@ -32,7 +32,7 @@ use lockstep_core::sched::{
     Bucket, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs,
     StepPlan,
 };
-use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
+use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, FOLDED_NORM_TOKENS_MAX};
 use lockstep_gpu::cuda::probe;
 use lockstep_gpu::llama::{CpuExecutor, Layer, LlamaConfig, LlamaWeights, RopeStyle, Weight};
 use lockstep_gpu::model::Model;
@@ -402,9 +402,11 @@ fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
 }
 
 /// Runs one watched request alone, then among 31 companions whose prompts of 3 to 17 tokens
-/// prefill 2 at a time while the short ones decode, then in the same crowd with every kernel a
-/// programmatic dependent launch; returns the three runs of the watched request.
-fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 3] {
+/// prefill 2 at a time while the short ones decode; then both again with the launch options that
+/// must not change a bit (programmatic dependent launches, norms folded into the products, which
+/// the steps alone take, of at most 2 tokens). Returns the watched request's four runs: alone,
+/// in the crowd, and the same with those options.
+fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 4] {
     let config = config(32, 2);
     let sampling = |id: u64| Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 ^ id };
     let prompt: Vec<u32> = (0..5).map(|i| (11 + 37 * i) % vocab).collect();
@@ -416,19 +418,22 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
             (0..len).map(|i| (100 + id as u32 * 131 + i as u32 * 17) % vocab).collect();
         crowd.push((request(id, p, 3 + (id as u32 % 4)), sampling(id)));
     }
-    let new = |dependent_launches| {
-        let options = CudaOptions { dependent_launches, ..CudaOptions::default() };
+    let new = |on| {
+        let options =
+            CudaOptions { dependent_launches: on, fold_norms: on, ..CudaOptions::default() };
         cuda(weights, config.pool, config.running_max, options)
     };
-    let mut alone_executor = new(false);
-    let alone = run(&mut alone_executor, &config, vec![watched]).remove(&RequestId(0)).unwrap();
-    let mut crowd_executor = new(false);
-    let in_crowd = run(&mut crowd_executor, &config, crowd.clone()).remove(&RequestId(0)).unwrap();
-    assert!(alone_executor.steps_replayed > 0 && crowd_executor.steps_eager > 0);
-    let mut dependent_executor = new(true);
-    let dependent = run(&mut dependent_executor, &config, crowd).remove(&RequestId(0)).unwrap();
-    assert!(dependent_executor.steps_replayed > 0 && dependent_executor.steps_eager > 0);
-    [alone, in_crowd, dependent]
+    let mut runs = [false, true].into_iter().flat_map(|on| {
+        let mut alone_executor = new(on);
+        let alone =
+            run(&mut alone_executor, &config, vec![watched.clone()]).remove(&RequestId(0)).unwrap();
+        let mut crowd_executor = new(on);
+        let in_crowd =
+            run(&mut crowd_executor, &config, crowd.clone()).remove(&RequestId(0)).unwrap();
+        assert!(alone_executor.steps_replayed > 0 && crowd_executor.steps_eager > 0);
+        [alone, in_crowd]
+    });
+    std::array::from_fn(|_| runs.next().unwrap())
 }
 
 /// The steps at which two runs' logits differ in any bit.
@@ -444,21 +449,24 @@ fn steps_differing(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<usize> {
 /// The watched request's logits alone and in the crowd are the same bits at every step.
 fn batch_invariant(name: &str, weights: &Arc<LlamaWeights>) {
     let vocab = weights.config.vocab_size as u32;
-    let [alone, in_crowd, dependent] = alone_and_in_a_crowd(weights, vocab);
-    assert_eq!((alone.1.len(), dependent.1.len()), (6, 6));
+    let [alone, in_crowd, alone_options, in_crowd_options] = alone_and_in_a_crowd(weights, vocab);
+    assert_eq!((alone.1.len(), alone_options.1.len(), in_crowd_options.1.len()), (6, 6, 6));
     let differing = steps_differing(&alone.1, &in_crowd.1);
-    let differing_dependent = steps_differing(&in_crowd.1, &dependent.1);
+    let options_alone = steps_differing(&alone.1, &alone_options.1);
+    let options_in_crowd = steps_differing(&in_crowd.1, &in_crowd_options.1);
     report(
         "batch invariance",
         json!({"model": name, "steps": alone.1.len(), "steps_differing": differing,
-        "steps_differing_with_dependent_launches": differing_dependent,
+        "steps_differing_with_dependent_launches_and_folded_norms":
+            {"alone": options_alone, "in_the_batch": options_in_crowd},
         "tokens_alone": alone.0, "tokens_in_the_batch": in_crowd.0}),
     );
     assert!(differing.is_empty(), "{name}: logits differ alone and in the batch at {differing:?}");
     assert_eq!(alone.0, in_crowd.0, "{name}: tokens differ alone and in the batch");
     assert!(
-        differing_dependent.is_empty(),
-        "{name}: dependent launches changed the logits at {differing_dependent:?}"
+        options_alone.is_empty() && options_in_crowd.is_empty(),
+        "{name}: dependent launches and folded norms changed the logits at steps \
+         {options_alone:?} alone, {options_in_crowd:?} in the batch"
     );
 }
 
@@ -651,54 +659,70 @@ fn decode_throughput_against_the_hbm_roofline() {
         Ok(list) => list.split(',').map(|b| b.trim().parse().unwrap()).collect(),
         Err(_) => vec![1, 32, 256],
     };
-    // Each size with plain launches and then with programmatic dependent ones, side by side.
-    let runs = batches.iter().flat_map(|&batch| [(batch, false), (batch, true)]);
-    for (batch, dependent_launches) in runs {
+    for batch in batches {
         let config = bench_config(batch);
-        let options =
-            CudaOptions { graph_rows_max: 256, dependent_launches, ..CudaOptions::default() };
+        let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
+        // One executor a size (a 2.5 GB upload), its launch options switched between runs: plain
+        // launches, programmatic dependent ones, and (where a step is small enough to fold them)
+        // also the norms folded into the products, side by side.
         let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
-        let mut sched = Scheduler::new(config.clone()).unwrap();
-        for id in 0..batch as u64 {
-            let prompt = (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % 128_000).collect();
-            executor.start_request(RequestId(id), SamplingSpec::GREEDY);
-            sched.submit(request(id, prompt, decode_steps), Time::ZERO).unwrap();
-        }
-        let (mut decode_time, mut decode_tokens, mut roofline_s, mut decode_only_steps) =
-            (Duration::ZERO, 0u64, 0f64, 0u32);
-        while let Some(plan) = sched.plan_step(Time::ZERO) {
-            let decode_only = plan.rows.iter().all(|r| r.positions.len() == 1);
-            #[allow(clippy::disallowed_methods)] // A benchmark's timer.
-            let start = Instant::now();
-            let outputs = executor.execute(&plan).unwrap();
-            let took = start.elapsed();
-            // Full decode steps after two warm-up ones (the first captures the graph).
-            if decode_only && plan.rows.len() == batch as usize {
-                decode_only_steps += 1;
-                if decode_only_steps > 2 {
-                    decode_time += took;
-                    decode_tokens += plan.rows.len() as u64;
-                    let kv: usize = plan
-                        .rows
-                        .iter()
-                        .map(|r| r.positions.end as usize * kv_bytes_per_position)
-                        .sum();
-                    roofline_s += (weight_bytes + kv) as f64 / HBM_BYTES_PER_S;
-                }
+        let foldable = batch as usize <= FOLDED_NORM_TOKENS_MAX;
+        let variants = [(false, false), (true, false), (true, true)];
+        for (run, (dependent_launches, fold_norms)) in variants.into_iter().enumerate() {
+            if fold_norms && !foldable {
+                continue;
             }
-            sched.apply_outputs(&outputs, Time::ZERO).unwrap();
-            while sched.poll_event().is_some() {}
+            executor.set_launch_options(dependent_launches, fold_norms);
+            let (replayed, eager) = (executor.steps_replayed, executor.steps_eager);
+            let mut sched = Scheduler::new(config.clone()).unwrap();
+            let ids: Vec<u64> = (0..u64::from(batch)).map(|i| run as u64 * 100_000 + i).collect();
+            for &id in &ids {
+                let prompt =
+                    (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % 128_000).collect();
+                executor.start_request(RequestId(id), SamplingSpec::GREEDY);
+                sched.submit(request(id, prompt, decode_steps), Time::ZERO).unwrap();
+            }
+            let (mut decode_time, mut decode_tokens, mut roofline_s, mut decode_only_steps) =
+                (Duration::ZERO, 0u64, 0f64, 0u32);
+            while let Some(plan) = sched.plan_step(Time::ZERO) {
+                let decode_only = plan.rows.iter().all(|r| r.positions.len() == 1);
+                #[allow(clippy::disallowed_methods)] // A benchmark's timer.
+                let start = Instant::now();
+                let outputs = executor.execute(&plan).unwrap();
+                let took = start.elapsed();
+                // Full decode steps after two warm-up ones (the first captures the graph).
+                if decode_only && plan.rows.len() == batch as usize {
+                    decode_only_steps += 1;
+                    if decode_only_steps > 2 {
+                        decode_time += took;
+                        decode_tokens += plan.rows.len() as u64;
+                        let kv: usize = plan
+                            .rows
+                            .iter()
+                            .map(|r| r.positions.end as usize * kv_bytes_per_position)
+                            .sum();
+                        roofline_s += (weight_bytes + kv) as f64 / HBM_BYTES_PER_S;
+                    }
+                }
+                sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+                while sched.poll_event().is_some() {}
+            }
+            for &id in &ids {
+                executor.end_request(RequestId(id));
+            }
+            let seconds = decode_time.as_secs_f64();
+            report(
+                "decode throughput",
+                json!({"batch": batch, "dependent_launches": dependent_launches,
+                "fold_norms": fold_norms, "params": 1.24e9, "weight_bytes": weight_bytes,
+                "decode_steps_timed": decode_only_steps.saturating_sub(2),
+                "tokens_per_s": decode_tokens as f64 / seconds,
+                "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),
+                "roofline_fraction": roofline_s / seconds,
+                "graph_replays": executor.steps_replayed - replayed,
+                "eager_steps": executor.steps_eager - eager}),
+            );
         }
-        let seconds = decode_time.as_secs_f64();
-        report(
-            "decode throughput",
-            json!({"batch": batch, "dependent_launches": dependent_launches, "params": 1.24e9,
-            "weight_bytes": weight_bytes, "decode_steps_timed": decode_only_steps.saturating_sub(2),
-            "tokens_per_s": decode_tokens as f64 / seconds,
-            "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),
-            "roofline_fraction": roofline_s / seconds,
-            "graph_replays": executor.steps_replayed, "eager_steps": executor.steps_eager}),
-        );
     }
 }

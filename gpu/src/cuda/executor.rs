@@ -35,6 +35,7 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
+pub use super::launch::FOLDED_NORM_TOKENS_MAX;
 use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
@@ -53,11 +54,20 @@ pub struct CudaOptions {
     /// by default until a device run has measured it (BENCHMARKS.md); the bits are the same
     /// either way, which `tests/cuda_device.rs` checks.
     pub dependent_launches: bool,
+    /// The layers' RMSNorms folded into the products after them on steps of a few tokens
+    /// (`FOLDED_NORM_TOKENS_MAX`): 2 launches a layer fewer at decode. Off by default
+    /// until a device run has measured it; the bits are the same either way.
+    pub fold_norms: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> CudaOptions {
-        CudaOptions { ordinal: 0, graph_rows_max: 512, dependent_launches: false }
+        CudaOptions {
+            ordinal: 0,
+            graph_rows_max: 512,
+            dependent_launches: false,
+            fold_norms: false,
+        }
     }
 }
 
@@ -94,6 +104,7 @@ pub struct CudaExecutor {
     graphs: BTreeMap<usize, Captured>,
     graph_rows_max: usize,
     dependent_launches: bool,
+    fold_norms: bool,
     tables: PageTables,
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
@@ -183,9 +194,7 @@ impl CudaExecutor {
             pages_total: pool.pages_total as usize,
             sliding_window: c.sliding_window,
         };
-        // `griddepcontrol` is sm_90's; the kernels compile it out below.
-        let dependent_launches = options.dependent_launches && device.compute_capability.0 >= 9;
-        Ok(CudaExecutor {
+        let mut executor = CudaExecutor {
             device,
             weights,
             stream,
@@ -199,13 +208,16 @@ impl CudaExecutor {
             staging: Vec::new(),
             graphs: BTreeMap::new(),
             graph_rows_max: options.graph_rows_max,
-            dependent_launches,
+            dependent_launches: false,
+            fold_norms: false,
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
             steps_eager: 0,
             steps_replayed: 0,
-        })
+        };
+        executor.set_launch_options(options.dependent_launches, options.fold_norms);
+        Ok(executor)
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -275,6 +287,16 @@ impl CudaExecutor {
         self.finish(plan, &arrays.sample_rows[..real_samples], all_logits)
     }
 
+    /// Switches the launch options of `CudaOptions` (`dependent_launches`, `fold_norms`) for the
+    /// steps from now on, dropping the graphs captured with the old ones; a benchmark compares
+    /// them on one upload. No step is in flight between steps (`step` waits for the stream).
+    pub fn set_launch_options(&mut self, dependent_launches: bool, fold_norms: bool) {
+        // `griddepcontrol` is sm_90's; the kernels compile it out below.
+        self.dependent_launches = dependent_launches && self.device.compute_capability.0 >= 9;
+        self.fold_norms = fold_norms;
+        self.graphs.clear();
+    }
+
     fn model(&self) -> launch::Model<'_> {
         launch::Model {
             kernels: &self.kernels,
@@ -283,6 +305,7 @@ impl CudaExecutor {
             kv: &self.kv,
             kv_layout: self.kv_layout,
             dependent_launches: self.dependent_launches,
+            fold_norms: self.fold_norms,
         }
     }
 

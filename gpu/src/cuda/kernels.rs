@@ -21,6 +21,9 @@
 //!   kernel lets the next one start at once and reads no activation before its wait, so that a
 //!   launch with `CudaOptions::dependent_launches` overlaps the one before; launched plainly the
 //!   two are no-ops.
+//! - A norm folded into the product after it (`matmul.cu`, `CudaOptions::fold_norms`) walks
+//!   `rms_norm.cu`'s reduction tree exactly, so folding changes no bit and may be chosen by the
+//!   step's size.
 //! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
 //!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
 //!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and

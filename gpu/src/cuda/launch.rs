@@ -345,7 +345,16 @@ pub struct Model<'a> {
     pub kv_layout: KvCacheLayout,
     /// Launch every kernel after the first as a programmatic dependent launch.
     pub dependent_launches: bool,
+    /// Fold the layers' RMSNorms into the products after them on steps of at most
+    /// `FOLDED_NORM_TOKENS_MAX` tokens.
+    pub fold_norms: bool,
 }
+
+/// The most tokens a step may have for its norms to be folded into the products (`matmul.cu`):
+/// each block of a folded product computes every token's norm itself, which costs a block per
+/// layer less than a norm kernel's latency at a few tokens and far more at hundreds. Folded or
+/// not, the bits are the same, so the choice by size keeps a request's bits its own.
+pub const FOLDED_NORM_TOKENS_MAX: usize = 8;
 
 /// Queues a forward pass of `shape` on `stream`: embeddings, every layer, the final norm of the
 /// sampled rows, their logits and their argmax.
@@ -359,14 +368,16 @@ pub fn forward(
     let n = shape.tokens;
     embed(stream, m, b, n)?;
     for (l, layer) in m.weights.layers.iter().enumerate() {
-        rms_norm(stream, m, &b.x, None, &layer.attn_norm, &b.h, n)?;
-        matmul(stream, m, Product::Plain, &layer.qkv, &b.h, &b.qkv, n, false)?;
+        let input = normed(stream, m, b, &layer.attn_norm, n)?;
+        matmul(stream, m, Product::Plain, &layer.qkv, input, &b.qkv, n, false)?;
         rope_kv_write(stream, m, b, l, layer.qkv_bias.as_ref(), n)?;
         attention(stream, m, b, l, n)?;
-        matmul(stream, m, Product::Plain, &layer.o, &b.attended, &b.x, n, true)?;
-        rms_norm(stream, m, &b.x, None, &layer.ffn_norm, &b.h, n)?;
-        matmul(stream, m, Product::SwiGlu, &layer.gate_up, &b.h, &b.activated, n, false)?;
-        matmul(stream, m, Product::Plain, &layer.down, &b.activated, &b.x, n, true)?;
+        let attended = Normed { x: &b.attended, norm: None };
+        matmul(stream, m, Product::Plain, &layer.o, attended, &b.x, n, true)?;
+        let input = normed(stream, m, b, &layer.ffn_norm, n)?;
+        matmul(stream, m, Product::SwiGlu, &layer.gate_up, input, &b.activated, n, false)?;
+        let activated = Normed { x: &b.activated, norm: None };
+        matmul(stream, m, Product::Plain, &layer.down, activated, &b.x, n, true)?;
     }
     let s = shape.samples;
     if s == 0 {
@@ -374,12 +385,29 @@ pub fn forward(
     }
     let sample_tokens = b.input(Input::SampleTokens);
     rms_norm(stream, m, &b.x, Some(&sample_tokens), &m.weights.output_norm, &b.normed, s)?;
-    matmul(stream, m, Product::Plain, m.weights.output(), &b.normed, &b.logits, s, false)?;
+    let normed = Normed { x: &b.normed, norm: None };
+    matmul(stream, m, Product::Plain, m.weights.output(), normed, &b.logits, s, false)?;
     let mut call = KernelCall::new(stream, &m.kernels.argmax);
     call.buffer(&b.logits).buffer(&b.argmax).int(d.vocab as i32);
     // SAFETY: argmax(const float* logits, int* out, int vocab); `s` rows of logits; 1024
     // threads, as argmax.cu's ARGMAX_THREADS.
     unsafe { call.launch(config(grid(s)?, 1, 1024), m.dependent_launches) }
+}
+
+/// The input of a product that a norm of the residual stream precedes: the norm's output, or
+/// (folded) the residual stream and the norm's weights, for the product to apply.
+fn normed<'a>(
+    stream: &CudaStream,
+    m: &Model<'_>,
+    b: &'a Buffers,
+    norm: &'a CudaSlice<f32>,
+    n: usize,
+) -> Result<Normed<'a>, DriverError> {
+    if m.fold_norms && n <= FOLDED_NORM_TOKENS_MAX {
+        return Ok(Normed { x: &b.x, norm: Some(norm) });
+    }
+    rms_norm(stream, m, &b.x, None, norm, &b.h, n)?;
+    Ok(Normed { x: &b.h, norm: None })
 }
 
 /// The step's first kernel: launched plainly, after the input copy.
@@ -414,6 +442,13 @@ fn rms_norm(
     unsafe { call.launch(config(grid(count)?, 1, 256), m.dependent_launches) }
 }
 
+/// A product's input: `x`, or with `norm`, `x` normalized by those weights in the product.
+#[derive(Clone, Copy, Debug)]
+struct Normed<'a> {
+    x: &'a CudaSlice<f32>,
+    norm: Option<&'a CudaSlice<f32>>,
+}
+
 /// Which product of `matmul.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Product {
@@ -429,7 +464,7 @@ fn matmul(
     m: &Model<'_>,
     product: Product,
     w: &DeviceMatrix,
-    x: &CudaSlice<f32>,
+    input: Normed<'_>,
     y: &CudaSlice<f32>,
     tokens: usize,
     accumulate: bool,
@@ -446,13 +481,20 @@ fn matmul(
     };
     let mut call = KernelCall::new(stream, for_type(kernels, &w.data));
     matrix(&mut call, &w.data);
-    call.buffer(x).buffer(y).int(out_rows as i32).int(w.cols as i32).int(tokens as i32);
+    call.buffer(input.x);
+    match input.norm {
+        Some(norm) => call.buffer(norm),
+        None => call.null(),
+    };
+    call.float(m.dims.rms_eps).buffer(y);
+    call.int(out_rows as i32).int(w.cols as i32).int(tokens as i32);
     if product == Product::Plain {
         call.int(i32::from(accumulate));
     }
-    // SAFETY: matmul_*(const T* w, const float* x, float* y, int rows, int k_len, int tokens,
-    // int accumulate), or matmul_swiglu_* without `accumulate` (and `w` of `2 * rows` rows);
-    // `x` holds `tokens * cols`, `y` `tokens * rows` (the buffers' sizes).
+    // SAFETY: matmul_*(const T* w, const float* x, const float* norm, float eps, float* y,
+    // int rows, int k_len, int tokens, int accumulate), or matmul_swiglu_* without `accumulate`
+    // (and `w` of `2 * rows` rows); `x` holds `tokens * cols`, `norm` (if not null) `cols`, `y`
+    // `tokens * rows` (the buffers' sizes).
     unsafe { call.launch(cfg, m.dependent_launches) }
 }
 

@@ -25,27 +25,99 @@
 #define WARPS 4
 #define TILE 8
 
+// The RMSNorm before a product, folded into it (`norm_weight` not null; `launch.rs` folds it at
+// up to TILE tokens a step, where a separate norm kernel is one block of latency per layer): `x`
+// is then the residual stream and each token's values enter the dot products as
+// `(x * scale) * norm_weight`, the bits rms_norm.cu writes. Each block computes the scales of
+// its tile's tokens itself, walking rms_norm.cu's tree of NORM_THREADS (256) threads with its
+// 128: thread `i` takes the partial sums of threads `i` and `i + 128`, their warps' butterflies
+// are the same shuffles, and the eight warp sums are added in rms_norm.cu's order. So a fused
+// product's outputs are the unfused pair's, bit for bit, and folding by step size cannot make a
+// request's bits depend on its batch.
+#define NORM_THREADS 256
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+// `scales[t]` for tokens `t0..t0 + live` of `x` (rows of `k_len`); every thread of the block
+// calls it (it synchronizes the block), and `scales` is ready when it returns.
+__device__ void norm_scales(const float* x, int k_len, float eps, int t0, int live,
+                            double partial[TILE][NORM_THREADS / 32], float scales[TILE]) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    // The previous tile's products may still be reading `scales`.
+    __syncthreads();
+    for (int t = 0; t < live; t++) {
+        const float* in = x + (long)(t0 + t) * k_len;
+        double low = 0.0, high = 0.0;
+        for (int i = threadIdx.x; i < k_len; i += NORM_THREADS) {
+            const float v = in[i];
+            low += (double)(v * v);
+        }
+        for (int i = threadIdx.x + NORM_THREADS / 2; i < k_len; i += NORM_THREADS) {
+            const float v = in[i];
+            high += (double)(v * v);
+        }
+        low = warp_sum_f64(low);
+        high = warp_sum_f64(high);
+        if (lane == 0) {
+            partial[t][warp] = low;
+            partial[t][NORM_THREADS / 64 + warp] = high;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < live) {
+        double total = 0.0;
+#pragma unroll
+        for (int w = 0; w < NORM_THREADS / 32; w++) total += partial[threadIdx.x][w];
+        const float mean = (float)(total / (double)k_len);
+        scales[threadIdx.x] = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+}
+
 // Adds weight chunks `wv` (8 elements starting at `k` of each of `ROWS` rows) times tokens
 // `t0..t0 + live` of `x` into `dots`, element by element in order; a token's 8 elements are
 // loaded once for all the rows. `VEC`: `k_len` is a multiple of 8, so each token's 8 elements
 // are 16-byte aligned (the buffers come from cudaMalloc) and load as two float4.
+// Eight f32 values from `p`: two 16-byte loads with `VEC` (then `p` is 16-byte aligned).
+template <bool VEC>
+__device__ __forceinline__ void load8_f32(const float* p, float out[8]) {
+    if (VEC) {
+        const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[j] = p[j];
+    }
+}
+
+// What the product reads of the activations: `x` as it is, or with the folded RMSNorm, the
+// residual stream and what normalizes it (`norm` null: not folded).
+struct Input {
+    const float* x;
+    const float* norm;
+    const float* scales;
+};
+
 template <bool VEC, int ROWS>
-__device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], const float* x, int k_len,
+__device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], Input in, int k_len,
                                            int k, int t0, int live, float dots[ROWS][TILE]) {
+    float nv[8];
+    if (in.norm) load8_f32<VEC>(in.norm + k, nv);
     // Conditions on `t < live` rather than breaks, so the tile unrolls and `dots` stays in
     // registers; a token's arithmetic is the same whichever slot of the tile it has.
 #pragma unroll
     for (int t = 0; t < TILE; t++) {
         if (t < live) {
-            const float* xt = x + (long)(t0 + t) * k_len + k;
             float xv[8];
-            if (VEC) {
-                const float4 a = *(const float4*)xt, b = *(const float4*)(xt + 4);
-                xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-                xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-            } else {
+            load8_f32<VEC>(in.x + (long)(t0 + t) * k_len + k, xv);
+            if (in.norm) {
+                const float scale = in.scales[t];
 #pragma unroll
-                for (int j = 0; j < 8; j++) xv[j] = xt[j];
+                for (int j = 0; j < 8; j++) xv[j] = (xv[j] * scale) * nv[j];
             }
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
@@ -62,7 +134,7 @@ __device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], const float*
 // row's last `k_len % 8` elements. The rows go through together, so their loads are in flight
 // together; each row's arithmetic is what it would be alone.
 template <typename T, bool VEC, int ROWS>
-__device__ __forceinline__ void row_dots(const T* const row[ROWS], const float* x, int k_len,
+__device__ __forceinline__ void row_dots(const T* const row[ROWS], Input in, int k_len,
                                          int t0, int live, float dots[ROWS][TILE]) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -79,7 +151,7 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], const float* 
             float wv[ROWS][8];
 #pragma unroll
             for (int r = 0; r < ROWS; r++) load8(row[r], k, wv[r]);
-            chunk_dots<true, ROWS>(wv, x, k_len, k, t0, live, dots);
+            chunk_dots<true, ROWS>(wv, in, k_len, k, t0, live, dots);
         }
     } else {
         for (int k = lane * 8; k < whole; k += 256) {
@@ -89,14 +161,15 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], const float* 
 #pragma unroll
                 for (int j = 0; j < 8; j++) wv[r][j] = load1(row[r], k + j);
             }
-            chunk_dots<false, ROWS>(wv, x, k_len, k, t0, live, dots);
+            chunk_dots<false, ROWS>(wv, in, k_len, k, t0, live, dots);
         }
         if (whole < k_len && lane == (whole / 8) % 32) {
             for (int t = 0; t < live; t++) {
-                const float* xt = x + (long)(t0 + t) * k_len;
+                const float* xt = in.x + (long)(t0 + t) * k_len;
                 for (int r = 0; r < ROWS; r++) {
                     for (int k = whole; k < k_len; k++) {
-                        dots[r][t] = fmaf(load1(row[r], k), xt[k], dots[r][t]);
+                        const float v = in.norm ? (xt[k] * in.scales[t]) * in.norm[k] : xt[k];
+                        dots[r][t] = fmaf(load1(row[r], k), v, dots[r][t]);
                     }
                 }
             }
@@ -112,19 +185,25 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], const float* 
 }
 
 template <typename T, bool VEC>
-__device__ void matmul(const T* w, const float* x, float* y, int rows, int k_len, int tokens,
-                       int accumulate) {
+__device__ void matmul(const T* w, const float* x, const float* norm, float eps, float* y,
+                       int rows, int k_len, int tokens, int accumulate) {
+    __shared__ double partial[TILE][NORM_THREADS / 32];
+    __shared__ float scales[TILE];
     const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    // A warp past the last row still takes its part in the block's norm scales.
+    const bool has_row = r < rows;
     allow_next_kernel();
-    if (r >= rows) return;
-    const T* const row[1] = {w + (long)r * k_len};
-    if (VEC && lane == 0) prefetch_to_l2(row[0], k_len * sizeof(T));
+    const T* const row[1] = {w + (long)min(r, rows - 1) * k_len};
+    if (VEC && lane == 0 && has_row) prefetch_to_l2(row[0], k_len * sizeof(T));
     wait_for_inputs();
+    const Input in = {x, norm, scales};
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
         const int live = min(TILE, tokens - t0);
+        if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
+        if (!has_row) continue;
         float dots[1][TILE];
-        row_dots<T, VEC, 1>(row, x, k_len, t0, live, dots);
+        row_dots<T, VEC, 1>(row, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
             for (int t = 0; t < TILE; t++) {
@@ -142,23 +221,29 @@ __device__ void matmul(const T* w, const float* x, float* y, int rows, int k_len
 // (the precise `expf`; the CPU's ggml exponential is within 1.5 ulp of it). Each product's bits
 // are those of `matmul` over the matrix alone.
 template <typename T, bool VEC>
-__device__ void matmul_swiglu(const T* w, const float* x, float* y, int rows, int k_len,
-                              int tokens) {
+__device__ void matmul_swiglu(const T* w, const float* x, const float* norm, float eps, float* y,
+                              int rows, int k_len, int tokens) {
+    __shared__ double partial[TILE][NORM_THREADS / 32];
+    __shared__ float scales[TILE];
     const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    const bool has_row = r < rows;
     allow_next_kernel();
-    if (r >= rows) return;
     // Row `r` of the gate and of the up matrix.
-    const T* const gate_up[2] = {w + (long)r * k_len, w + (long)(rows + r) * k_len};
-    if (VEC && lane == 0) {
+    const long kept = min(r, rows - 1);
+    const T* const gate_up[2] = {w + kept * k_len, w + (rows + kept) * k_len};
+    if (VEC && lane == 0 && has_row) {
         prefetch_to_l2(gate_up[0], k_len * sizeof(T));
         prefetch_to_l2(gate_up[1], k_len * sizeof(T));
     }
     wait_for_inputs();
+    const Input in = {x, norm, scales};
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
         const int live = min(TILE, tokens - t0);
+        if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
+        if (!has_row) continue;
         float dots[2][TILE];
-        row_dots<T, VEC, 2>(gate_up, x, k_len, t0, live, dots);
+        row_dots<T, VEC, 2>(gate_up, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
             for (int t = 0; t < TILE; t++) {
@@ -174,38 +259,38 @@ __device__ void matmul_swiglu(const T* w, const float* x, float* y, int rows, in
 // The entry points per storage type; each picks the vector path once, by `k_len` (the same for
 // every launch over a given matrix, so a row's order never changes between steps).
 
-extern "C" __global__ void matmul_f32(const float* w, const float* x, float* y, int rows,
-        int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<float, true>(w, x, y, rows, k_len, tokens, accumulate);
-    else matmul<float, false>(w, x, y, rows, k_len, tokens, accumulate);
+extern "C" __global__ void matmul_f32(const float* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<float, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<float, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
-extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x, float* y, int rows,
-        int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<float, true>(w, x, y, rows, k_len, tokens);
-    else matmul_swiglu<float, false>(w, x, y, rows, k_len, tokens);
+extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<float, true>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<float, false>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
-extern "C" __global__ void matmul_f16(const f16_bits* w, const float* x, float* y, int rows,
-        int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<f16_bits, true>(w, x, y, rows, k_len, tokens, accumulate);
-    else matmul<f16_bits, false>(w, x, y, rows, k_len, tokens, accumulate);
+extern "C" __global__ void matmul_f16(const f16_bits* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<f16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<f16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
-extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x, float* y, int rows,
-        int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true>(w, x, y, rows, k_len, tokens);
-    else matmul_swiglu<f16_bits, false>(w, x, y, rows, k_len, tokens);
+extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<f16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
-extern "C" __global__ void matmul_bf16(const bf16_bits* w, const float* x, float* y, int rows,
-        int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<bf16_bits, true>(w, x, y, rows, k_len, tokens, accumulate);
-    else matmul<bf16_bits, false>(w, x, y, rows, k_len, tokens, accumulate);
+extern "C" __global__ void matmul_bf16(const bf16_bits* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<bf16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<bf16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
-extern "C" __global__ void matmul_swiglu_bf16(const bf16_bits* w, const float* x, float* y, int rows,
-        int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true>(w, x, y, rows, k_len, tokens);
-    else matmul_swiglu<bf16_bits, false>(w, x, y, rows, k_len, tokens);
+extern "C" __global__ void matmul_swiglu_bf16(const bf16_bits* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<bf16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens);
 }
