@@ -10,10 +10,10 @@
 // serves several tokens. (cuBLAS is not used: it picks its algorithm, split-K included, by the
 // shape, so a row's bits would change with the batch size.)
 //
-// At one token a step reads every weight once and does little else, so the loop over `k` is
-// unrolled: several 16-byte loads per lane are in flight at once, which is what keeps HBM busy
-// on the short rows (K = 2048) of a decode step, and the SwiGLU product walks its gate and up
-// rows together. The unrolled loop keeps each chain's order.
+// At one token a step reads every weight once and does little else, so a lane requests a batch
+// of its chunks before it uses any: several 16-byte loads per lane are in flight at once, which
+// is what keeps HBM busy on the short rows (K = 2048) of a decode step, and the SwiGLU product
+// walks its gate and up rows together. Each chain's order stays the chunks' order.
 //
 // With a dependent launch (prelude.cu), each warp starts its rows on their way into L2 before it
 // waits for the kernel before: a decode step's products read their weights while the norm or the
@@ -81,6 +81,42 @@ __device__ void norm_scales(const float* x, int k_len, float eps, int t0, int li
 // `t0..t0 + live` of `x` into `dots`, element by element in order; a token's 8 elements are
 // loaded once for all the rows. `VEC`: `k_len` is a multiple of 8, so each token's 8 elements
 // are 16-byte aligned (the buffers come from cudaMalloc) and load as two float4.
+// Eight weights as loaded (16-byte aligned): registers held until the batch's loads are all
+// issued, then unpacked to f32, each element as `load8` gives it.
+template <typename T>
+struct Chunk {
+    uint4 v;
+};
+template <>
+struct Chunk<float> {
+    float4 a, b;
+};
+
+__device__ __forceinline__ void load_chunk(const float* p, Chunk<float>& c) {
+    c.a = *(const float4*)p;
+    c.b = *(const float4*)(p + 4);
+}
+
+template <typename T>
+__device__ __forceinline__ void load_chunk(const T* p, Chunk<T>& c) {
+    c.v = *(const uint4*)p;
+}
+
+__device__ __forceinline__ void unpack_chunk(const Chunk<float>& c, float out[8]) {
+    out[0] = c.a.x; out[1] = c.a.y; out[2] = c.a.z; out[3] = c.a.w;
+    out[4] = c.b.x; out[5] = c.b.y; out[6] = c.b.z; out[7] = c.b.w;
+}
+
+__device__ __forceinline__ void unpack_chunk(const Chunk<f16_bits>& c, float out[8]) {
+    unpack2(c.v.x, out, false); unpack2(c.v.y, out + 2, false);
+    unpack2(c.v.z, out + 4, false); unpack2(c.v.w, out + 6, false);
+}
+
+__device__ __forceinline__ void unpack_chunk(const Chunk<bf16_bits>& c, float out[8]) {
+    unpack2(c.v.x, out, true); unpack2(c.v.y, out + 2, true);
+    unpack2(c.v.z, out + 4, true); unpack2(c.v.w, out + 6, true);
+}
+
 // Eight f32 values from `p`: two 16-byte loads with `VEC` (then `p` is 16-byte aligned).
 template <bool VEC>
 __device__ __forceinline__ void load8_f32(const float* p, float out[8]) {
@@ -144,14 +180,30 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], Input in, int
     }
     const int whole = k_len - k_len % 8;
     if (VEC) {
-        // Eight (one row) or four (two rows) chunks' loads in flight per lane: a 2048-wide f16
-        // row is exactly eight chunks a lane, one round trip to memory.
-#pragma unroll(8 / ROWS)
-        for (int k = lane * 8; k < whole; k += 256) {
-            float wv[ROWS][8];
+        // A batch of chunks (eight of one row, four of two) is requested before any is used, so
+        // a lane has that many 16-byte loads in flight: a 2048-wide f16 row is one batch, one
+        // round trip to memory. (Loading and using chunk by chunk, ptxas kept one weight load
+        // in flight a lane, and the products read HBM at a third of its bandwidth.)
+        constexpr int BATCH = 8 / ROWS;
+        for (int k0 = lane * 8; k0 < whole; k0 += 256 * BATCH) {
+            Chunk<T> raw[BATCH][ROWS];
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) load8(row[r], k, wv[r]);
-            chunk_dots<true, ROWS>(wv, in, k_len, k, t0, live, dots);
+            for (int b = 0; b < BATCH; b++) {
+                if (k0 + 256 * b < whole) {
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) load_chunk(row[r] + k0 + 256 * b, raw[b][r]);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int k = k0 + 256 * b;
+                if (k < whole) {
+                    float wv[ROWS][8];
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) unpack_chunk(raw[b][r], wv[r]);
+                    chunk_dots<true, ROWS>(wv, in, k_len, k, t0, live, dots);
+                }
+            }
         }
     } else {
         for (int k = lane * 8; k < whole; k += 256) {
@@ -164,12 +216,18 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], Input in, int
             chunk_dots<false, ROWS>(wv, in, k_len, k, t0, live, dots);
         }
         if (whole < k_len && lane == (whole / 8) % 32) {
-            for (int t = 0; t < live; t++) {
-                const float* xt = in.x + (long)(t0 + t) * k_len;
-                for (int r = 0; r < ROWS; r++) {
-                    for (int k = whole; k < k_len; k++) {
-                        const float v = in.norm ? (xt[k] * in.scales[t]) * in.norm[k] : xt[k];
-                        dots[r][t] = fmaf(load1(row[r], k), v, dots[r][t]);
+            // Unrolled over the tile and the rows with constant indices, so `dots` stays in
+            // registers (indexed by a loop variable, it went to the stack).
+#pragma unroll
+            for (int t = 0; t < TILE; t++) {
+                if (t < live) {
+                    const float* xt = in.x + (long)(t0 + t) * k_len;
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) {
+                        for (int k = whole; k < k_len; k++) {
+                            const float v = in.norm ? (xt[k] * in.scales[t]) * in.norm[k] : xt[k];
+                            dots[r][t] = fmaf(load1(row[r], k), v, dots[r][t]);
+                        }
                     }
                 }
             }
