@@ -4,7 +4,8 @@
 # and no CUDA toolkit: NVRTC comes from the PyPI wheel nvidia-cuda-nvrtc-cu12 (12.8 is the first
 # with sm_100 and sm_120; the version cudarc's `cuda-12080` bindings are for), installed into a
 # cached venv. cudarc opens libnvrtc.so.12 by name, so the wheel's lib directory goes on
-# LD_LIBRARY_PATH (which also finds the libnvrtc-builtins NVRTC itself opens).
+# LD_LIBRARY_PATH (which also finds the libnvrtc-builtins NVRTC itself opens). Then it prints each
+# kernel's registers and fails if one keeps values on the stack (cuobjdump, below).
 #   LOCKSTEP_CACHE  cache folder (default: $XDG_CACHE_HOME/lockstep or ~/.cache/lockstep)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +26,28 @@ export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Here a missing NVRTC is a failure, not a skip.
 export LOCKSTEP_REQUIRE_NVRTC=1
 cargo test --locked -p lockstep-gpu --features cuda --test cuda_nvrtc -- --nocapture
+
+# What each kernel costs in registers, and that none keeps values on the stack: an accumulator
+# indexed by a loop variable goes there, and every use becomes a local-memory round trip (it
+# happened to the SwiGLU product). Read from the sm_90/100/120 cubins with cuobjdump (PyPI's
+# nvidia-cuda-cuobjdump; `-res-usage` reads the cubin's metadata and needs nothing else).
+# rope_kv_write may: precise `sincosf` reduces a huge angle through a local array.
+CUOBJDUMP_WHEEL="nvidia-cuda-cuobjdump==13.5.37"
+if ! "$venv/bin/python" -m pip show --quiet nvidia-cuda-cuobjdump 2>/dev/null; then
+    echo "installing $CUOBJDUMP_WHEEL into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$CUOBJDUMP_WHEEL"
+fi
+cuobjdump="$("$venv/bin/python" -c 'import nvidia, os; print(next(os.path.join(p, "cu13", "bin", "cuobjdump") for p in nvidia.__path__ if os.path.exists(os.path.join(p, "cu13", "bin", "cuobjdump"))))')"
+cubins="$(mktemp -d)"
+trap 'rm -rf "$cubins"' EXIT
+LOCKSTEP_WRITE_CUBINS="$cubins" cargo test --locked -q -p lockstep-gpu --features cuda \
+    --test cuda_nvrtc every_kernel_compiles_cleanly_for_hopper_and_blackwell >/dev/null 2>&1
+for cubin in "$cubins"/*.cubin; do
+    sm="${cubin%.cubin}"; sm="${sm##*.}"
+    "$cuobjdump" -res-usage "$cubin" | awk -v sm="$sm" '
+        /Function/ { name = $2; sub(":", "", name) }
+        /REG:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); use[kv[1]] = kv[2] }
+                 printf "%-7s %-22s registers %3d  stack %2d\n", sm, name, use["REG"], use["STACK"]
+                 if ((use["STACK"] > 0 || use["LOCAL"] > 0) && name != "rope_kv_write") bad = 1 }
+        END { exit bad }' || { echo "a kernel keeps values on the stack (above)" >&2; exit 1; }
+done
