@@ -15,9 +15,10 @@
 // meet the half-precision cache. Head sizes up to 256.
 //
 // Latency, not bandwidth, bounds a decode step's attention (a warp walks its row's positions):
-// the warps of a block walk different tiles, each lane's key is read as 16-byte vectors, and the
+// the warps of a block walk different tiles, each lane's key is read as 16-byte vectors, the
 // values of `VALUE_BATCH` positions are loaded before any is weighed, so many loads are in
-// flight. Each head size class (up to 64, 128, 256) has its own entry point, so a lane holds
+// flight, and a value's cache slot comes from the lane that scored its position by a shuffle,
+// not from the page table again (a dependent load before every batch). Each head size class (up to 64, 128, 256) has its own entry point, so a lane holds
 // only the output dimensions it can have.
 //
 // The queries are read from the fused Q/K/V rows that `rope_kv_write` rotated in place (a
@@ -58,8 +59,11 @@ __device__ void paged_attention(
         const int p = tile + lane;
         const bool seen = p >= first && p <= position;
         float score = NEG_INFINITY;
+        // Where position `p`'s K and V sit in the cache; the values' loop below takes it from
+        // the lane that scored the position rather than reading the page table again.
+        long at = 0;
         if (seen) {
-            const long at = ((long)table[p / page_tokens] * page_tokens + p % page_tokens);
+            at = ((long)table[p / page_tokens] * page_tokens + p % page_tokens);
             const f16_bits* key = key_cache + at * kv_width + kv_head * head_dim;
             float dot = 0.0f;
             if (head_dim % 8 == 0) {
@@ -91,11 +95,10 @@ __device__ void paged_attention(
             float values[VALUE_BATCH][DIMS_PER_LANE];
 #pragma unroll
             for (int u = 0; u < VALUE_BATCH; u++) {
-                const int pos = tile + l0 + u;
                 if (l0 + u <= last) {
-                    const long at =
-                        ((long)table[pos / page_tokens] * page_tokens + pos % page_tokens);
-                    const f16_bits* value = value_cache + at * kv_width + kv_head * head_dim;
+                    // Lane `l0 + u` scored this position, so its `at` is set.
+                    const long at_u = __shfl_sync(0xffffffffu, at, l0 + u);
+                    const f16_bits* value = value_cache + at_u * kv_width + kv_head * head_dim;
 #pragma unroll
                     for (int j = 0; j < DIMS_PER_LANE; j++) {
                         const int i = lane + 32 * j;
