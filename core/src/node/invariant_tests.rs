@@ -12,6 +12,7 @@
 //! | prefill: pool pins are the transfers' | "the pool holds {n} pins, the transfers {m}" | `prefill_a_pin_nobody_holds` |
 //! | prefill: computation under its transfer's id | "computation {id} filed under another id" | `prefill_a_computation_under_another_id` |
 //! | prefill: computation of a held request | "computation {id} has no request in the scheduler: …" | `prefill_a_computation_without_its_request` |
+//! | prefill: progress mark within the prompt | "computation {id} passed {n} positions of {len}" | `prefill_a_progress_mark_past_the_prompt` |
 //!
 //! Each node's `check_invariants_incremental` runs its parts' incremental checks and the same
 //! checks across them (tests: `incremental_*`): the decode node's counts the transfers'
@@ -131,6 +132,14 @@ fn prefill_a_computation_under_another_id() {
     let computation = c.prefill.computing.pop_first().unwrap().1;
     c.prefill.computing.insert(RequestId(77), computation);
     fires(c.prefill.check_invariants(), "filed under another id");
+}
+
+#[test]
+fn prefill_a_progress_mark_past_the_prompt() {
+    let mut c = reserved();
+    let computation = c.prefill.computing.values_mut().next().unwrap();
+    computation.computed_high = 1_000;
+    fires(c.prefill.check_invariants(), "passed 1000 positions of");
 }
 
 #[test]

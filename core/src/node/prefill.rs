@@ -49,7 +49,7 @@ pub(super) struct Computation {
     /// The most positions it ever had computed. A preempted prompt recomputes what it lost, and
     /// that is not progress: only passing this mark is (a worker thrashing between prompts that
     /// preempt each other must look stalled, or a transfer pinning pages would never time out).
-    computed_high: u32,
+    pub(super) computed_high: u32,
     /// Planted `EmptyHandOff` only (else always false): preempted while its last step was in
     /// flight, so the buggy hand-off takes its page list as that preemption left it.
     planted_preempted_in_last_step: bool,
@@ -337,10 +337,17 @@ impl PrefillNode {
                 id == local_id(c.key),
                 "computation {id} filed under another id"
             );
+            let tokens = self.sched.request_tokens(id).map_or(0, <[u32]>::len);
             ensure_invariant!(
                 NODE,
-                self.sched.request_tokens(id).is_some(),
+                tokens > 0,
                 "computation {id} has no request in the scheduler: its transfer would wait forever"
+            );
+            ensure_invariant!(
+                NODE,
+                c.computed_high as usize <= tokens,
+                "computation {id} passed {} positions of {tokens}",
+                c.computed_high
             );
         }
         Ok(())
