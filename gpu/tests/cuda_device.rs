@@ -32,7 +32,7 @@ use lockstep_core::sched::{
     Bucket, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs,
     StepPlan,
 };
-use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, FOLDED_NORM_TOKENS_MAX};
+use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions};
 use lockstep_gpu::cuda::probe;
 use lockstep_gpu::llama::{CpuExecutor, Layer, LlamaConfig, LlamaWeights, RopeStyle, Weight};
 use lockstep_gpu::model::Model;
@@ -402,10 +402,11 @@ fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
 }
 
 /// Runs one watched request alone, then among 31 companions whose prompts of 3 to 17 tokens
-/// prefill 2 at a time while the short ones decode; then both again with the launch options that
-/// must not change a bit (programmatic dependent launches, norms folded into the products, which
-/// the steps alone take, of at most 2 tokens). Returns the watched request's four runs: alone,
-/// in the crowd, and the same with those options.
+/// prefill 2 at a time while the short ones decode; then both again with every launch option,
+/// none of which may change a bit (programmatic dependent launches; norms folded into the
+/// products, which the steps alone take, of at most 2 tokens; wide products, which the crowd's
+/// steps of more than 8 tokens take). Returns the watched request's four runs: alone, in the
+/// crowd, and the same with the options.
 fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 4] {
     let config = config(32, 2);
     let sampling = |id: u64| Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 ^ id };
@@ -419,8 +420,8 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
         crowd.push((request(id, p, 3 + (id as u32 % 4)), sampling(id)));
     }
     let new = |on| {
-        let options =
-            CudaOptions { dependent_launches: on, fold_norms: on, ..CudaOptions::default() };
+        let launch = if on { LaunchOptions::ALL } else { LaunchOptions::default() };
+        let options = CudaOptions { launch, ..CudaOptions::default() };
         cuda(weights, config.pool, config.running_max, options)
     };
     let mut runs = [false, true].into_iter().flat_map(|on| {
@@ -457,7 +458,7 @@ fn batch_invariant(name: &str, weights: &Arc<LlamaWeights>) {
     report(
         "batch invariance",
         json!({"model": name, "steps": alone.1.len(), "steps_differing": differing,
-        "steps_differing_with_dependent_launches_and_folded_norms":
+        "steps_differing_with_every_launch_option":
             {"alone": options_alone, "in_the_batch": options_in_crowd},
         "tokens_alone": alone.0, "tokens_in_the_batch": in_crowd.0}),
     );
@@ -662,18 +663,15 @@ fn decode_throughput_against_the_hbm_roofline() {
     for batch in batches {
         let config = bench_config(batch);
         let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
-        // One executor a size (a 2.5 GB upload), its launch options switched between runs: plain
-        // launches, programmatic dependent ones, and (where a step is small enough to fold them)
-        // also the norms folded into the products, side by side.
+        // One executor a size (a 2.5 GB upload), its launch options switched between runs side
+        // by side: plain launches, programmatic dependent ones, and every option (which adds
+        // the folded norms at batch 1, the wide products at 32 and 256).
         let mut executor = cuda(&weights, config.pool, batch, options);
         let weight_bytes = executor.weight_bytes();
-        let foldable = batch as usize <= FOLDED_NORM_TOKENS_MAX;
-        let variants = [(false, false), (true, false), (true, true)];
-        for (run, (dependent_launches, fold_norms)) in variants.into_iter().enumerate() {
-            if fold_norms && !foldable {
-                continue;
-            }
-            executor.set_launch_options(dependent_launches, fold_norms);
+        let dependent = LaunchOptions { dependent_launches: true, ..LaunchOptions::default() };
+        let variants = [LaunchOptions::default(), dependent, LaunchOptions::ALL];
+        for (run, launch) in variants.into_iter().enumerate() {
+            executor.set_launch_options(launch);
             let (replayed, eager) = (executor.steps_replayed, executor.steps_eager);
             let mut sched = Scheduler::new(config.clone()).unwrap();
             let ids: Vec<u64> = (0..u64::from(batch)).map(|i| run as u64 * 100_000 + i).collect();
@@ -714,8 +712,9 @@ fn decode_throughput_against_the_hbm_roofline() {
             let seconds = decode_time.as_secs_f64();
             report(
                 "decode throughput",
-                json!({"batch": batch, "dependent_launches": dependent_launches,
-                "fold_norms": fold_norms, "params": 1.24e9, "weight_bytes": weight_bytes,
+                json!({"batch": batch, "dependent_launches": launch.dependent_launches,
+                "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
+                "params": 1.24e9, "weight_bytes": weight_bytes,
                 "decode_steps_timed": decode_only_steps.saturating_sub(2),
                 "tokens_per_s": decode_tokens as f64 / seconds,
                 "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),

@@ -35,8 +35,8 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
-pub use super::launch::FOLDED_NORM_TOKENS_MAX;
 use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
+pub use super::launch::{FOLDED_NORM_TOKENS_MAX, LaunchOptions, WIDE_PRODUCT_TOKENS_MIN};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
 use super::probe::{self, DeviceInfo};
@@ -49,25 +49,17 @@ pub struct CudaOptions {
     pub ordinal: usize,
     /// The largest padded size run as a captured graph; 0 runs every step eagerly.
     pub graph_rows_max: usize,
-    /// Programmatic dependent launches (`launch`): each kernel may start, and prefetch its
-    /// weights, while the one before it finishes. Compute capability 9.0 on; ignored below. Off
-    /// by default until a device run has measured it (BENCHMARKS.md); the bits are the same
-    /// either way, which `tests/cuda_device.rs` checks.
-    pub dependent_launches: bool,
-    /// The layers' RMSNorms folded into the products after them on steps of a few tokens
-    /// (`FOLDED_NORM_TOKENS_MAX`): 2 launches a layer fewer at decode. Off by default
-    /// until a device run has measured it; the bits are the same either way.
-    pub fold_norms: bool,
+    /// How the forward pass is launched (`LaunchOptions`: programmatic dependent launches,
+    /// norms folded into the products, wide products). All off by default until a device run
+    /// has measured them (BENCHMARKS.md); the bits are the same either way, which
+    /// `tests/cuda_device.rs` checks. Dependent launches need compute capability 9.0 and are
+    /// ignored below it.
+    pub launch: LaunchOptions,
 }
 
 impl Default for CudaOptions {
     fn default() -> CudaOptions {
-        CudaOptions {
-            ordinal: 0,
-            graph_rows_max: 512,
-            dependent_launches: false,
-            fold_norms: false,
-        }
+        CudaOptions { ordinal: 0, graph_rows_max: 512, launch: LaunchOptions::default() }
     }
 }
 
@@ -103,8 +95,7 @@ pub struct CudaExecutor {
     staging: Vec<i32>,
     graphs: BTreeMap<usize, Captured>,
     graph_rows_max: usize,
-    dependent_launches: bool,
-    fold_norms: bool,
+    launch_options: LaunchOptions,
     tables: PageTables,
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
@@ -208,15 +199,14 @@ impl CudaExecutor {
             staging: Vec::new(),
             graphs: BTreeMap::new(),
             graph_rows_max: options.graph_rows_max,
-            dependent_launches: false,
-            fold_norms: false,
+            launch_options: LaunchOptions::default(),
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
             steps_eager: 0,
             steps_replayed: 0,
         };
-        executor.set_launch_options(options.dependent_launches, options.fold_norms);
+        executor.set_launch_options(options.launch);
         Ok(executor)
     }
 
@@ -287,13 +277,14 @@ impl CudaExecutor {
         self.finish(plan, &arrays.sample_rows[..real_samples], all_logits)
     }
 
-    /// Switches the launch options of `CudaOptions` (`dependent_launches`, `fold_norms`) for the
-    /// steps from now on, dropping the graphs captured with the old ones; a benchmark compares
-    /// them on one upload. No step is in flight between steps (`step` waits for the stream).
-    pub fn set_launch_options(&mut self, dependent_launches: bool, fold_norms: bool) {
+    /// Switches the launch options for the steps from now on, dropping the graphs captured
+    /// with the old ones; a benchmark compares them on one upload. No step is in flight between
+    /// steps (`step` waits for the stream).
+    pub fn set_launch_options(&mut self, options: LaunchOptions) {
         // `griddepcontrol` is sm_90's; the kernels compile it out below.
-        self.dependent_launches = dependent_launches && self.device.compute_capability.0 >= 9;
-        self.fold_norms = fold_norms;
+        let dependent_launches =
+            options.dependent_launches && self.device.compute_capability.0 >= 9;
+        self.launch_options = LaunchOptions { dependent_launches, ..options };
         self.graphs.clear();
     }
 
@@ -304,8 +295,7 @@ impl CudaExecutor {
             dims: self.dims,
             kv: &self.kv,
             kv_layout: self.kv_layout,
-            dependent_launches: self.dependent_launches,
-            fold_norms: self.fold_norms,
+            options: self.launch_options,
         }
     }
 

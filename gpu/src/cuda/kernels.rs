@@ -19,9 +19,9 @@
 //!   fewer, larger launches are the decode step's speed.
 //! - Programmatic dependent launch (prelude.cu's `allow_next_kernel`, `wait_for_inputs`): every
 //!   kernel lets the next one start at once and reads no activation before its wait, so that a
-//!   launch with `CudaOptions::dependent_launches` overlaps the one before; launched plainly the
+//!   launch with `LaunchOptions::dependent_launches` overlaps the one before; launched plainly the
 //!   two are no-ops.
-//! - A norm folded into the product after it (`matmul.cu`, `CudaOptions::fold_norms`) walks
+//! - A norm folded into the product after it (`matmul.cu`, `LaunchOptions::fold_norms`) walks
 //!   `rms_norm.cu`'s reduction tree exactly, so folding changes no bit and may be chosen by the
 //!   step's size.
 //! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
@@ -61,6 +61,12 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_swiglu_f32",
         "matmul_swiglu_f16",
         "matmul_swiglu_bf16",
+        "matmul_wide_f32",
+        "matmul_wide_f16",
+        "matmul_wide_bf16",
+        "matmul_swiglu_wide_f32",
+        "matmul_swiglu_wide_f16",
+        "matmul_swiglu_wide_bf16",
     ],
 };
 pub const ROPE_KV_WRITE: KernelSource = KernelSource {

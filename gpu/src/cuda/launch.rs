@@ -9,7 +9,7 @@
 //! buffers or `null`, `int` and `float`), and every buffer holds the elements the launch touches
 //! (`Buffers::ensure` sizes them before a step).
 //!
-//! With `Model::dependent_launches`, every kernel after the first is a programmatic dependent
+//! With `LaunchOptions::dependent_launches`, every kernel after the first is a programmatic dependent
 //! launch (`kernel_call`): each kernel's source calls `allow_next_kernel()` first and touches
 //! nothing another kernel writes before `wait_for_inputs()`. The first kernel follows the input
 //! copy, which the attribute would not order, so it is launched plainly.
@@ -36,6 +36,9 @@ pub struct Kernels {
     embed: [CudaFunction; 3],
     matmul: [CudaFunction; 3],
     matmul_swiglu: [CudaFunction; 3],
+    /// The same products with several output rows a warp (`LaunchOptions::wide_products`).
+    matmul_wide: [CudaFunction; 3],
+    matmul_swiglu_wide: [CudaFunction; 3],
     rms_norm: CudaFunction,
     rope_kv_write: CudaFunction,
     /// By head size: up to 64, 128 and 256.
@@ -86,13 +89,17 @@ impl Kernels {
         let one = |source: &KernelSource| -> Result<CudaFunction, String> {
             module(source)?.pop().ok_or_else(|| format!("{}.cu: no kernel", source.name))
         };
-        // matmul.cu: the three plain products, then the three with SwiGLU.
-        let mut products = module(&kernels::MATMUL)?;
-        let with_swiglu = products.split_off(3.min(products.len()));
+        // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; three storage types each.
+        let mut products = module(&kernels::MATMUL)?.into_iter();
+        let mut next_three = || three(products.by_ref().take(3).collect(), kernels::MATMUL.name);
+        let (matmul, matmul_swiglu) = (next_three()?, next_three()?);
+        let (matmul_wide, matmul_swiglu_wide) = (next_three()?, next_three()?);
         Ok(Kernels {
             embed: three(module(&kernels::EMBED)?, kernels::EMBED.name)?,
-            matmul: three(products, kernels::MATMUL.name)?,
-            matmul_swiglu: three(with_swiglu, kernels::MATMUL.name)?,
+            matmul,
+            matmul_swiglu,
+            matmul_wide,
+            matmul_swiglu_wide,
             rms_norm: one(&kernels::RMS_NORM)?,
             rope_kv_write: one(&kernels::ROPE_KV_WRITE)?,
             paged_attention: three(
@@ -343,12 +350,33 @@ pub struct Model<'a> {
     pub dims: Dims,
     pub kv: &'a CudaSlice<u16>,
     pub kv_layout: KvCacheLayout,
-    /// Launch every kernel after the first as a programmatic dependent launch.
+    pub options: LaunchOptions,
+}
+
+/// How a forward pass is launched; none changes a bit of what it computes (the device check
+/// runs a request alone and in a batch with all of them on and off and compares the bits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchOptions {
+    /// Every kernel after the first as a programmatic dependent launch (sm_90 on).
     pub dependent_launches: bool,
-    /// Fold the layers' RMSNorms into the products after them on steps of at most
+    /// The layers' RMSNorms folded into the products after them on steps of at most
     /// `FOLDED_NORM_TOKENS_MAX` tokens.
     pub fold_norms: bool,
+    /// Products of steps past `WIDE_PRODUCT_TOKENS_MIN - 1` tokens with 4 output rows a warp
+    /// (2 for SwiGLU, whose warp reads a gate and an up row for each), so that every activation
+    /// load serves that many rows: at 32 tokens and more the products reload activations far
+    /// more than they read weights.
+    pub wide_products: bool,
 }
+
+impl LaunchOptions {
+    pub const ALL: LaunchOptions =
+        LaunchOptions { dependent_launches: true, fold_norms: true, wide_products: true };
+}
+
+/// The fewest tokens a step has for its products to go wide: past one tile of `matmul.cu`
+/// (TILE, 8), where a warp goes over its weight rows once per 8 tokens.
+pub const WIDE_PRODUCT_TOKENS_MIN: usize = 9;
 
 /// The most tokens a step may have for its norms to be folded into the products (`matmul.cu`):
 /// each block of a folded product computes every token's norm itself, which costs a block per
@@ -391,7 +419,7 @@ pub fn forward(
     call.buffer(&b.logits).buffer(&b.argmax).int(d.vocab as i32);
     // SAFETY: argmax(const float* logits, int* out, int vocab); `s` rows of logits; 1024
     // threads, as argmax.cu's ARGMAX_THREADS.
-    unsafe { call.launch(config(grid(s)?, 1, 1024), m.dependent_launches) }
+    unsafe { call.launch(config(grid(s)?, 1, 1024), m.options.dependent_launches) }
 }
 
 /// The input of a product that a norm of the residual stream precedes: the norm's output, or
@@ -403,7 +431,7 @@ fn normed<'a>(
     norm: &'a CudaSlice<f32>,
     n: usize,
 ) -> Result<Normed<'a>, DriverError> {
-    if m.fold_norms && n <= FOLDED_NORM_TOKENS_MAX {
+    if m.options.fold_norms && n <= FOLDED_NORM_TOKENS_MAX {
         return Ok(Normed { x: &b.x, norm: Some(norm) });
     }
     rms_norm(stream, m, &b.x, None, norm, &b.h, n)?;
@@ -439,7 +467,7 @@ fn rms_norm(
     call.buffer(weight).buffer(out).int(m.dims.hidden as i32).float(m.dims.rms_eps);
     // SAFETY: rms_norm(const float* x, const int* rows, const float* weight, float* out,
     // int hidden, float eps); 256 threads, as NORM_THREADS; `count` rows.
-    unsafe { call.launch(config(grid(count)?, 1, 256), m.dependent_launches) }
+    unsafe { call.launch(config(grid(count)?, 1, 256), m.options.dependent_launches) }
 }
 
 /// A product's input: `x`, or with `norm`, `x` normalized by those weights in the product.
@@ -473,12 +501,18 @@ fn matmul(
         Product::Plain => w.rows,
         Product::SwiGlu => w.rows / 2,
     };
-    // Four warps a block, one output row each (matmul.cu's WARPS).
-    let cfg = config(grid(out_rows.div_ceil(4))?, 1, 128);
-    let kernels = match product {
-        Product::Plain => &m.kernels.matmul,
-        Product::SwiGlu => &m.kernels.matmul_swiglu,
+    // Four warps a block (matmul.cu's WARPS), each `per_warp` output rows (its WIDE_OUT and
+    // WIDE_SWIGLU_OUT when wide).
+    // The wide entry points have only the vector path (rows a multiple of 8 long).
+    let wide =
+        m.options.wide_products && tokens >= WIDE_PRODUCT_TOKENS_MIN && w.cols.is_multiple_of(8);
+    let (kernels, per_warp) = match (product, wide) {
+        (Product::Plain, false) => (&m.kernels.matmul, 1),
+        (Product::SwiGlu, false) => (&m.kernels.matmul_swiglu, 1),
+        (Product::Plain, true) => (&m.kernels.matmul_wide, 4),
+        (Product::SwiGlu, true) => (&m.kernels.matmul_swiglu_wide, 2),
     };
+    let cfg = config(grid(out_rows.div_ceil(4 * per_warp))?, 1, 128);
     let mut call = KernelCall::new(stream, for_type(kernels, &w.data));
     matrix(&mut call, &w.data);
     call.buffer(input.x);
@@ -495,7 +529,7 @@ fn matmul(
     // int rows, int k_len, int tokens, int accumulate), or matmul_swiglu_* without `accumulate`
     // (and `w` of `2 * rows` rows); `x` holds `tokens * cols`, `norm` (if not null) `cols`, `y`
     // `tokens * rows` (the buffers' sizes).
-    unsafe { call.launch(cfg, m.dependent_launches) }
+    unsafe { call.launch(cfg, m.options.dependent_launches) }
 }
 
 fn rope_kv_write(
@@ -526,7 +560,7 @@ fn rope_kv_write(
     call.int(m.kv_layout.page_tokens as i32);
     // SAFETY: rope_kv_write's 15 parameters in order; page-table entries were checked against
     // the cache's pages on the host.
-    unsafe { call.launch(config(grid(n)?, 1, 128), m.dependent_launches) }
+    unsafe { call.launch(config(grid(n)?, 1, 128), m.options.dependent_launches) }
 }
 
 fn attention(
@@ -553,7 +587,7 @@ fn attention(
     // SAFETY: paged_attention_d*'s 14 parameters in order, the entry point for the head size
     // (`Dims::of` refused more than 256); a block of ATTENTION_WARPS (4) warps per (token,
     // head), heads on the grid's y (at most 65,535 there; a model has far fewer heads).
-    unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 128), m.dependent_launches) }
+    unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 128), m.options.dependent_launches) }
 }
 
 /// Layer `layer`'s keys and values, all pages.

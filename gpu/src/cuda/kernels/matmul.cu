@@ -170,7 +170,7 @@ __device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], Input in, in
 // row's last `k_len % 8` elements. The rows go through together, so their loads are in flight
 // together; each row's arithmetic is what it would be alone.
 template <typename T, bool VEC, int ROWS>
-__device__ __forceinline__ void row_dots(const T* const row[ROWS], Input in, int k_len,
+__device__ __forceinline__ void row_dots(const T* const* row, Input in, int k_len,
                                          int t0, int live, float dots[ROWS][TILE]) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -242,32 +242,43 @@ __device__ __forceinline__ void row_dots(const T* const row[ROWS], Input in, int
     }
 }
 
-template <typename T, bool VEC>
+// `OUT` consecutive output rows a warp (`launch.rs` takes 1, or with wide products 4 on steps of
+// more than TILE tokens, where each activation load then serves 4 rows instead of 1). A row's
+// chain is `row_dots`'s for that row whatever `OUT` is, so the bits do not depend on it.
+template <typename T, bool VEC, int OUT>
 __device__ void matmul(const T* w, const float* x, const float* norm, float eps, float* y,
                        int rows, int k_len, int tokens, int accumulate) {
     __shared__ double partial[TILE][NORM_THREADS / 32];
     __shared__ float scales[TILE];
     const int lane = threadIdx.x % 32;
-    const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    const int r0 = (blockIdx.x * WARPS + threadIdx.x / 32) * OUT;
     // A warp past the last row still takes its part in the block's norm scales.
-    const bool has_row = r < rows;
+    const bool has_row = r0 < rows;
     allow_next_kernel();
-    const T* const row[1] = {w + (long)min(r, rows - 1) * k_len};
-    if (VEC && lane == 0 && has_row) prefetch_to_l2(row[0], k_len * sizeof(T));
+    // Rows past the end read the last row again and are not written.
+    const T* row[OUT];
+#pragma unroll
+    for (int o = 0; o < OUT; o++) {
+        row[o] = w + (long)min(r0 + o, rows - 1) * k_len;
+        if (VEC && lane == 0 && r0 + o < rows) prefetch_to_l2(row[o], k_len * sizeof(T));
+    }
     wait_for_inputs();
     const Input in = {x, norm, scales};
     for (int t0 = 0; t0 < tokens; t0 += TILE) {
         const int live = min(TILE, tokens - t0);
         if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
         if (!has_row) continue;
-        float dots[1][TILE];
-        row_dots<T, VEC, 1>(row, in, k_len, t0, live, dots);
+        float dots[OUT][TILE];
+        row_dots<T, VEC, OUT>(row, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
-            for (int t = 0; t < TILE; t++) {
-                if (t < live) {
-                    float* out = y + (long)(t0 + t) * rows + r;
-                    *out = accumulate ? *out + dots[0][t] : dots[0][t];
+            for (int o = 0; o < OUT; o++) {
+#pragma unroll
+                for (int t = 0; t < TILE; t++) {
+                    if (t < live && r0 + o < rows) {
+                        float* out = y + (long)(t0 + t) * rows + r0 + o;
+                        *out = accumulate ? *out + dots[o][t] : dots[o][t];
+                    }
                 }
             }
         }
@@ -277,22 +288,27 @@ __device__ void matmul(const T* w, const float* x, const float* norm, float eps,
 // `w` holds the gate matrix's `rows` rows and then the up matrix's: `y[t][r]` is
 // `silu(gate_r . x_t) * (up_r . x_t)`, as the CPU's `numerics::swiglu`: `g / (1 + exp(-g)) * u`
 // (the precise `expf`; the CPU's ggml exponential is within 1.5 ulp of it). Each product's bits
-// are those of `matmul` over the matrix alone.
-template <typename T, bool VEC>
+// are those of `matmul` over the matrix alone. `OUT` output rows a warp (1, or 2 wide): the
+// gate's rows and then the up's are its `row_dots` rows.
+template <typename T, bool VEC, int OUT>
 __device__ void matmul_swiglu(const T* w, const float* x, const float* norm, float eps, float* y,
                               int rows, int k_len, int tokens) {
     __shared__ double partial[TILE][NORM_THREADS / 32];
     __shared__ float scales[TILE];
     const int lane = threadIdx.x % 32;
-    const int r = blockIdx.x * WARPS + threadIdx.x / 32;
-    const bool has_row = r < rows;
+    const int r0 = (blockIdx.x * WARPS + threadIdx.x / 32) * OUT;
+    const bool has_row = r0 < rows;
     allow_next_kernel();
-    // Row `r` of the gate and of the up matrix.
-    const long kept = min(r, rows - 1);
-    const T* const gate_up[2] = {w + kept * k_len, w + (rows + kept) * k_len};
-    if (VEC && lane == 0 && has_row) {
-        prefetch_to_l2(gate_up[0], k_len * sizeof(T));
-        prefetch_to_l2(gate_up[1], k_len * sizeof(T));
+    const T* gate_up[2 * OUT];
+#pragma unroll
+    for (int o = 0; o < OUT; o++) {
+        const long kept = min(r0 + o, rows - 1);
+        gate_up[o] = w + kept * k_len;
+        gate_up[OUT + o] = w + (rows + kept) * k_len;
+        if (VEC && lane == 0 && r0 + o < rows) {
+            prefetch_to_l2(gate_up[o], k_len * sizeof(T));
+            prefetch_to_l2(gate_up[OUT + o], k_len * sizeof(T));
+        }
     }
     wait_for_inputs();
     const Input in = {x, norm, scales};
@@ -300,55 +316,98 @@ __device__ void matmul_swiglu(const T* w, const float* x, const float* norm, flo
         const int live = min(TILE, tokens - t0);
         if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
         if (!has_row) continue;
-        float dots[2][TILE];
-        row_dots<T, VEC, 2>(gate_up, in, k_len, t0, live, dots);
+        float dots[2 * OUT][TILE];
+        row_dots<T, VEC, 2 * OUT>(gate_up, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
-            for (int t = 0; t < TILE; t++) {
-                if (t < live) {
-                    const float g = dots[0][t], u = dots[1][t];
-                    y[(long)(t0 + t) * rows + r] = (g / (1.0f + expf(0.0f - g))) * u;
+            for (int o = 0; o < OUT; o++) {
+#pragma unroll
+                for (int t = 0; t < TILE; t++) {
+                    if (t < live && r0 + o < rows) {
+                        const float g = dots[o][t], u = dots[OUT + o][t];
+                        y[(long)(t0 + t) * rows + r0 + o] = (g / (1.0f + expf(0.0f - g))) * u;
+                    }
                 }
             }
         }
     }
 }
 
-// The entry points per storage type; each picks the vector path once, by `k_len` (the same for
-// every launch over a given matrix, so a row's order never changes between steps).
+// The entry points per storage type and rows a warp; each picks the vector path once, by `k_len`
+// (the same for every launch over a given matrix, so a row's order never changes between steps).
+// The wide ones have only the vector path (`launch.rs` takes them only for rows that are a
+// multiple of 8 long): the scalar one, unrolled over their rows, would double the module.
+#define WIDE_OUT 4
+#define WIDE_SWIGLU_OUT 2
 
 extern "C" __global__ void matmul_f32(const float* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<float, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<float, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-}
-
-extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x,
-        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<float, true>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<float, false>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul<float, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<float, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
 extern "C" __global__ void matmul_f16(const f16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<f16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<f16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-}
-
-extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x,
-        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<f16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul<f16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<f16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
 extern "C" __global__ void matmul_bf16(const bf16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<bf16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<bf16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<bf16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<bf16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+}
+
+extern "C" __global__ void matmul_wide_f32(const float* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<float, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_f16(const f16_bits* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<f16_bits, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_bf16(const bf16_bits* w, const float* x, const float* norm,
+        float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
+    if (k_len % 8 == 0) matmul<bf16_bits, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<float, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<float, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+}
+
+extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<f16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_swiglu_bf16(const bf16_bits* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<bf16_bits, false>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<bf16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+}
+
+extern "C" __global__ void matmul_swiglu_wide_f32(const float* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<float, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_f16(const f16_bits* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_bf16(const bf16_bits* w, const float* x,
+        const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
 }

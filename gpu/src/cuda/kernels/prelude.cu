@@ -76,7 +76,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Programmatic dependent launch (sm_90 on; `launch.rs` launches every kernel after a step's first
-// so when `CudaOptions::dependent_launches` is set). Such a kernel may start while the kernel
+// so when `LaunchOptions::dependent_launches` is set). Such a kernel may start while the kernel
 // before it still runs: before `wait_for_inputs()` it may read only what no kernel of the step
 // writes (the weights, and the step's inputs, copied before its first kernel began), and write
 // nothing. `allow_next_kernel()` lets the next kernel start likewise, once every block of this
