@@ -2,11 +2,12 @@
 // of `x`, `w` stored as f32, f16 or bf16; and the same product over the gate and up matrices
 // with SwiGLU fused into its end.
 //
-// Batch invariance by construction: one warp owns weight row `r`; lane `l` takes the 8-element
-// chunks starting at `k = 8 l + 256 i`, accumulating each chunk's elements in order into one f32
-// fused chain per token, and the lanes are summed by `warp_sum`'s fixed butterfly. That order
-// depends on `K` alone: never on how many tokens the step has, which tile a token falls in, or
-// the device's SM count. Tokens go through in tiles of `TILE` so that a weight chunk loaded once
+// Batch invariance by construction: one warp owns weight row `r` (or a few consecutive rows,
+// each computed as if alone); lane `l` takes the 8-element chunks starting at `k = 8 l + 256 i`,
+// accumulating each chunk's elements in order into one f32 fused chain per token, and the lanes
+// are summed by `warp_sum`'s fixed butterfly. That order depends on `K` alone: never on how many
+// tokens the step has, which tile a token falls in, how many rows its warp has, or the device's
+// SM count. Tokens go through in tiles of `TILE` so that a weight chunk loaded once
 // serves several tokens. (cuBLAS is not used: it picks its algorithm, split-K included, by the
 // shape, so a row's bits would change with the batch size.)
 //
@@ -77,10 +78,6 @@ __device__ void norm_scales(const float* x, int k_len, float eps, int t0, int li
     __syncthreads();
 }
 
-// Adds weight chunks `wv` (8 elements starting at `k` of each of `ROWS` rows) times tokens
-// `t0..t0 + live` of `x` into `dots`, element by element in order; a token's 8 elements are
-// loaded once for all the rows. `VEC`: `k_len` is a multiple of 8, so each token's 8 elements
-// are 16-byte aligned (the buffers come from cudaMalloc) and load as two float4.
 // Eight weights as loaded (16-byte aligned): registers held until the batch's loads are all
 // issued, then unpacked to f32, each element as `load8` gives it.
 template <typename T>
@@ -138,6 +135,10 @@ struct Input {
     const float* scales;
 };
 
+// Adds weight chunks `wv` (8 elements starting at `k` of each of `ROWS` rows) times tokens
+// `t0..t0 + live` of `x` into `dots`, element by element in order; a token's 8 elements are
+// loaded once for all the rows. `VEC`: `k_len` is a multiple of 8, so each token's 8 elements
+// are 16-byte aligned (the buffers come from cudaMalloc) and load as two float4.
 template <bool VEC, int ROWS>
 __device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], Input in, int k_len,
                                            int k, int t0, int live, float dots[ROWS][TILE]) {
@@ -180,9 +181,9 @@ __device__ __forceinline__ void row_dots(const T* const* row, Input in, int k_le
     }
     const int whole = k_len - k_len % 8;
     if (VEC) {
-        // A batch of chunks (eight of one row, four of two) is requested before any is used, so
-        // a lane has that many 16-byte loads in flight: a 2048-wide f16 row is one batch, one
-        // round trip to memory. (Loading and using chunk by chunk, ptxas kept one weight load
+        // A batch of 8 chunks (8 of one row, 4 of two, 2 of four) is requested before any is
+        // used, so a lane has that many 16-byte loads in flight: a 2048-wide f16 row is one
+        // batch, one round trip to memory. (Loading and using chunk by chunk, ptxas kept one weight load
         // in flight a lane, and the products read HBM at a third of its bandwidth.)
         constexpr int BATCH = 8 / ROWS;
         for (int k0 = lane * 8; k0 < whole; k0 += 256 * BATCH) {
