@@ -25,7 +25,11 @@ lib="$("$venv/bin/python" -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(l
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Here a missing NVRTC is a failure, not a skip.
 export LOCKSTEP_REQUIRE_NVRTC=1
-cargo test --locked -p lockstep-gpu --features cuda --test cuda_nvrtc -- --nocapture
+# The cubins it compiles are kept for the resource check below.
+cubins="$(mktemp -d)"
+trap 'rm -rf "$cubins"' EXIT
+LOCKSTEP_WRITE_CUBINS="$cubins" cargo test --locked -p lockstep-gpu --features cuda --test cuda_nvrtc \
+    -- --nocapture
 
 # What each kernel costs in registers, and that none keeps values on the stack: an accumulator
 # indexed by a loop variable goes there, and every use becomes a local-memory round trip (it
@@ -38,10 +42,6 @@ if ! "$venv/bin/python" -m pip show --quiet nvidia-cuda-cuobjdump 2>/dev/null; t
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$CUOBJDUMP_WHEEL"
 fi
 cuobjdump="$("$venv/bin/python" -c 'import nvidia, os; print(next(os.path.join(p, "cu13", "bin", "cuobjdump") for p in nvidia.__path__ if os.path.exists(os.path.join(p, "cu13", "bin", "cuobjdump"))))')"
-cubins="$(mktemp -d)"
-trap 'rm -rf "$cubins"' EXIT
-LOCKSTEP_WRITE_CUBINS="$cubins" cargo test --locked -q -p lockstep-gpu --features cuda \
-    --test cuda_nvrtc every_kernel_compiles_cleanly_for_hopper_and_blackwell >/dev/null 2>&1
 for cubin in "$cubins"/*.cubin; do
     sm="${cubin%.cubin}"; sm="${sm##*.}"
     "$cuobjdump" -res-usage "$cubin" | awk -v sm="$sm" '
