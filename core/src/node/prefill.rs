@@ -337,12 +337,13 @@ impl PrefillNode {
                 id == local_id(c.key),
                 "computation {id} filed under another id"
             );
-            let tokens = self.sched.request_tokens(id).map_or(0, <[u32]>::len);
+            let tokens = self.sched.request_tokens(id);
             ensure_invariant!(
                 NODE,
-                tokens > 0,
+                tokens.is_some(),
                 "computation {id} has no request in the scheduler: its transfer would wait forever"
             );
+            let tokens = tokens.map_or(0, <[u32]>::len);
             ensure_invariant!(
                 NODE,
                 c.computed_high as usize <= tokens,
