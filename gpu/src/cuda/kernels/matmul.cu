@@ -105,13 +105,11 @@ __device__ __forceinline__ void unpack_chunk(const Chunk<float>& c, float out[8]
 }
 
 __device__ __forceinline__ void unpack_chunk(const Chunk<f16_bits>& c, float out[8]) {
-    unpack2(c.v.x, out, false); unpack2(c.v.y, out + 2, false);
-    unpack2(c.v.z, out + 4, false); unpack2(c.v.w, out + 6, false);
+    unpack8(c.v, out, false);
 }
 
 __device__ __forceinline__ void unpack_chunk(const Chunk<bf16_bits>& c, float out[8]) {
-    unpack2(c.v.x, out, true); unpack2(c.v.y, out + 2, true);
-    unpack2(c.v.z, out + 4, true); unpack2(c.v.w, out + 6, true);
+    unpack8(c.v, out, true);
 }
 
 // Eight f32 values from `p`: two 16-byte loads with `VEC` (then `p` is 16-byte aligned).

@@ -68,12 +68,24 @@ __device__ void paged_attention(
             float dot = 0.0f;
             if (head_dim % 8 == 0) {
                 // 16-byte aligned: `at * kv_width` and `kv_head * head_dim` are multiples of 8.
-#pragma unroll 8
-                for (int c = 0; c < head_dim; c += 8) {
-                    float k8[8];
-                    load8(key, c, k8);
+                // Up to 8 chunks (64 dimensions) are requested before any is used: loaded and
+                // used chunk by chunk, ptxas waited for each load in turn.
+                for (int c0 = 0; c0 < head_dim; c0 += 64) {
+                    uint4 raw[8];
 #pragma unroll
-                    for (int j = 0; j < 8; j++) dot = fmaf(k8[j], query[c + j], dot);
+                    for (int b = 0; b < 8; b++) {
+                        if (c0 + 8 * b < head_dim) raw[b] = *(const uint4*)(key + c0 + 8 * b);
+                    }
+#pragma unroll
+                    for (int b = 0; b < 8; b++) {
+                        const int c = c0 + 8 * b;
+                        if (c < head_dim) {
+                            float k8[8];
+                            unpack8(raw[b], k8, false);
+#pragma unroll
+                            for (int j = 0; j < 8; j++) dot = fmaf(k8[j], query[c + j], dot);
+                        }
+                    }
                 }
             } else {
                 for (int i = 0; i < head_dim; i++) {
@@ -92,18 +104,20 @@ __device__ void paged_attention(
         // `l0`, `u` and `last` are the same in every lane, so the shuffles stay warp-uniform.
         const int last = min(31, position - tile);
         for (int l0 = max(0, first - tile); l0 <= last; l0 += VALUE_BATCH) {
-            float values[VALUE_BATCH][DIMS_PER_LANE];
+            // The batch's values are loaded as they are stored, without a branch and without
+            // being converted (either made ptxas wait for each load before the next), and only
+            // then converted and weighed. A position past `last` loads position `last` again
+            // and is not weighed.
+            f16_bits values[VALUE_BATCH][DIMS_PER_LANE];
 #pragma unroll
             for (int u = 0; u < VALUE_BATCH; u++) {
-                if (l0 + u <= last) {
-                    // Lane `l0 + u` scored this position, so its `at` is set.
-                    const long at_u = __shfl_sync(0xffffffffu, at, l0 + u);
-                    const f16_bits* value = value_cache + at_u * kv_width + kv_head * head_dim;
+                // Lane `min(l0 + u, last)` scored this position, so its `at` is set.
+                const long at_u = __shfl_sync(0xffffffffu, at, min(l0 + u, last));
+                const f16_bits* value = value_cache + at_u * kv_width + kv_head * head_dim;
 #pragma unroll
-                    for (int j = 0; j < DIMS_PER_LANE; j++) {
-                        const int i = lane + 32 * j;
-                        values[u][j] = i < head_dim ? half_to_float(value[i]) : 0.0f;
-                    }
+                for (int j = 0; j < DIMS_PER_LANE; j++) {
+                    const int i = lane + 32 * j;
+                    values[u][j] = i < head_dim ? value[i] : (f16_bits)0;
                 }
             }
 #pragma unroll
@@ -112,7 +126,9 @@ __device__ void paged_attention(
                     const float w = __shfl_sync(0xffffffffu, weight, l0 + u);
 #pragma unroll
                     for (int j = 0; j < DIMS_PER_LANE; j++) {
-                        if (lane + 32 * j < head_dim) acc[j] = fmaf(w, values[u][j], acc[j]);
+                        if (lane + 32 * j < head_dim) {
+                            acc[j] = fmaf(w, half_to_float(values[u][j]), acc[j]);
+                        }
                     }
                 }
             }

@@ -51,16 +51,18 @@ __device__ __forceinline__ void unpack2(unsigned int v, float* out, bool brain) 
     out[1] = brain ? bf16_to_float(hi) : half_to_float(hi);
 }
 
+// Eight 16-bit values loaded as one 16-byte vector, as f32 (`brain`: bfloat16, else IEEE half).
+__device__ __forceinline__ void unpack8(uint4 v, float out[8], bool brain) {
+    unpack2(v.x, out, brain); unpack2(v.y, out + 2, brain);
+    unpack2(v.z, out + 4, brain); unpack2(v.w, out + 6, brain);
+}
+
 __device__ __forceinline__ void load8(const f16_bits* w, long i, float out[8]) {
-    uint4 v = *(const uint4*)(w + i);
-    unpack2(v.x, out, false); unpack2(v.y, out + 2, false);
-    unpack2(v.z, out + 4, false); unpack2(v.w, out + 6, false);
+    unpack8(*(const uint4*)(w + i), out, false);
 }
 
 __device__ __forceinline__ void load8(const bf16_bits* w, long i, float out[8]) {
-    uint4 v = *(const uint4*)(w + i);
-    unpack2(v.x, out, true); unpack2(v.y, out + 2, true);
-    unpack2(v.z, out + 4, true); unpack2(v.w, out + 6, true);
+    unpack8(*(const uint4*)(w + i), out, true);
 }
 
 // The sum over a warp by xor butterfly. Addition commutes exactly, so every lane ends with the
