@@ -14,6 +14,7 @@
 // halves; position `p` of a row sits on page `tables[table_offsets[row] + p / page_tokens]`.
 
 #define ROPE_PAIRS_MAX 256
+#define ROTATE_BATCH 8
 
 __device__ __forceinline__ void rotate(float* head, int i, int d, int halves, float c, float s) {
     const int a = halves ? i : 2 * i;
@@ -59,9 +60,31 @@ extern "C" __global__ void rope_kv_write(
         for (int i = threadIdx.x; i < q_width; i += blockDim.x) qt[i] += q_bias[i];
         __syncthreads();
     }
-    for (int j = threadIdx.x; j < heads * pairs; j += blockDim.x) {
-        const int h = j / pairs, i = j % pairs;
-        rotate(qt + h * head_dim, i, head_dim, halves, cos_of[i], sin_of[i]);
+    // Q's pairs, 8 a thread at a time, each batch's values loaded before any pair is rotated
+    // and stored: pair by pair, every load waited for the store before it (the compiler cannot
+    // tell that they never overlap).
+    const int q_pairs = heads * pairs;
+    for (int j0 = threadIdx.x; j0 < q_pairs; j0 += ROTATE_BATCH * blockDim.x) {
+        float x0[ROTATE_BATCH], x1[ROTATE_BATCH];
+        int a[ROTATE_BATCH], b[ROTATE_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROTATE_BATCH; u++) {
+            const int j = min(j0 + u * (int)blockDim.x, q_pairs - 1);
+            const int h = j / pairs, i = j % pairs;
+            a[u] = h * head_dim + (halves ? i : 2 * i);
+            b[u] = h * head_dim + (halves ? i + head_dim / 2 : 2 * i + 1);
+            x0[u] = qt[a[u]];
+            x1[u] = qt[b[u]];
+        }
+#pragma unroll
+        for (int u = 0; u < ROTATE_BATCH; u++) {
+            const int j = j0 + u * (int)blockDim.x;
+            if (j < q_pairs) {
+                const float c = cos_of[j % pairs], s = sin_of[j % pairs];
+                qt[a[u]] = fmaf(x0[u], c, -(x1[u] * s));
+                qt[b[u]] = fmaf(x0[u], s, x1[u] * c);
+            }
+        }
     }
     const int page = tables[table_offsets[token_rows[t]] + position / page_tokens];
     const long at = ((long)page * page_tokens + position % page_tokens) * kv_width;
@@ -84,7 +107,18 @@ extern "C" __global__ void rope_kv_write(
             key_cache[at + h0 * head_dim + i] = float_to_half(key[i]);
         }
     }
-    for (int e = threadIdx.x; e < kv_width; e += blockDim.x) {
-        value_cache[at + e] = float_to_half(vt[e] + (v_bias ? v_bias[e] : 0.0f));
+    // V likewise a batch at a time: loaded, then rounded and stored.
+    for (int e0 = threadIdx.x; e0 < kv_width; e0 += ROTATE_BATCH * blockDim.x) {
+        float v[ROTATE_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROTATE_BATCH; u++) {
+            const int e = min(e0 + u * (int)blockDim.x, kv_width - 1);
+            v[u] = vt[e] + (v_bias ? v_bias[e] : 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < ROTATE_BATCH; u++) {
+            const int e = e0 + u * (int)blockDim.x;
+            if (e < kv_width) value_cache[at + e] = float_to_half(v[u]);
+        }
     }
 }
