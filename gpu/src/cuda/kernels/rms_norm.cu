@@ -5,6 +5,7 @@
 // the output projection); block `b` writes row `b` of `out`.
 
 #define NORM_THREADS 256
+#define NORM_BATCH 8
 
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* weight,
                                     float* out, int hidden, float eps) {
@@ -28,5 +29,20 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     const float mean = (float)(total / (double)hidden);
     const float scale = 1.0f / sqrtf(mean + eps);
     float* o = out + (long)blockIdx.x * hidden;
-    for (int i = threadIdx.x; i < hidden; i += NORM_THREADS) o[i] = (in[i] * scale) * weight[i];
+    // A batch's loads before its stores: element by element, each store waited for its loads and
+    // held back the next element's (in-order issue; `o` may alias `in` as far as ptxas knows).
+    for (int i0 = threadIdx.x; i0 < hidden; i0 += NORM_BATCH * NORM_THREADS) {
+        float v[NORM_BATCH], w[NORM_BATCH];
+#pragma unroll
+        for (int u = 0; u < NORM_BATCH; u++) {
+            const int i = min(i0 + u * NORM_THREADS, hidden - 1);
+            v[u] = in[i];
+            w[u] = weight[i];
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_BATCH; u++) {
+            const int i = i0 + u * NORM_THREADS;
+            if (i < hidden) o[i] = (v[u] * scale) * w[u];
+        }
+    }
 }
