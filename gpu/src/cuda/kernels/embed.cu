@@ -1,13 +1,27 @@
 // Embedding gather: row `tokens[t]` of the table into row `t` of `x` (f32), for every token of
 // the step. The table keeps the storage type the weights were uploaded in.
 
+#define EMBED_BATCH 8
+
 template <typename T>
 __device__ void embed(const T* table, const int* tokens, float* x, int hidden) {
     allow_next_kernel();
     wait_for_inputs();
     const long row = (long)tokens[blockIdx.x] * hidden;
     float* out = x + (long)blockIdx.x * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = load1(table, row + i);
+    // A batch's loads before its stores (one by one, each store held back the next load).
+    for (int i0 = threadIdx.x; i0 < hidden; i0 += EMBED_BATCH * blockDim.x) {
+        float v[EMBED_BATCH];
+#pragma unroll
+        for (int u = 0; u < EMBED_BATCH; u++) {
+            v[u] = load1(table, row + min(i0 + u * (int)blockDim.x, hidden - 1));
+        }
+#pragma unroll
+        for (int u = 0; u < EMBED_BATCH; u++) {
+            const int i = i0 + u * (int)blockDim.x;
+            if (i < hidden) out[i] = v[u];
+        }
+    }
 }
 
 extern "C" __global__ void embed_f32(const float* table, const int* tokens, float* x, int hidden) {
