@@ -18,8 +18,9 @@
 // the warps of a block walk different tiles, each lane's key is read as 16-byte vectors, the
 // values of `VALUE_BATCH` positions are loaded before any is weighed, so many loads are in
 // flight, and a value's cache slot comes from the lane that scored its position by a shuffle,
-// not from the page table again (a dependent load before every batch). Each head size class (up to 64, 128, 256) has its own entry point, so a lane holds
-// only the output dimensions it can have.
+// not from the page table again (a dependent load before every batch). Each head size class
+// (up to 64, 128, 256) has its own entry point, so a lane holds only the output dimensions it
+// can have.
 //
 // The queries are read from the fused Q/K/V rows that `rope_kv_write` rotated in place (a
 // token's Q heads, then its K and V heads); the output is a row of `heads * head_dim` per token.
