@@ -502,8 +502,8 @@ fn matmul(
         Product::SwiGlu => w.rows / 2,
     };
     // Four warps a block (matmul.cu's WARPS), each `per_warp` output rows (its WIDE_OUT and
-    // WIDE_SWIGLU_OUT when wide).
-    // The wide entry points have only the vector path (rows a multiple of 8 long).
+    // WIDE_SWIGLU_OUT when wide; the wide entry points have only the vector path, for rows a
+    // multiple of 8 long).
     let wide =
         m.options.wide_products && tokens >= WIDE_PRODUCT_TOKENS_MIN && w.cols.is_multiple_of(8);
     let (kernels, per_warp) = match (product, wide) {
