@@ -168,12 +168,23 @@ fi
 if [ -n "${LOCKSTEP_BIN:-}" ] && [ -n "${LOCKSTEP_DEFAULT_MODEL:-}" ]; then
     model="$LOCKSTEP_DEFAULT_MODEL"
     prompt="The three primary colors are"
-    for device in cpu cuda; do
+    # The last one with every launch option (`--cuda-launch all`), which must not change a bit:
+    # its text must be the plain CUDA run's.
+    for device in cpu cuda "cuda --cuda-launch all"; do
         log "lockstep generate --device $device"
-        timeout 90 "$LOCKSTEP_BIN" generate --model "$model" --device "$device" --max-tokens 24 \
-            --prompt "$prompt" >"$OUT/generate.txt" 2>&1 || { status=1; log "generate failed"; }
+        # shellcheck disable=SC2086 # the device words
+        timeout 90 "$LOCKSTEP_BIN" generate --model "$model" --device $device --max-tokens 24 \
+            --prompt "$prompt" >"$OUT/generate.txt" 2>"$OUT/generate.err" \
+            || { status=1; log "generate failed"; tail -4 "$OUT/generate.err"; }
         tail -4 "$OUT/generate.txt" | tee -a "$OUT/device-check.log"
+        # The text alone (stdout) is compared; stderr may carry timings.
+        case "$device" in
+            cuda) cp "$OUT/generate.txt" "$OUT/generate-cuda.txt" ;;
+            cuda\ *) cmp -s "$OUT/generate.txt" "$OUT/generate-cuda.txt" \
+                || { status=1; log "FAILED: --cuda-launch all changed the text"; } ;;
+        esac
     done
+    rm -f "$OUT/generate-cuda.txt" "$OUT/generate.err"
     up() { for _ in $(seq 1 120); do curl -sf "127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
     complete() {
         curl -s -m 60 "127.0.0.1:$1/v1/completions" -H 'content-type: application/json' \

@@ -12,6 +12,7 @@ use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::Executor;
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
 use lockstep_gpu::chat::Message;
+use lockstep_gpu::launch_options::LaunchOptions;
 use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampling, SamplingSpec};
@@ -28,6 +29,8 @@ pub struct Options {
     pub sampling: Sampling,
     /// Where the model runs (`--device`).
     pub device: Device,
+    /// How CUDA launches a step (`--cuda-launch`).
+    pub cuda_launch: LaunchOptions,
 }
 
 impl Options {
@@ -39,6 +42,7 @@ impl Options {
             prompt: String::new(),
             sampling: Sampling::GREEDY,
             device: Device::Cpu,
+            cuda_launch: LaunchOptions::default(),
         };
         let mut prompt = None;
         let mut args = args.iter();
@@ -60,6 +64,9 @@ impl Options {
                 "--seed" => options.sampling.seed = number(&value("--seed")?, "--seed")?,
                 "--prompt" => prompt = Some(value("--prompt")?),
                 "--device" => options.device = Device::parse(&value("--device")?)?,
+                "--cuda-launch" => {
+                    options.cuda_launch = LaunchOptions::parse(&value("--cuda-launch")?)?
+                }
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
@@ -100,7 +107,8 @@ pub fn run(options: &Options) -> Result<(), String> {
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
-            Box::new(crate::serve::cuda_executor(model.weights.clone(), &config, n)?)
+            let launch = options.cuda_launch;
+            Box::new(crate::serve::cuda_executor(model.weights.clone(), &config, n, launch)?)
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => return options.device.check(),
@@ -215,6 +223,13 @@ mod tests {
         let cuda = Options::parse(&args(&["--device", "cuda:2", "--prompt", "a"])).unwrap();
         assert_eq!(cuda.device, Device::Cuda(2));
         assert!(Options::parse(&args(&["--device", "tpu"])).unwrap_err().contains("cuda:N"));
+        let launch = Options::parse(&args(&["--cuda-launch", "all", "--prompt", "a"])).unwrap();
+        assert_eq!(launch.cuda_launch, LaunchOptions::ALL);
+        assert!(
+            Options::parse(&args(&["--cuda-launch", "x", "--prompt", "a"]))
+                .unwrap_err()
+                .starts_with("--cuda-launch: ")
+        );
     }
 
     #[test]

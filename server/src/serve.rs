@@ -11,6 +11,7 @@ use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::{SchedConfig, StepMode};
 #[cfg(feature = "cuda")]
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
+use lockstep_gpu::launch_options::LaunchOptions;
 use lockstep_gpu::llama::CpuExecutor;
 #[cfg(feature = "cuda")]
 use lockstep_gpu::llama::LlamaWeights;
@@ -29,7 +30,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                       [--prefill-chunk-tokens N] [--max-model-len N] [--overlap] [--no-prefix-cache]
                       [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
-                      [--executor cpu|provenance] [--device cpu|cuda[:N]] [--record-trace FILE]
+                      [--executor cpu|provenance] [--device cpu|cuda[:N]] [--cuda-launch OPTIONS]
+                      [--record-trace FILE]
                       [--role router|prefill|decode --worker-id N [--peer-port N]
                        [--prefill ID@HOST:PORT]... [--decode ID@HOST:PORT]...]
 
@@ -51,6 +53,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          instead (for load and protocol tests; outputs are not language)
   --device cpu|cuda[:N]  where the model runs: the CPU (default, on --threads threads) or CUDA
                          device N (default 0; needs the NVIDIA driver and NVRTC at run time)
+  --cuda-launch OPTIONS  how CUDA launches a step, none of which changes an output bit: none (the
+                         default), all, or a list of dependent-launches, fold-norms, wide-products
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for
                          `sim replay` (traces/README.md); the file is truncated at start
 
@@ -93,6 +97,8 @@ pub struct ServeOptions {
     pub provenance: bool,
     /// Where the model runs (`--device`).
     pub device: Device,
+    /// How CUDA launches a step (`--cuda-launch`).
+    pub cuda_launch: LaunchOptions,
     pub record_trace: Option<PathBuf>,
     pub role: Option<lockstep_core::wire::Role>,
     pub worker_id: Option<u32>,
@@ -128,6 +134,7 @@ impl ServeOptions {
             seed: None,
             provenance: false,
             device: Device::Cpu,
+            cuda_launch: LaunchOptions::default(),
             record_trace: None,
             role: None,
             worker_id: None,
@@ -171,6 +178,7 @@ impl ServeOptions {
                 "--seed" => o.seed = Some(number(&value()?, flag)?),
                 "--record-trace" => o.record_trace = Some(PathBuf::from(value()?)),
                 "--device" => o.device = Device::parse(&value()?)?,
+                "--cuda-launch" => o.cuda_launch = LaunchOptions::parse(&value()?)?,
                 "--executor" => match value()?.as_str() {
                     "cpu" => o.provenance = false,
                     "provenance" => o.provenance = true,
@@ -271,15 +279,16 @@ fn built_without_cuda(n: usize) -> String {
 }
 
 /// The CUDA executor of `weights` for `sched` on device `ordinal`, with a captured graph for
-/// each of the scheduler's capture sizes.
+/// each of the scheduler's capture sizes, launching steps as `launch` says.
 #[cfg(feature = "cuda")]
 pub fn cuda_executor(
     weights: Arc<LlamaWeights>,
     sched: &SchedConfig,
     ordinal: usize,
+    launch: LaunchOptions,
 ) -> Result<CudaExecutor, String> {
     let graph_rows_max = sched.capture_sizes.last().map_or(0, |&s| s as usize);
-    let options = CudaOptions { ordinal, graph_rows_max, ..CudaOptions::default() };
+    let options = CudaOptions { ordinal, graph_rows_max, launch };
     CudaExecutor::new(weights, sched.pool, sched.running_max, options)
         .map_err(|e| format!("--device cuda:{ordinal}: {e}"))
 }
@@ -421,7 +430,8 @@ fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
         Device::Cpu => ThreadRunner::spawn(cpu_executor(options, &loaded), jobs_max),
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
-            let executor = cuda_executor(loaded.model.weights.clone(), &loaded.sched, n)?;
+            let weights = loaded.model.weights.clone();
+            let executor = cuda_executor(weights, &loaded.sched, n, options.cuda_launch)?;
             ThreadRunner::spawn(executor, jobs_max)
         }
         #[cfg(not(feature = "cuda"))]
@@ -528,6 +538,16 @@ mod tests {
             assert!(err.contains("is not cpu, cuda or cuda:N"), "{bad}: {err}");
         }
         assert!(parse(&["--device"]).unwrap_err().contains("needs a value"));
+    }
+
+    #[test]
+    fn cuda_launch_options_are_none_by_default_and_a_bad_one_is_named() {
+        assert_eq!(parse(&[]).unwrap().cuda_launch, LaunchOptions::default());
+        assert_eq!(parse(&["--cuda-launch", "all"]).unwrap().cuda_launch, LaunchOptions::ALL);
+        let folded = parse(&["--cuda-launch", "fold-norms"]).unwrap().cuda_launch;
+        assert!(folded.fold_norms && !folded.dependent_launches && !folded.wide_products);
+        let err = parse(&["--cuda-launch", "turbo"]).unwrap_err();
+        assert!(err.starts_with("--cuda-launch: \"turbo\""), "{err}");
     }
 
     #[test]

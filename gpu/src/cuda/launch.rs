@@ -23,6 +23,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+pub use crate::launch_options::LaunchOptions;
+
 use super::kernel_call::KernelCall;
 use super::kernels::{self, KernelSource};
 use super::layout::{KvCacheLayout, Part};
@@ -351,27 +353,6 @@ pub struct Model<'a> {
     pub kv: &'a CudaSlice<u16>,
     pub kv_layout: KvCacheLayout,
     pub options: LaunchOptions,
-}
-
-/// How a forward pass is launched; none changes a bit of what it computes (the device check
-/// runs a request alone and in a batch with all of them on and off and compares the bits).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LaunchOptions {
-    /// Every kernel after the first as a programmatic dependent launch (sm_90 on).
-    pub dependent_launches: bool,
-    /// The layers' RMSNorms folded into the products after them on steps of at most
-    /// `FOLDED_NORM_TOKENS_MAX` tokens.
-    pub fold_norms: bool,
-    /// Products of steps past `WIDE_PRODUCT_TOKENS_MIN - 1` tokens with 4 output rows a warp
-    /// (2 for SwiGLU, whose warp reads a gate and an up row for each), so that every activation
-    /// load serves that many rows: at 32 tokens and more the products reload activations far
-    /// more than they read weights.
-    pub wide_products: bool,
-}
-
-impl LaunchOptions {
-    pub const ALL: LaunchOptions =
-        LaunchOptions { dependent_launches: true, fold_norms: true, wide_products: true };
 }
 
 /// The fewest tokens a step has for its products to go wide: past one tile of `matmul.cu`

@@ -322,8 +322,9 @@ impl Served {
             }
             #[cfg(feature = "cuda")]
             (_, Device::Cuda(n)) => {
+                let weights = loaded.model.weights.clone();
                 let executor =
-                    serve::cuda_executor(loaded.model.weights.clone(), &loaded.sched, n)?;
+                    serve::cuda_executor(weights, &loaded.sched, n, options.cuda_launch)?;
                 // The CPU executor's page layout: CPU and CUDA workers exchange pages.
                 let layout = executor.kv_layout();
                 (Executor::Cuda(Box::new(executor)), layout)
