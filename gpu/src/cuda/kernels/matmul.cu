@@ -116,9 +116,7 @@ __device__ __forceinline__ void unpack_chunk(const Chunk<bf16_bits>& c, float ou
 template <bool VEC>
 __device__ __forceinline__ void load8_f32(const float* p, float out[8]) {
     if (VEC) {
-        const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
-        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        load8(p, 0, out);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; j++) out[j] = p[j];
