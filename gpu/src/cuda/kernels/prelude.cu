@@ -13,16 +13,25 @@ struct bf16_bits {
 };
 
 __device__ __forceinline__ float half_to_float(f16_bits h) {
+#ifdef __CUDA_ARCH__
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    // The CPU emulator's (gpu/cuda-emu/device.h): the same conversion by the host.
+    return lockstep_emu_half_to_float(h);
+#endif
 }
 
 // Round to nearest even, as the CPU backend's `f32_to_f16` does.
 __device__ __forceinline__ f16_bits float_to_half(float f) {
+#ifdef __CUDA_ARCH__
     f16_bits h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return lockstep_emu_float_to_half(f);
+#endif
 }
 
 __device__ __forceinline__ float bf16_to_float(unsigned short b) {

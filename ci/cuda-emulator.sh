@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks (gpu/tests/cuda_device.rs) on the CPU, through the CUDA emulator
+# (gpu/cuda-emu: libcuda and libnvrtc over host memory, kernels compiled by the host's C++
+# compiler, every thread a fiber): the executor's host code, graphs, page tables and every
+# kernel run unchanged, so a kernel or launch bug fails here without a GPU. The tiny models
+# only; the default model takes many minutes emulated (run it by hand with
+# LOCKSTEP_DEFAULT_MODEL set). Then the emulator's own tests (gpu/tests/cuda_emulator.rs).
+#
+# What it cannot show: speed, the device's own rounding of expf and sincosf, and races between
+# kernels (each runs to completion before the next starts); ci/device-check.sh on a GPU does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v "${LOCKSTEP_CUDA_EMU_CXX:-c++}" >/dev/null; then
+    echo "installing g++ (the emulator compiles kernels with it)" >&2
+    sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+    $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq g++ >/dev/null
+fi
+
+target="${CARGO_TARGET_DIR:-target}"
+emu="$(gpu/cuda-emu/build.sh "$target/cuda-emu")"
+# Compiled kernel modules, kept between runs (keyed by their source and compiler).
+export LOCKSTEP_CUDA_EMU_CACHE="$emu/modules"
+export LD_LIBRARY_PATH="$emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LOCKSTEP_REQUIRE_CUDA=1 LOCKSTEP_REQUIRE_CUDA_EMULATOR=1
+env -u LOCKSTEP_DEFAULT_MODEL -u LOCKSTEP_REQUIRE_MODEL \
+    cargo test --locked -p lockstep-gpu --features cuda --test cuda_emulator --test cuda_device

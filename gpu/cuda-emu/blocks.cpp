@@ -1,0 +1,299 @@
+// A block's threads as fibers on one OS thread. A fiber runs until it reaches a barrier
+// (`__syncthreads`, `__syncwarp`, a shuffle) or returns; the scheduler then runs the next. A
+// warp's lanes run first to their next warp barrier, which releases once every live lane of the
+// warp is there; when no lane of any warp can go on, every live thread must be at the block
+// barrier, which then releases. Anything else is a kernel bug the device would hang on or
+// compute garbage from, and fails the launch by name: lanes of a warp split between a shuffle
+// and `__syncthreads`, a shuffle whose lane already returned, differing shuffle masks.
+//
+// Switching is `_setjmp` / `_longjmp` between stacks made once by `makecontext` (`swapcontext`
+// costs a system call a switch for the signal mask; a launch makes millions of switches). A
+// fiber's stack outlives its kernel: it loops, running the block it is given, so a launch starts
+// no fiber anew. Built without _FORTIFY_SOURCE, whose `longjmp` refuses to jump between stacks.
+
+#include "blocks.h"
+
+#include <setjmp.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+namespace lockstep_emu {
+namespace {
+
+constexpr int WARP = 32;
+constexpr unsigned int FULL_MASK = 0xffffffffu;
+// A kernel thread's stack: its locals are registers on the device (a few hundred bytes), plus
+// the runtime's frames. Reserved, not committed, until touched.
+constexpr std::size_t STACK_BYTES = 256 * 1024;
+
+enum class State { Runnable, AtWarpBarrier, AtBlockBarrier, Done };
+
+struct Fiber {
+    ucontext_t start;  // only until the fiber first runs
+    jmp_buf resume;
+    void* stack = nullptr;
+    bool started = false;
+    State state = State::Done;
+    unsigned int warp_mask = FULL_MASK;
+    Coordinates coordinates{};
+    std::size_t index = 0;  // in its block
+};
+
+// One shuffle's offers: 8 bytes a lane, in two generations so that a lane past a barrier may
+// offer its next value while a slower lane still reads this one.
+struct WarpSlots {
+    std::uint64_t offers[2][WARP];
+    int generation = 0;
+};
+
+// The launch running on this OS thread.
+struct Launch {
+    const Module* module = nullptr;
+    const Entry* entry = nullptr;
+    void** parameters = nullptr;
+    Coordinates* coordinates = nullptr;  // the module's, for this OS thread
+    // Kept between launches, their stacks reused; a deque, so that a fiber never moves while
+    // its own stack holds a reference to it.
+    std::deque<Fiber> fibers;
+    std::vector<WarpSlots> warps;
+    std::size_t live = 0;  // the fibers of the current block
+    Fiber* current = nullptr;
+    jmp_buf scheduler;
+    std::string error;
+};
+
+thread_local Launch launch;
+
+std::string where(const Coordinates& c) {
+    char text[160];
+    std::snprintf(text, sizeof text, "block (%u, %u, %u), thread (%u, %u, %u)", c.block.x,
+                  c.block.y, c.block.z, c.thread.x, c.thread.y, c.thread.z);
+    return text;
+}
+
+// Back to the scheduler; returns when the scheduler resumes this fiber.
+void yield(State state) {
+    Fiber& fiber = *launch.current;
+    fiber.state = state;
+    if (_setjmp(fiber.resume) == 0) _longjmp(launch.scheduler, 1);
+}
+
+[[noreturn]] void fiber_main() {
+    for (;;) {
+        launch.entry->call(launch.parameters);
+        Fiber& fiber = *launch.current;
+        fiber.state = State::Done;
+        if (_setjmp(fiber.resume) == 0) _longjmp(launch.scheduler, 1);
+    }
+}
+
+void sync_block() { yield(State::AtBlockBarrier); }
+
+void sync_warp(unsigned int mask) {
+    launch.current->warp_mask = mask;
+    yield(State::AtWarpBarrier);
+}
+
+// Ends the launch from inside a fiber, which then starts afresh next time (its stack is left as
+// it was, mid-kernel).
+[[noreturn]] void fail(std::string message) {
+    if (launch.error.empty()) launch.error = std::move(message);
+    launch.current->started = false;
+    _longjmp(launch.scheduler, 2);
+}
+
+void exchange(unsigned int mask, const void* mine, void* out, unsigned int size, int from) {
+    Fiber& fiber = *launch.current;
+    WarpSlots& slots = launch.warps[fiber.index / WARP];
+    const int generation = slots.generation;
+    std::uint64_t offer = 0;
+    std::memcpy(&offer, mine, size);
+    slots.offers[generation][fiber.coordinates.lane] = offer;
+    sync_warp(mask);
+    if ((mask >> from & 1u) == 0) {
+        fail("a shuffle reads lane " + std::to_string(from) + ", outside its mask, at " +
+             where(fiber.coordinates));
+    }
+    std::memcpy(out, &slots.offers[generation][from], size);
+}
+
+void trap() { fail("__trap() at " + where(launch.current->coordinates)); }
+
+const Runtime RUNTIME = {sync_block, sync_warp, exchange, trap};
+
+void make_fibers(std::size_t count) {
+    while (launch.fibers.size() < count) {
+        launch.fibers.emplace_back();
+        launch.fibers.back().index = launch.fibers.size() - 1;
+    }
+    for (std::size_t i = 0; i < count; i++) {
+        Fiber& fiber = launch.fibers[i];
+        if (fiber.stack == nullptr) {
+            fiber.stack = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (fiber.stack == MAP_FAILED) {
+                std::perror("lockstep cuda emulator: a fiber's stack");
+                std::abort();
+            }
+            // The lowest page catches an overflowing kernel thread.
+            mprotect(fiber.stack, 4096, PROT_NONE);
+        }
+        if (!fiber.started) {
+            getcontext(&fiber.start);
+            fiber.start.uc_stack.ss_sp = fiber.stack;
+            fiber.start.uc_stack.ss_size = STACK_BYTES;
+            fiber.start.uc_link = nullptr;
+            makecontext(&fiber.start, fiber_main, 0);
+        }
+    }
+}
+
+// Runs `fiber` until it yields, returns, or traps (then false).
+bool run(Fiber& fiber) {
+    launch.current = &fiber;
+    *launch.coordinates = fiber.coordinates;
+    fiber.state = State::Runnable;
+    const int back = _setjmp(launch.scheduler);
+    if (back == 0) {
+        if (fiber.started) _longjmp(fiber.resume, 1);
+        fiber.started = true;
+        setcontext(&fiber.start);
+    }
+    return back != 2;
+}
+
+// Every fiber that had not finished leaves its stack mid-kernel: each starts afresh.
+void abandon_block() {
+    for (std::size_t i = 0; i < launch.live; i++) {
+        if (launch.fibers[i].state != State::Done) launch.fibers[i].started = false;
+    }
+}
+
+// Runs one warp's runnable lanes until none can go on; releases its warp barrier whenever every
+// live lane reached it.
+bool run_warp(std::size_t first, std::size_t last) {
+    for (;;) {
+        for (std::size_t i = first; i < last; i++) {
+            if (launch.fibers[i].state == State::Runnable && !run(launch.fibers[i])) return false;
+        }
+        std::size_t waiting = 0, done = 0;
+        unsigned int mask = 0, waiting_lanes = 0, live_lanes = 0;
+        bool masks_agree = true;
+        for (std::size_t i = first; i < last; i++) {
+            const Fiber& fiber = launch.fibers[i];
+            const unsigned int lane = 1u << (i - first);
+            if (fiber.state == State::Done) {
+                done++;
+                continue;
+            }
+            live_lanes |= lane;
+            if (fiber.state == State::AtWarpBarrier) {
+                if (waiting > 0 && fiber.warp_mask != mask) masks_agree = false;
+                mask = fiber.warp_mask;
+                waiting_lanes |= lane;
+                waiting++;
+            }
+        }
+        if (waiting == 0) return true;
+        const Coordinates& at = launch.fibers[first].coordinates;
+        if (!masks_agree) {
+            launch.error = "lanes of a warp at one barrier with different masks, " + where(at);
+            return false;
+        }
+        // The barrier's lanes: the mask's, as far as the block has them.
+        const unsigned int present = last - first == WARP ? FULL_MASK : (1u << (last - first)) - 1;
+        const unsigned int expected = mask & present;
+        if ((expected & ~live_lanes) != 0) {
+            launch.error = "a warp barrier or shuffle waits for a lane that already returned, " +
+                           where(at);
+            return false;
+        }
+        if ((waiting_lanes & expected) != expected) return true;  // the rest of it is elsewhere
+        for (std::size_t i = first; i < last; i++) {
+            if ((expected >> (i - first) & 1u) != 0) launch.fibers[i].state = State::Runnable;
+        }
+        WarpSlots& slots = launch.warps[first / WARP];
+        slots.generation ^= 1;
+    }
+}
+
+bool run_block() {
+    for (;;) {
+        for (std::size_t first = 0; first < launch.live; first += WARP) {
+            const std::size_t last = std::min(first + WARP, launch.live);
+            if (!run_warp(first, last)) return false;
+        }
+        std::size_t at_block = 0, done = 0;
+        for (std::size_t i = 0; i < launch.live; i++) {
+            const Fiber& fiber = launch.fibers[i];
+            if (fiber.state == State::Done) {
+                done++;
+            } else if (fiber.state == State::AtBlockBarrier) {
+                at_block++;
+            } else {
+                launch.error = "a thread waits at a warp barrier or shuffle while its warp's other "
+                               "lanes are past it or at __syncthreads, " +
+                               where(fiber.coordinates);
+                return false;
+            }
+        }
+        if (done == launch.live) return true;
+        for (std::size_t i = 0; i < launch.live; i++) {
+            if (launch.fibers[i].state == State::AtBlockBarrier) {
+                launch.fibers[i].state = State::Runnable;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim block,
+                     void** parameters) {
+    const std::size_t threads = std::size_t{block.x} * block.y * block.z;
+    if (threads == 0 || threads > 1024) {
+        return "a block of " + std::to_string(threads) + " threads (1 to 1024)";
+    }
+    *module.runtime = &RUNTIME;
+    launch.module = &module;
+    launch.entry = &entry;
+    launch.parameters = parameters;
+    launch.coordinates = module.coordinates();
+    launch.error.clear();
+    make_fibers(threads);
+    launch.live = threads;
+    launch.warps.assign((threads + WARP - 1) / WARP, WarpSlots{});
+    for (unsigned int bz = 0; bz < grid.z; bz++) {
+        for (unsigned int by = 0; by < grid.y; by++) {
+            for (unsigned int bx = 0; bx < grid.x; bx++) {
+                std::size_t i = 0;
+                for (unsigned int tz = 0; tz < block.z; tz++) {
+                    for (unsigned int ty = 0; ty < block.y; ty++) {
+                        for (unsigned int tx = 0; tx < block.x; tx++, i++) {
+                            Fiber& fiber = launch.fibers[i];
+                            fiber.coordinates = Coordinates{
+                                {tx, ty, tz}, {bx, by, bz}, block, grid, static_cast<int>(i % WARP)};
+                            fiber.state = State::Runnable;
+                            fiber.warp_mask = FULL_MASK;
+                        }
+                    }
+                }
+                if (!run_block()) {
+                    abandon_block();
+                    launch.current = nullptr;
+                    return launch.error.empty() ? "the launch failed" : launch.error;
+                }
+            }
+        }
+    }
+    launch.current = nullptr;
+    return {};
+}
+
+}  // namespace lockstep_emu

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the CUDA emulator into DIR (default target/cuda-emu): one shared library standing in
+# for both libcuda and libnvrtc, under the names cudarc opens, with the headers the emulator's
+# NVRTC compiles kernels against. Put DIR first on LD_LIBRARY_PATH and the CUDA executor runs
+# on the CPU; the emulator's own notes are in driver.cpp, nvrtc.cpp and blocks.cpp.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:-$here/../../target/cuda-emu}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cxx="${LOCKSTEP_CUDA_EMU_CXX:-c++}"
+# No _FORTIFY_SOURCE: its longjmp refuses to switch stacks, which is how fibers switch.
+"$cxx" -std=c++17 -O2 -g -fPIC -shared -Wall -Wextra -Werror -U_FORTIFY_SOURCE \
+    "$here/blocks.cpp" "$here/driver.cpp" "$here/nvrtc.cpp" -ldl -o "$out/liblockstep-cuda-emu.so"
+cp "$here/device.h" "$here/runtime.h" "$out/"
+for name in libcuda.so libcuda.so.1 libnvrtc.so libnvrtc.so.12; do
+    ln -sf liblockstep-cuda-emu.so "$out/$name"
+done
+echo "$out"
