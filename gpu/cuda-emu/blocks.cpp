@@ -32,7 +32,7 @@ constexpr unsigned int FULL_MASK = 0xffffffffu;
 // the runtime's frames. Reserved, not committed, until touched.
 constexpr std::size_t STACK_BYTES = 256 * 1024;
 
-enum class State { Runnable, AtWarpBarrier, AtBlockBarrier, Done };
+enum class State { Runnable, AtWarpBarrier, AtBlockBarrier, AtWait, Done };
 
 struct Fiber {
     ucontext_t start;  // only until the fiber first runs
@@ -63,6 +63,8 @@ struct Launch {
     std::deque<Fiber> fibers;
     std::vector<WarpSlots> warps;
     std::size_t live = 0;  // the fibers of the current block
+    // A checked block before its threads passed `wait_for_inputs()`: the guard is closed.
+    const PreWaitGuard* closed = nullptr;
     Fiber* current = nullptr;
     jmp_buf scheduler;
     std::string error;
@@ -125,7 +127,13 @@ void exchange(unsigned int mask, const void* mine, void* out, unsigned int size,
 
 void trap() { fail("__trap() at " + where(launch.current->coordinates)); }
 
-const Runtime RUNTIME = {sync_block, sync_warp, exchange, trap};
+// Waits, in a checked block, until every thread of the block is here (or returned); then the
+// guard opens. Elsewhere the kernels before already finished: nothing to wait for.
+void wait_for_inputs() {
+    if (launch.closed != nullptr) yield(State::AtWait);
+}
+
+const Runtime RUNTIME = {sync_block, sync_warp, exchange, trap, wait_for_inputs};
 
 void make_fibers(std::size_t count) {
     while (launch.fibers.size() < count) {
@@ -229,14 +237,14 @@ bool run_block() {
             const std::size_t last = std::min(first + WARP, launch.live);
             if (!run_warp(first, last)) return false;
         }
-        std::size_t at_block = 0, done = 0;
+        std::size_t done = 0, waiting = 0;
         for (std::size_t i = 0; i < launch.live; i++) {
             const Fiber& fiber = launch.fibers[i];
             if (fiber.state == State::Done) {
                 done++;
-            } else if (fiber.state == State::AtBlockBarrier) {
-                at_block++;
-            } else {
+            } else if (fiber.state == State::AtWait) {
+                waiting++;
+            } else if (fiber.state != State::AtBlockBarrier) {
                 launch.error = "a thread waits at a warp barrier or shuffle while its warp's other "
                                "lanes are past it or at __syncthreads, " +
                                where(fiber.coordinates);
@@ -244,6 +252,16 @@ bool run_block() {
             }
         }
         if (done == launch.live) return true;
+        if (waiting > 0) {
+            // Every thread that will wait is waiting (a device's would pass the wait once the
+            // kernel before finished, and threads at a barrier wait for them): open, go on.
+            launch.closed->open(launch.closed->context);
+            launch.closed = nullptr;
+            for (std::size_t i = 0; i < launch.live; i++) {
+                if (launch.fibers[i].state == State::AtWait) launch.fibers[i].state = State::Runnable;
+            }
+            continue;
+        }
         for (std::size_t i = 0; i < launch.live; i++) {
             if (launch.fibers[i].state == State::AtBlockBarrier) {
                 launch.fibers[i].state = State::Runnable;
@@ -254,8 +272,22 @@ bool run_block() {
 
 }  // namespace
 
+// Runs one block, checked or not; closes the guard for a checked one and leaves it open.
+bool run_checked_block(const PreWaitGuard* guard) {
+    if (guard != nullptr) {
+        guard->close(guard->context);
+        launch.closed = guard;
+    }
+    const bool completed = run_block();
+    if (launch.closed != nullptr) {
+        launch.closed->open(launch.closed->context);
+        launch.closed = nullptr;
+    }
+    return completed;
+}
+
 std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim block,
-                     void** parameters) {
+                     void** parameters, const PreWaitGuard* guard) {
     const std::size_t threads = std::size_t{block.x} * block.y * block.z;
     if (threads == 0 || threads > 1024) {
         return "a block of " + std::to_string(threads) + " threads (1 to 1024)";
@@ -284,7 +316,9 @@ std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim blo
                         }
                     }
                 }
-                if (!run_block()) {
+                const bool first = bx == 0 && by == 0 && bz == 0;
+                const bool last = bx + 1 == grid.x && by + 1 == grid.y && bz + 1 == grid.z;
+                if (!run_checked_block(first || last ? guard : nullptr)) {
                     abandon_block();
                     launch.current = nullptr;
                     return launch.error.empty() ? "the launch failed" : launch.error;

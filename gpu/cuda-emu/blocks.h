@@ -9,10 +9,19 @@
 
 namespace lockstep_emu {
 
-// Runs every block of the grid, one after another, on the calling thread. Empty when the
-// launch completed; otherwise what went wrong (a trap, a divergent barrier), naming the block
-// and thread.
+// A dependent launch's check (driver.cpp): `close` makes inaccessible what the kernels before
+// it write, `open` restores it. A checked block runs closed until its threads reach
+// `wait_for_inputs()`, so a touch before then faults and names the kernel.
+struct PreWaitGuard {
+    void (*close)(void* context);
+    void (*open)(void* context);
+    void* context;
+};
+
+// Runs every block of the grid, one after another, on the calling thread; with `guard`, the
+// first and the last block are checked. Empty when the launch completed; otherwise what went
+// wrong (a trap, a divergent barrier), naming the block and thread.
 std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim block,
-                     void** parameters);
+                     void** parameters, const PreWaitGuard* guard);
 
 }  // namespace lockstep_emu

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "runtime.h"
@@ -52,6 +53,8 @@ inline void __syncthreads() { lockstep_emu_device::runtime->sync_block(); }
 inline void __syncwarp(unsigned int mask = 0xffffffffu) {
     lockstep_emu_device::runtime->sync_warp(mask);
 }
+
+inline void lockstep_emu_wait_for_inputs() { lockstep_emu_device::runtime->wait_for_inputs(); }
 
 [[noreturn]] inline void __trap() {
     lockstep_emu_device::runtime->trap();
@@ -135,9 +138,19 @@ template <typename... A, std::size_t... I>
 void call(void (*f)(A...), void** parameters, std::index_sequence<I...>) {
     f(*static_cast<A*>(parameters[I])...);
 }
+template <typename A>
+constexpr bool writable() {
+    return std::is_pointer_v<A> && !std::is_const_v<std::remove_pointer_t<A>>;
+}
+template <typename... A, std::size_t... I>
+constexpr unsigned writable_mask(std::index_sequence<I...>) {
+    return (0u | ... | (writable<A>() ? 1u << I : 0u));
+}
 template <typename... A>
-constexpr lockstep_emu::Entry entry(const char* name, void (*f)(A...), void (*caller)(void**)) {
-    return lockstep_emu::Entry{name, caller, sizeof...(A), {static_cast<unsigned>(sizeof(A))...}};
+constexpr lockstep_emu::Entry entry(const char* name, void (*)(A...), void (*caller)(void**)) {
+    static_assert(sizeof...(A) <= lockstep_emu::PARAMETERS_MAX, "too many parameters");
+    return lockstep_emu::Entry{name, caller, sizeof...(A), {static_cast<unsigned>(sizeof(A))...},
+                               writable_mask<A...>(std::index_sequence_for<A...>{})};
 }
 template <typename... A>
 constexpr std::size_t arity(void (*)(A...)) {

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,7 @@ struct Operation {
     const void* source = nullptr;
     std::size_t bytes = 0;
     unsigned char value = 0;
+    bool dependent = false;  // a programmatic dependent launch
 };
 
 }  // namespace
@@ -113,6 +115,9 @@ struct CUgraphExec_st {
 };
 struct CUstream_st {
     std::unique_ptr<CUgraph_st> capture;  // while capturing
+    // The allocations a kernel on this stream was given to write (a pointer to non-const):
+    // what a dependent launch may not touch before `wait_for_inputs()`.
+    std::set<CUdeviceptr> written;
 };
 
 typedef CUctx_st* CUcontext;
@@ -154,16 +159,26 @@ std::size_t allocated = 0;
 
 // What runs on this thread, for the fault handler.
 thread_local const char* running_kernel = nullptr;
+// Whether a dependent launch's checked block runs before its `wait_for_inputs()`.
+thread_local bool before_wait = false;
 
 struct sigaction previous_fault_action;
 
 void on_fault(int signal, siginfo_t* info, void* context) {
     if (running_kernel != nullptr) {
-        char text[256];
-        const int n = std::snprintf(text, sizeof text,
-                                    "lockstep cuda emulator: kernel %s touched %p, outside every "
-                                    "allocation (or past the end of one)\n",
-                                    running_kernel, info->si_addr);
+        char text[400];
+        const int n =
+            before_wait
+                ? std::snprintf(text, sizeof text,
+                                "lockstep cuda emulator: kernel %s touched %p before "
+                                "wait_for_inputs() in a dependent launch: memory a kernel "
+                                "before it writes, which may still be running on a device (or "
+                                "outside every allocation)\n",
+                                running_kernel, info->si_addr)
+                : std::snprintf(text, sizeof text,
+                                "lockstep cuda emulator: kernel %s touched %p, outside every "
+                                "allocation (or past the end of one)\n",
+                                running_kernel, info->si_addr);
         if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
     }
     // Hand the fault on (Rust's handler tells a stack overflow from anything else).
@@ -190,30 +205,73 @@ CUresult check() {
 // $LOCKSTEP_CUDA_EMU_TRACE set: every launch to stderr as it runs, for debugging a kernel.
 const bool tracing = std::getenv("LOCKSTEP_CUDA_EMU_TRACE") != nullptr;
 
-CUresult run_launch(const CUfunc_st* function, Dim grid, Dim block, void** parameters) {
+// The allocation holding `address`, if any (the caller holds `allocations_lock`).
+const Allocation* allocation_at(CUdeviceptr address, CUdeviceptr* base) {
+    auto after = allocations.upper_bound(address);
+    if (after == allocations.begin()) return nullptr;
+    auto found = std::prev(after);
+    if (address >= found->first + found->second.counted) return nullptr;
+    *base = found->first;
+    return &found->second;
+}
+
+// Makes every allocation `stream`'s kernels write inaccessible (`closed`) or accessible again.
+void set_written(CUstream_st* stream, bool closed) {
+    std::lock_guard<std::mutex> guard(allocations_lock);
+    for (CUdeviceptr base : stream->written) {
+        auto found = allocations.find(base);
+        if (found == allocations.end()) continue;  // freed since
+        mprotect(found->second.mapping, found->second.length - PAGE,
+                 closed ? PROT_NONE : PROT_READ | PROT_WRITE);
+    }
+    before_wait = closed;
+}
+
+CUresult run_launch(const CUfunc_st* function, Dim grid, Dim block, void** parameters,
+                    CUstream_st* stream, bool dependent) {
+    const Entry& entry = *function->entry;
     if (tracing) {
-        std::fprintf(stderr, "lockstep cuda emulator: %s grid (%u, %u, %u) block (%u, %u, %u)",
-                     function->entry->name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
-        for (unsigned int i = 0; i < function->entry->parameter_count; i++) {
+        std::fprintf(stderr, "lockstep cuda emulator: %s%s grid (%u, %u, %u) block (%u, %u, %u)",
+                     entry.name, dependent ? " (dependent)" : "", grid.x, grid.y, grid.z,
+                     block.x, block.y, block.z);
+        for (unsigned int i = 0; i < entry.parameter_count; i++) {
             unsigned long long value = 0;
-            std::memcpy(&value, parameters[i], function->entry->parameter_sizes[i]);
+            std::memcpy(&value, parameters[i], entry.parameter_sizes[i]);
             std::fprintf(stderr, " %llx", value);
         }
         std::fprintf(stderr, "\n");
     }
-    running_kernel = function->entry->name;
-    const std::string error =
-        lockstep_emu::run_grid(*function->module, *function->entry, grid, block, parameters);
+    // A dependent launch may start on a device while the kernel before it runs: its checked
+    // blocks run with what the stream's kernels write closed until `wait_for_inputs()`.
+    const lockstep_emu::PreWaitGuard guard = {
+        [](void* s) { set_written(static_cast<CUstream_st*>(s), true); },
+        [](void* s) { set_written(static_cast<CUstream_st*>(s), false); },
+        stream,
+    };
+    const bool checked = dependent && stream != nullptr;
+    running_kernel = entry.name;
+    const std::string error = lockstep_emu::run_grid(*function->module, entry, grid, block,
+                                                     parameters, checked ? &guard : nullptr);
     running_kernel = nullptr;
+    if (stream != nullptr) {
+        // What this kernel may write, the next dependent launch may not touch before its wait.
+        std::lock_guard<std::mutex> lock(allocations_lock);
+        for (unsigned int i = 0; i < entry.parameter_count; i++) {
+            if ((entry.writable >> i & 1u) == 0) continue;
+            CUdeviceptr address = 0, base = 0;
+            std::memcpy(&address, parameters[i], sizeof address);
+            if (allocation_at(address, &base) != nullptr) stream->written.insert(base);
+        }
+    }
     if (error.empty()) return CUDA_SUCCESS;
-    std::fprintf(stderr, "lockstep cuda emulator: kernel %s failed: %s\n", function->entry->name,
+    std::fprintf(stderr, "lockstep cuda emulator: kernel %s failed: %s\n", entry.name,
                  error.c_str());
     CUresult expected = CUDA_SUCCESS;
     sticky.compare_exchange_strong(expected, CUDA_ERROR_LAUNCH_FAILED);
     return CUDA_ERROR_LAUNCH_FAILED;
 }
 
-CUresult run(const Operation& op) {
+CUresult run(const Operation& op, CUstream_st* stream) {
     switch (op.kind) {
         case Operation::Kind::Copy:
             std::memcpy(op.destination, op.source, op.bytes);
@@ -226,7 +284,8 @@ CUresult run(const Operation& op) {
             for (const auto& argument : op.arguments) {
                 parameters.push_back(const_cast<unsigned char*>(argument.data()));
             }
-            return run_launch(op.function, op.grid, op.block, parameters.data());
+            return run_launch(op.function, op.grid, op.block, parameters.data(), stream,
+                              op.dependent);
         }
     }
     return CUDA_ERROR_INVALID_VALUE;
@@ -239,7 +298,7 @@ CUresult submit(CUstream stream, Operation op) {
         stream->capture->operations.push_back(std::move(op));
         return CUDA_SUCCESS;
     }
-    return run(op);
+    return run(op, stream);
 }
 
 CUresult copy(CUstream stream, void* destination, const void* source, std::size_t bytes) {
@@ -251,7 +310,7 @@ CUresult copy(CUstream stream, void* destination, const void* source, std::size_
 }
 
 CUresult launch(CUfunction f, Dim grid, Dim block, unsigned int shared_bytes, CUstream stream,
-                void** parameters, void** extra) {
+                void** parameters, void** extra, bool dependent) {
     if (f == nullptr || parameters == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     // Our kernels declare their shared memory; dynamic shared memory is not emulated.
     if (shared_bytes != 0) return CUDA_ERROR_NOT_SUPPORTED;
@@ -259,6 +318,7 @@ CUresult launch(CUfunction f, Dim grid, Dim block, unsigned int shared_bytes, CU
     op.function = f;
     op.grid = grid;
     op.block = block;
+    op.dependent = dependent;
     for (unsigned int i = 0; i < f->entry->parameter_count; i++) {
         const auto* bytes = static_cast<const unsigned char*>(parameters[i]);
         // Each parameter in a slot of at least 8 bytes: the kernel reads its own size of it.
@@ -490,7 +550,7 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     // A graph launched into a capturing stream would be a child graph: not ours to need.
     if (stream != nullptr && stream->capture) return CUDA_ERROR_NOT_SUPPORTED;
     for (const Operation& op : exec->operations) {
-        if (CUresult status = run(op); status != CUDA_SUCCESS) return status;
+        if (CUresult status = run(op, stream); status != CUDA_SUCCESS) return status;
     }
     return CUDA_SUCCESS;
 }
@@ -568,22 +628,26 @@ CUresult cuFuncGetAttribute(int* value, int, CUfunction) {
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                         CUstream stream, void** parameters, void** extra) {
-    return launch(f, Dim{gx, gy, gz}, Dim{bx, by, bz}, shared, stream, parameters, extra);
+    return launch(f, Dim{gx, gy, gz}, Dim{bx, by, bz}, shared, stream, parameters, extra, false);
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** parameters,
                           void** extra) {
     if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    bool dependent = false;
     for (unsigned int i = 0; i < config->numAttrs; i++) {
-        // Dependent launches are what the executor asks for; they change no result here, since
-        // every kernel runs to completion before the next starts (their overlap is the device's).
+        // Dependent launches are what the executor asks for: run in order, as every launch is
+        // here, with their blocks checked against reading before `wait_for_inputs()`.
         if (config->attrs[i].id != LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) {
             return CUDA_ERROR_NOT_SUPPORTED;
         }
+        int allowed = 0;
+        std::memcpy(&allowed, config->attrs[i].value, sizeof allowed);
+        dependent = allowed != 0;
     }
     return launch(f, Dim{config->gridDimX, config->gridDimY, config->gridDimZ},
                   Dim{config->blockDimX, config->blockDimY, config->blockDimZ},
-                  config->sharedMemBytes, config->hStream, parameters, extra);
+                  config->sharedMemBytes, config->hStream, parameters, extra, dependent);
 }
 
 CUresult cuGetErrorString(CUresult error, const char** text) {

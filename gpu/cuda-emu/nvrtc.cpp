@@ -94,10 +94,11 @@ std::string translation_unit(const Program& program) {
          it != std::sregex_iterator(); ++it) {
         unit += "    LOCKSTEP_EMU_ENTRY(" + (*it)[1].str() + "),\n";
     }
-    unit += "    lockstep_emu::Entry{nullptr, nullptr, 0, {}},\n};\n";
+    unit += "    lockstep_emu::Entry{nullptr, nullptr, 0, {}, 0},\n};\n";
     unit += "static lockstep_emu::Coordinates* lockstep_emu_coordinates() {\n"
             "    return &lockstep_emu_device::coordinates;\n}\n"
-            "extern \"C\" const lockstep_emu::Module lockstep_emu_module = {\n"
+            "extern \"C\" __attribute__((visibility(\"default\")))\n"
+            "const lockstep_emu::Module lockstep_emu_module = {\n"
             "    lockstep_emu_entries, &lockstep_emu_device::runtime, lockstep_emu_coordinates};\n";
     return unit;
 }
@@ -127,10 +128,13 @@ nvrtcResult compile(Program& program, const std::vector<std::string>& options) {
     const std::string folder = own_folder();
     const char* cxx_set = std::getenv("LOCKSTEP_CUDA_EMU_CXX");
     const std::string cxx = cxx_set != nullptr && *cxx_set ? cxx_set : "c++";
-    // -O2 for speed; no fused multiply-add where the source wrote none (fmaf is explicit).
+    // -O2 for speed; no fused multiply-add where the source wrote none (fmaf is explicit);
+    // every symbol hidden but the module table, so that a kernel named like a libc function
+    // (`write`) is the kernel, not the process's function of that name. CUDA C compares
+    // `threadIdx.x` with ints everywhere: no warning for it, as NVRTC gives none.
     const std::string flags =
-        "-std=c++17 -O2 -fPIC -shared -ffp-contract=off -Wall -Wno-unknown-pragmas -Wno-sign-compare "
-        "-Wno-unused-function -x c++";
+        "-std=c++17 -O2 -fPIC -shared -fvisibility=hidden -ffp-contract=off -Wall "
+        "-Wno-unknown-pragmas -Wno-sign-compare -Wno-unused-function -x c++";
     const std::string unit = translation_unit(program);
     std::string version_log;
     run(cxx + " --version", version_log);

@@ -26,6 +26,9 @@ struct Runtime {
     void (*exchange)(unsigned int mask, const void* mine, void* out, unsigned int size, int from);
     // Ends the launch with an error; never returns to the kernel.
     void (*trap)();
+    // prelude.cu's `wait_for_inputs()`: where a dependent launch's block may first touch what
+    // the kernels before it write (driver.cpp checks that it does not before).
+    void (*wait_for_inputs)();
 };
 
 constexpr unsigned int PARAMETERS_MAX = 32;
@@ -36,6 +39,8 @@ struct Entry {
     void (*call)(void** parameters);
     unsigned int parameter_count;
     unsigned int parameter_sizes[PARAMETERS_MAX];
+    // Bit `i` set: parameter `i` is a pointer to memory the kernel may write (not to const).
+    unsigned int writable;
 };
 
 // What a module exports as `lockstep_emu_module`: its entry points (ending with a null name),

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{self, CUstreamCaptureMode_enum};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::compile_ptx;
 use lockstep_gpu::cuda::probe;
@@ -255,6 +255,117 @@ fn reading_past_the_end_of_a_buffer_faults_naming_the_kernel() {
     assert!(!child.status.success(), "the child survived: {stderr}");
     assert!(
         stderr.contains("kernel past_the_end touched") && stderr.contains("past the end"),
+        "{stderr}"
+    );
+}
+
+/// Kernel `write` fills a buffer; `read_early` and `read_after` copy it to another, touching it
+/// before or after `wait_for_inputs()` (the prelude's, as the executor's kernels have it).
+fn dependent_kernels() -> String {
+    format!(
+        "{}\n{}",
+        lockstep_gpu::cuda::kernels::PRELUDE,
+        r#"
+extern "C" __global__ void write(int* x) { x[threadIdx.x] = 7 * threadIdx.x; }
+extern "C" __global__ void read_after(const int* x, int* y) {
+    allow_next_kernel();
+    wait_for_inputs();
+    y[threadIdx.x] = x[threadIdx.x] + 1;
+}
+extern "C" __global__ void read_early(const int* x, int* y) {
+    allow_next_kernel();
+    const int early = x[threadIdx.x];
+    wait_for_inputs();
+    y[threadIdx.x] = early + 1;
+}
+"#
+    )
+}
+
+/// Launches `f` on one block of 32 with `x` and `y` as a programmatic dependent launch of the
+/// kernel before it, as the executor's `KernelCall` does.
+fn launch_dependent(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    x: u64,
+    y: u64,
+) -> Result<(), DriverError> {
+    let (mut x, mut y) = (x, y);
+    let mut parameters = [&mut x as *mut u64 as *mut std::ffi::c_void, &mut y as *mut u64 as _];
+    // SAFETY: all-zero is a valid value of this C union; the field set is the attribute's.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: 1,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 32,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    // SAFETY: `f` takes two pointers to 32 ints each; `parameters` outlives the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            parameters.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+}
+
+/// Set in the child process the dependent-launch test starts, where the early read runs.
+const EARLY_READ_CHILD: &str = "LOCKSTEP_CUDA_EMULATOR_EARLY_READ_CHILD";
+
+#[test]
+fn a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults() {
+    let Some(emu) = emulator() else { return };
+    let stream = emu.stream.context().new_stream().unwrap();
+    let source = dependent_kernels();
+    let module = stream.context().load_module(compile_ptx(&source).unwrap()).unwrap();
+    let write = module.load_function("write").unwrap();
+    let mut x = stream.alloc_zeros::<i32>(32).unwrap();
+    let y = stream.alloc_zeros::<i32>(32).unwrap();
+    let mut launch = stream.launch_builder(&write);
+    launch.arg(&mut x);
+    // SAFETY: 32 threads write 32 ints.
+    unsafe { launch.launch(config(1, 32)) }.unwrap();
+    eprintln!("DEBUG x {:?}", stream.clone_dtoh(&x).unwrap());
+    let (xp, yp) = (x.device_ptr(&stream).0, y.device_ptr(&stream).0);
+    let early = std::env::var_os(EARLY_READ_CHILD).is_some();
+    let name = if early { "read_early" } else { "read_after" };
+    launch_dependent(&stream, &module.load_function(name).unwrap(), xp, yp).unwrap();
+    if early {
+        eprintln!("the early read did not fault");
+        std::process::exit(0);
+    }
+    let expected: Vec<i32> = (0..32).map(|i| 7 * i + 1).collect();
+    assert_eq!(stream.clone_dtoh(&y).unwrap(), expected);
+    // Reading before the wait kills the process, so it happens in a child: this test, alone.
+    drop(emu);
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(EARLY_READ_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(!child.status.success(), "the child survived: {stderr}");
+    assert!(
+        stderr.contains("kernel read_early touched") && stderr.contains("before wait_for_inputs()"),
         "{stderr}"
     );
 }

@@ -96,6 +96,9 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ void wait_for_inputs() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#elif !defined(__CUDA_ARCH__)
+    // The CPU emulator, which holds a dependent launch to the contract above.
+    lockstep_emu_wait_for_inputs();
 #endif
 }
 
