@@ -6,6 +6,13 @@
 // compute garbage from, and fails the launch by name: lanes of a warp split between a shuffle
 // and `__syncthreads`, a shuffle whose lane already returned, differing shuffle masks.
 //
+// Between barriers a thread runs alone until its next one, and the order is drawn: the blocks of
+// a launch, the warps of a block and the lanes of a warp each run in an order shuffled by a
+// generator seeded from $LOCKSTEP_CUDA_EMU_SEED (default 1), per OS thread, so a kernel that
+// reads what another thread writes without a barrier between them (or another block's output)
+// reads it sometimes before and sometimes after, and its results move, while a race-free
+// kernel's cannot. A run is reproducible from its seed.
+//
 // Switching is `_setjmp` / `_longjmp` between stacks made once by `makecontext` (`swapcontext`
 // costs a system call a switch for the signal mask; a launch makes millions of switches). A
 // fiber's stack outlives its kernel: it loops, running the block it is given, so a launch starts
@@ -19,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -71,6 +79,29 @@ struct Launch {
 };
 
 thread_local Launch launch;
+
+// The scheduling order's generator (splitmix64), one per OS thread.
+struct Order {
+    std::uint64_t state;
+    Order() {
+        const char* seed = std::getenv("LOCKSTEP_CUDA_EMU_SEED");
+        state = seed != nullptr && *seed ? std::strtoull(seed, nullptr, 0) : 1;
+    }
+    std::uint64_t next() {
+        std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    // `indices` as 0..n in an order drawn (Fisher-Yates).
+    void shuffle(std::vector<std::size_t>& indices, std::size_t n) {
+        indices.resize(n);
+        for (std::size_t i = 0; i < n; i++) indices[i] = i;
+        for (std::size_t i = n; i > 1; i--) std::swap(indices[i - 1], indices[next() % i]);
+    }
+};
+thread_local Order order;
+thread_local std::vector<std::size_t> lane_order, warp_order, block_order;
 
 std::string where(const Coordinates& c) {
     char text[160];
@@ -187,8 +218,10 @@ void abandon_block() {
 // live lane reached it.
 bool run_warp(std::size_t first, std::size_t last) {
     for (;;) {
-        for (std::size_t i = first; i < last; i++) {
-            if (launch.fibers[i].state == State::Runnable && !run(launch.fibers[i])) return false;
+        order.shuffle(lane_order, last - first);
+        for (std::size_t lane : lane_order) {
+            Fiber& fiber = launch.fibers[first + lane];
+            if (fiber.state == State::Runnable && !run(fiber)) return false;
         }
         std::size_t waiting = 0, done = 0;
         unsigned int mask = 0, waiting_lanes = 0, live_lanes = 0;
@@ -233,7 +266,9 @@ bool run_warp(std::size_t first, std::size_t last) {
 
 bool run_block() {
     for (;;) {
-        for (std::size_t first = 0; first < launch.live; first += WARP) {
+        order.shuffle(warp_order, (launch.live + WARP - 1) / WARP);
+        for (std::size_t warp : warp_order) {
+            const std::size_t first = warp * WARP;
             const std::size_t last = std::min(first + WARP, launch.live);
             if (!run_warp(first, last)) return false;
         }
@@ -301,29 +336,29 @@ std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim blo
     make_fibers(threads);
     launch.live = threads;
     launch.warps.assign((threads + WARP - 1) / WARP, WarpSlots{});
-    for (unsigned int bz = 0; bz < grid.z; bz++) {
-        for (unsigned int by = 0; by < grid.y; by++) {
-            for (unsigned int bx = 0; bx < grid.x; bx++) {
-                std::size_t i = 0;
-                for (unsigned int tz = 0; tz < block.z; tz++) {
-                    for (unsigned int ty = 0; ty < block.y; ty++) {
-                        for (unsigned int tx = 0; tx < block.x; tx++, i++) {
-                            Fiber& fiber = launch.fibers[i];
-                            fiber.coordinates = Coordinates{
-                                {tx, ty, tz}, {bx, by, bz}, block, grid, static_cast<int>(i % WARP)};
-                            fiber.state = State::Runnable;
-                            fiber.warp_mask = FULL_MASK;
-                        }
-                    }
-                }
-                const bool first = bx == 0 && by == 0 && bz == 0;
-                const bool last = bx + 1 == grid.x && by + 1 == grid.y && bz + 1 == grid.z;
-                if (!run_checked_block(first || last ? guard : nullptr)) {
-                    abandon_block();
-                    launch.current = nullptr;
-                    return launch.error.empty() ? "the launch failed" : launch.error;
+    order.shuffle(block_order, std::size_t{grid.x} * grid.y * grid.z);
+    for (std::size_t b : block_order) {
+        const Dim at = {static_cast<unsigned int>(b % grid.x),
+                        static_cast<unsigned int>(b / grid.x % grid.y),
+                        static_cast<unsigned int>(b / grid.x / grid.y)};
+        std::size_t i = 0;
+        for (unsigned int tz = 0; tz < block.z; tz++) {
+            for (unsigned int ty = 0; ty < block.y; ty++) {
+                for (unsigned int tx = 0; tx < block.x; tx++, i++) {
+                    Fiber& fiber = launch.fibers[i];
+                    fiber.coordinates =
+                        Coordinates{{tx, ty, tz}, at, block, grid, static_cast<int>(i % WARP)};
+                    fiber.state = State::Runnable;
+                    fiber.warp_mask = FULL_MASK;
                 }
             }
+        }
+        // The guard checks the grid's first and last blocks, wherever they fall in the order.
+        const bool first = b == 0, last = b + 1 == block_order.size();
+        if (!run_checked_block(first || last ? guard : nullptr)) {
+            abandon_block();
+            launch.current = nullptr;
+            return launch.error.empty() ? "the launch failed" : launch.error;
         }
     }
     launch.current = nullptr;

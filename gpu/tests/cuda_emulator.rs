@@ -369,3 +369,62 @@ fn a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults() {
         "{stderr}"
     );
 }
+
+const RACY: &str = r#"
+extern "C" __global__ void racy(int* out) {
+    __shared__ int s;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp == 0 && lane == 0) s = blockIdx.x;
+    // No __syncthreads(): warp 1 may read `s` before warp 0 wrote it, as on a device.
+    if (warp == 1 && lane == 0) out[blockIdx.x] = s;
+}
+"#;
+
+#[test]
+fn a_read_without_a_barrier_before_it_sees_the_write_only_sometimes() {
+    let Some(emu) = emulator() else { return };
+    let s = &emu.stream;
+    let f = function(s, RACY, "racy");
+    let blocks = 64;
+    let mut out = s.alloc_zeros::<i32>(blocks).unwrap();
+    let mut launch = s.launch_builder(&f);
+    launch.arg(&mut out);
+    // SAFETY: `blocks` blocks of 64 threads, one output each.
+    unsafe { launch.launch(config(blocks as u32, 64)) }.unwrap();
+    let out = s.clone_dtoh(&out).unwrap();
+    // The warps' order is drawn per block: in order, every block would read its own write.
+    let fresh = (0..blocks).filter(|&b| out[b] == b as i32).count();
+    assert!(0 < fresh && fresh < blocks, "{fresh} of {blocks} blocks read the write: {out:?}");
+}
+
+const ORDER: &str = r#"
+extern "C" __global__ void order(volatile int* next, int* ran) {
+    // Threads run one at a time on the emulator: this is no race there (it would be on a device).
+    ran[*next] = blockIdx.x * blockDim.x + threadIdx.x;
+    *next = *next + 1;
+}
+"#;
+
+#[test]
+fn blocks_warps_and_lanes_run_in_a_drawn_order() {
+    let Some(emu) = emulator() else { return };
+    let s = &emu.stream;
+    let f = function(s, ORDER, "order");
+    let (blocks, threads) = (4, 64);
+    let mut next = s.alloc_zeros::<i32>(1).unwrap();
+    let mut ran = s.alloc_zeros::<i32>(blocks * threads).unwrap();
+    let mut launch = s.launch_builder(&f);
+    launch.arg(&mut next).arg(&mut ran);
+    // SAFETY: one counter, and one slot per thread.
+    unsafe { launch.launch(config(blocks as u32, threads as u32)) }.unwrap();
+    let ran = s.clone_dtoh(&ran).unwrap();
+    let mut sorted = ran.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..(blocks * threads) as i32).collect::<Vec<_>>(), "each thread once");
+    // Each block's threads run together (a block at a time), in an order of their own.
+    for block in ran.chunks(threads) {
+        let b = block[0] / threads as i32;
+        assert!(block.iter().all(|&t| t / threads as i32 == b), "{ran:?}");
+    }
+    assert_ne!(ran, (0..(blocks * threads) as i32).collect::<Vec<_>>(), "not drawn");
+}
