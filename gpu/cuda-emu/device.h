@@ -21,6 +21,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
 // Shared memory is one block's, and blocks of a launch run one after another on the launching
 // thread: a static local per OS thread is exactly as shared as the device's.
 #define __shared__ static thread_local

@@ -18,17 +18,24 @@ pub struct LaunchOptions {
     /// that every activation load serves that many rows: at 32 tokens and more the products
     /// reload activations far more than they read weights.
     pub wide_products: bool,
+    /// RoPE and the KV write folded into attention on steps of one token a row (every decode
+    /// step): a launch a layer fewer, each attention block rotating its own heads.
+    pub fold_rope: bool,
 }
 
 /// Each option's name on the command line, in `LaunchOptions`' order.
-const NAMES: [&str; 3] = ["dependent-launches", "fold-norms", "wide-products"];
+const NAMES: [&str; 4] = ["dependent-launches", "fold-norms", "wide-products", "fold-rope"];
 
 impl LaunchOptions {
-    pub const ALL: LaunchOptions =
-        LaunchOptions { dependent_launches: true, fold_norms: true, wide_products: true };
+    pub const ALL: LaunchOptions = LaunchOptions {
+        dependent_launches: true,
+        fold_norms: true,
+        wide_products: true,
+        fold_rope: true,
+    };
 
-    /// `none`, `all`, or a comma-separated list of `dependent-launches`, `fold-norms` and
-    /// `wide-products`.
+    /// `none`, `all`, or a comma-separated list of `dependent-launches`, `fold-norms`,
+    /// `wide-products` and `fold-rope`.
     pub fn parse(text: &str) -> Result<LaunchOptions, String> {
         match text {
             "none" => return Ok(LaunchOptions::default()),
@@ -41,6 +48,7 @@ impl LaunchOptions {
                 "dependent-launches" => &mut options.dependent_launches,
                 "fold-norms" => &mut options.fold_norms,
                 "wide-products" => &mut options.wide_products,
+                "fold-rope" => &mut options.fold_rope,
                 other => {
                     return Err(format!(
                         "--cuda-launch: {other:?} is not none, all or a list of {}",
@@ -53,8 +61,8 @@ impl LaunchOptions {
         Ok(options)
     }
 
-    fn flags(self) -> [bool; 3] {
-        [self.dependent_launches, self.fold_norms, self.wide_products]
+    fn flags(self) -> [bool; 4] {
+        [self.dependent_launches, self.fold_norms, self.wide_products, self.fold_rope]
     }
 }
 
@@ -78,18 +86,23 @@ mod tests {
         let two = LaunchOptions::parse("wide-products, dependent-launches").unwrap();
         assert_eq!(
             two,
-            LaunchOptions { dependent_launches: true, fold_norms: false, wide_products: true }
+            LaunchOptions {
+                dependent_launches: true,
+                wide_products: true,
+                ..LaunchOptions::default()
+            }
         );
-        for bits in 0..8u8 {
+        for bits in 0..16u8 {
             let options = LaunchOptions {
                 dependent_launches: bits & 1 != 0,
                 fold_norms: bits & 2 != 0,
                 wide_products: bits & 4 != 0,
+                fold_rope: bits & 8 != 0,
             };
             assert_eq!(LaunchOptions::parse(&options.to_string()), Ok(options), "{options}");
         }
         let err = LaunchOptions::parse("dependent-launches,fast").unwrap_err();
-        assert!(err.contains("\"fast\"") && err.contains("fold-norms"), "{err}");
+        assert!(err.contains("\"fast\"") && err.contains("fold-rope"), "{err}");
         assert!(LaunchOptions::parse("").is_err());
     }
 }

@@ -256,12 +256,38 @@ fn both_on_the_cpu(
     (run(&mut cpu, &config, requests.clone()), config, requests)
 }
 
-/// Both backends on `prompts`, greedy, `max_tokens` each, one prompt at a time.
-fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> (Runs, Runs, u64) {
-    let (cpu_runs, config, requests) = both_on_the_cpu(weights, prompts, max_tokens);
+/// Both backends on `prompts`, greedy, `max_tokens` each, one prompt at a time; then CUDA again
+/// with every launch option, which may change no bit.
+struct Both {
+    cpu: Runs,
+    cuda: Runs,
+    /// The graph replays of the plain CUDA run.
+    replayed: u64,
+    cuda_with_options: Runs,
+}
+
+fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> Both {
+    let (cpu, config, requests) = both_on_the_cpu(weights, prompts, max_tokens);
     let mut executor = cuda(weights, config.pool, config.running_max, CudaOptions::default());
-    let cuda_runs = run(&mut executor, &config, requests);
-    (cpu_runs, cuda_runs, executor.steps_replayed)
+    let cuda_runs = run(&mut executor, &config, requests.clone());
+    let options = CudaOptions { launch: LaunchOptions::ALL, ..CudaOptions::default() };
+    let mut with_options = cuda(weights, config.pool, config.running_max, options);
+    let cuda_with_options = run(&mut with_options, &config, requests);
+    Both { cpu, cuda: cuda_runs, replayed: executor.steps_replayed, cuda_with_options }
+}
+
+/// Where the run with every launch option left the plain run's bits: the steps whose logits
+/// differ, or the tokens' disagreement.
+fn options_changed(
+    plain: &(Vec<u32>, Vec<Vec<f32>>),
+    options: &(Vec<u32>, Vec<Vec<f32>>),
+) -> Option<String> {
+    let differing = steps_differing(&plain.1, &options.1);
+    match (differing.is_empty() && plain.1.len() == options.1.len(), plain.0 == options.0) {
+        (true, true) => None,
+        (true, false) => Some("the launch options changed the tokens".into()),
+        (false, _) => Some(format!("the launch options changed the logits at steps {differing:?}")),
+    }
 }
 
 /// The tiny models carry f32 or bf16 weights, multiplied exactly on both sides; what differs is
@@ -305,19 +331,20 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
         }
         for (name, weights) in models {
             let prompts = [tokens.clone(), tokens[..3].to_vec()];
-            let (cpu, cuda, replayed) = both(&weights, &prompts, 24);
+            let Both { cpu, cuda, replayed, cuda_with_options } = both(&weights, &prompts, 24);
             if replayed == 0 {
                 failures.push(format!("{name}: no decode step replayed a captured graph"));
             }
             for (id, run) in &cpu {
                 let c = compare(run, &cuda[id], TINY_TOLERANCE);
+                let options = options_changed(&cuda[id], &cuda_with_options[id]);
                 report(
                     "tiny model vs CPU",
                     json!({"model": name, "prompt": id.0, "widest_logit_gap": c.widest,
                     "prompt_step_gap": c.first_step, "steps_agreeing": c.steps,
-                    "steps": run.0.len(), "failure": c.failure}),
+                    "steps": run.0.len(), "failure": c.failure, "every_launch_option": options}),
                 );
-                if let Some(f) = c.failure {
+                for f in c.failure.iter().chain(&options) {
                     failures.push(format!("{name}, prompt {}: {f}", id.0));
                 }
             }
@@ -342,10 +369,12 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_default_model() 
         .map(|p| serde_json::from_value(p["tokens"].clone()).unwrap())
         .collect();
     let (quantized_cpu, _, _) = both_on_the_cpu(&weights, &prompts, 32);
-    let (cpu, cuda, _) = both(&Arc::new(dequantized(&weights)), &prompts, 32);
+    let Both { cpu, cuda, cuda_with_options, .. } =
+        both(&Arc::new(dequantized(&weights)), &prompts, 32);
     let mut failures = Vec::new();
     for (id, run) in &cpu {
         let c = compare(run, &cuda[id], DEFAULT_MODEL_TOLERANCE);
+        let options = options_changed(&cuda[id], &cuda_with_options[id]);
         let quantized = compare(&quantized_cpu[id], &cuda[id], f32::INFINITY);
         let golden: Vec<u32> =
             serde_json::from_value(goldens["prompts"][id.0 as usize]["greedy"].clone()).unwrap();
@@ -358,9 +387,9 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_default_model() 
             "cuda_greedy_tokens_equal_to_llama_cpp": agree(&cuda[id].0),
             "dequantized_cpu_greedy_tokens_equal_to_llama_cpp": agree(&run.0),
             "quantized_cpu_greedy_tokens_equal_to_llama_cpp": agree(&quantized_cpu[id].0),
-            "failure": c.failure}),
+            "failure": c.failure, "every_launch_option": options}),
         );
-        if let Some(f) = c.failure {
+        for f in c.failure.iter().chain(&options) {
             failures.push(format!("prompt {}: {f}", id.0));
         }
     }
@@ -714,6 +743,7 @@ fn decode_throughput_against_the_hbm_roofline() {
                 "decode throughput",
                 json!({"batch": batch, "dependent_launches": launch.dependent_launches,
                 "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
+                "fold_rope": launch.fold_rope,
                 "params": 1.24e9, "weight_bytes": weight_bytes,
                 "decode_steps_timed": decode_only_steps.saturating_sub(2),
                 "tokens_per_s": decode_tokens as f64 / seconds,

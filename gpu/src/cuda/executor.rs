@@ -265,7 +265,11 @@ impl CudaExecutor {
         }
         self.ensure_capacity(&arrays)?;
         self.write_inputs(&arrays).map_err(driver("copying a step's inputs"))?;
-        let shape = Shape { tokens: arrays.token_count(), samples: arrays.sample_tokens.len() };
+        let shape = Shape {
+            tokens: arrays.token_count(),
+            rows: arrays.row_count(),
+            samples: arrays.sample_tokens.len(),
+        };
         match graph {
             Some(rows) => self.replay(rows, shape)?,
             None => {

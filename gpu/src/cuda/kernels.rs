@@ -23,7 +23,9 @@
 //!   two are no-ops.
 //! - A norm folded into the product after it (`matmul.cu`, `LaunchOptions::fold_norms`) walks
 //!   `rms_norm.cu`'s reduction tree exactly, so folding changes no bit and may be chosen by the
-//!   step's size.
+//!   step's size. RoPE and the KV write folded into attention on steps of one token a row
+//!   (`paged_attention.cu`'s `_rope` entry points, `LaunchOptions::fold_rope`) compute through
+//!   the same prelude functions as `rope_kv_write.cu`, so the bits are the same there too.
 //! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
 //!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
 //!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and
@@ -77,7 +79,14 @@ pub const ROPE_KV_WRITE: KernelSource = KernelSource {
 pub const PAGED_ATTENTION: KernelSource = KernelSource {
     name: "paged_attention",
     source: include_str!("kernels/paged_attention.cu"),
-    functions: &["paged_attention_d64", "paged_attention_d128", "paged_attention_d256"],
+    functions: &[
+        "paged_attention_d64",
+        "paged_attention_d128",
+        "paged_attention_d256",
+        "paged_attention_rope_d64",
+        "paged_attention_rope_d128",
+        "paged_attention_rope_d256",
+    ],
 };
 pub const ARGMAX: KernelSource = KernelSource {
     name: "argmax",

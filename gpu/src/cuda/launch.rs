@@ -45,6 +45,9 @@ pub struct Kernels {
     rope_kv_write: CudaFunction,
     /// By head size: up to 64, 128 and 256.
     paged_attention: [CudaFunction; 3],
+    /// The same with `rope_kv_write` folded in, for steps of one token a row
+    /// (`LaunchOptions::fold_rope`).
+    paged_attention_rope: [CudaFunction; 3],
     argmax: CudaFunction,
 }
 
@@ -96,6 +99,11 @@ impl Kernels {
         let mut next_three = || three(products.by_ref().take(3).collect(), kernels::MATMUL.name);
         let (matmul, matmul_swiglu) = (next_three()?, next_three()?);
         let (matmul_wide, matmul_swiglu_wide) = (next_three()?, next_three()?);
+        // paged_attention.cu: plain, then with RoPE folded in; three head sizes each.
+        let mut attention = module(&kernels::PAGED_ATTENTION)?.into_iter();
+        let mut next_attention =
+            || three(attention.by_ref().take(3).collect(), kernels::PAGED_ATTENTION.name);
+        let (paged_attention, paged_attention_rope) = (next_attention()?, next_attention()?);
         Ok(Kernels {
             embed: three(module(&kernels::EMBED)?, kernels::EMBED.name)?,
             matmul,
@@ -104,10 +112,8 @@ impl Kernels {
             matmul_swiglu_wide,
             rms_norm: one(&kernels::RMS_NORM)?,
             rope_kv_write: one(&kernels::ROPE_KV_WRITE)?,
-            paged_attention: three(
-                module(&kernels::PAGED_ATTENTION)?,
-                kernels::PAGED_ATTENTION.name,
-            )?,
+            paged_attention,
+            paged_attention_rope,
             argmax: one(&kernels::ARGMAX)?,
         })
     }
@@ -341,7 +347,16 @@ fn matrix(call: &mut KernelCall<'_>, data: &MatrixData) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub tokens: usize,
+    pub rows: usize,
     pub samples: usize,
+}
+
+impl Shape {
+    /// Every row one token (a decode step): each token's K and V are read by its own attention
+    /// only, so RoPE and the KV write can fold into it (`LaunchOptions::fold_rope`).
+    pub fn one_token_a_row(&self) -> bool {
+        self.tokens == self.rows
+    }
 }
 
 /// Everything a launch sequence reads besides the buffers.
@@ -379,8 +394,13 @@ pub fn forward(
     for (l, layer) in m.weights.layers.iter().enumerate() {
         let input = normed(stream, m, b, &layer.attn_norm, n)?;
         matmul(stream, m, Product::Plain, &layer.qkv, input, &b.qkv, n, false)?;
-        rope_kv_write(stream, m, b, l, layer.qkv_bias.as_ref(), n)?;
-        attention(stream, m, b, l, n)?;
+        let bias = layer.qkv_bias.as_ref();
+        if m.options.fold_rope && shape.one_token_a_row() {
+            attention(stream, m, b, l, n, Some(bias))?;
+        } else {
+            rope_kv_write(stream, m, b, l, bias, n)?;
+            attention(stream, m, b, l, n, None)?;
+        }
         let attended = Normed { x: &b.attended, norm: None };
         matmul(stream, m, Product::Plain, &layer.o, attended, &b.x, n, true)?;
         let input = normed(stream, m, b, &layer.ffn_norm, n)?;
@@ -544,19 +564,26 @@ fn rope_kv_write(
     unsafe { call.launch(config(grid(n)?, 1, 128), m.options.dependent_launches) }
 }
 
+/// Paged attention of the step's `n` tokens; with `rope` (the layer's Q/K/V bias, if any), the
+/// entry point that folds `rope_kv_write` in, for a step of one token a row.
 fn attention(
     stream: &CudaStream,
     m: &Model<'_>,
     b: &Buffers,
     layer: usize,
     n: usize,
+    rope: Option<Option<&CudaSlice<f32>>>,
 ) -> Result<(), DriverError> {
     let d = &m.dims;
     let (keys, values) = layer_cache(m, layer);
+    let kernels = match rope {
+        None => &m.kernels.paged_attention,
+        Some(_) => &m.kernels.paged_attention_rope,
+    };
     let kernel = match d.head_dim {
-        ..=64 => &m.kernels.paged_attention[0],
-        65..=128 => &m.kernels.paged_attention[1],
-        _ => &m.kernels.paged_attention[2],
+        ..=64 => &kernels[0],
+        65..=128 => &kernels[1],
+        _ => &kernels[2],
     };
     let mut call = KernelCall::new(stream, kernel);
     call.buffer(&b.qkv).buffer(&b.attended);
@@ -565,9 +592,25 @@ fn attention(
     call.buffer(&keys).buffer(&values);
     call.int(d.heads as i32).int(d.kv_heads as i32).int(d.head_dim as i32);
     call.int(m.kv_layout.page_tokens as i32).int(d.window as i32).float(d.attention_scale);
-    // SAFETY: paged_attention_d*'s 14 parameters in order, the entry point for the head size
-    // (`Dims::of` refused more than 256); a block of ATTENTION_WARPS (4) warps per (token,
-    // head), heads on the grid's y (at most 65,535 there; a model has far fewer heads).
+    if let Some(bias) = rope {
+        match bias {
+            Some(bias) => call.buffer(bias),
+            None => call.null(),
+        };
+        match &m.weights.rope_freq_factors {
+            Some(f) => call.buffer(f),
+            None => call.null(),
+        };
+        call.float(d.theta_scale).int(i32::from(d.halves));
+        // The caches again, as the pointers it writes the token's key and value through.
+        call.buffer(&keys).buffer(&values);
+    }
+    // SAFETY: paged_attention_d*'s 14 parameters in order, or paged_attention_rope_d*'s 20
+    // (the same, then bias, freq_factors, theta_scale, halves and the caches to write), the
+    // entry point for the head size (`Dims::of` refused more than 256); a block of
+    // ATTENTION_WARPS (4) warps per (token, head), heads on the grid's y (at most 65,535 there;
+    // a model has far fewer heads). The folded one only for a step of one token a row (its
+    // header says why that makes its cache writes race with no read).
     unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 128), m.options.dependent_launches) }
 }
 

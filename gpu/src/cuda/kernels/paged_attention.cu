@@ -24,33 +24,117 @@
 //
 // The queries are read from the fused Q/K/V rows that `rope_kv_write` rotated in place (a
 // token's Q heads, then its K and V heads); the output is a row of `heads * head_dim` per token.
+//
+// On a step of one token a row (every decode step) `paged_attention_rope_*` folds
+// `rope_kv_write` in, saving its launch: each block adds the biases to its own query head and
+// its KV head's key and value and rotates them with the prelude's RoPE, exactly as
+// `rope_kv_write` does; the first query head of each KV head's group writes the key and value
+// into the cache. The token's own position is then read from shared memory, not the cache (its
+// write may not have landed), in the same halves the cache holds: the same bits as the two
+// kernels. No other block reads that slot: a step's tokens are each their row's only one, and a
+// page being written is its row's alone (only full pages are shared).
 
 #define HEAD_DIM_MAX 256
 #define ATTENTION_WARPS 4
 #define VALUE_BATCH 8
 
-template <int DIMS_PER_LANE>
+// RoPE's inputs, for the entry points that fold it in (`FOLD_ROPE`).
+struct Rope {
+    const float* bias;  // Q, K and V's, one vector; null without
+    const float* freq_factors;
+    float theta_scale;
+    int halves;
+    f16_bits* key_cache;  // the caches again, written through
+    f16_bits* value_cache;
+};
+
+// With `FOLD_ROPE`, `rope_kv_write`'s work for this block's heads (see the header): the rotated
+// query into `query`, the key and value in halves into `own_key` and `own_value`, written into
+// the cache at slot `at` by the group's first query head.
+__device__ void fold_rope(const Rope& rope, const float* token_qkv, int h, int kv_head,
+                          int heads, int kv_heads, int head_dim, long at,
+                          float* query, f16_bits* own_key, f16_bits* own_value,
+                          float* cos_of, float* sin_of) {
+    const int pairs = head_dim / 2, q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+    const float* qt = token_qkv + h * head_dim;
+    const float* kt = token_qkv + q_width + kv_head * head_dim;
+    const float* vt = token_qkv + q_width + kv_width + kv_head * head_dim;
+    const float* q_bias = rope.bias ? rope.bias + h * head_dim : nullptr;
+    const float* k_bias = rope.bias ? rope.bias + q_width + kv_head * head_dim : nullptr;
+    const float* v_bias = rope.bias ? rope.bias + q_width + kv_width + kv_head * head_dim : nullptr;
+    __syncthreads();  // the angles
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const int a = rope_first(i, head_dim, rope.halves), b = rope_second(i, head_dim, rope.halves);
+        // As `rope_kv_write`: Q's bias added in place first, K's as it is staged.
+        float x0 = qt[a], x1 = qt[b];
+        if (q_bias) {
+            x0 += q_bias[a];
+            x1 += q_bias[b];
+        }
+        float y0, y1;
+        rope_rotate(x0, x1, cos_of[i], sin_of[i], &y0, &y1);
+        query[a] = half_to_float(float_to_half(y0));
+        query[b] = half_to_float(float_to_half(y1));
+        const float k0 = kt[a] + (k_bias ? k_bias[a] : 0.0f);
+        const float k1 = kt[b] + (k_bias ? k_bias[b] : 0.0f);
+        rope_rotate(k0, k1, cos_of[i], sin_of[i], &y0, &y1);
+        own_key[a] = float_to_half(y0);
+        own_key[b] = float_to_half(y1);
+    }
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        own_value[i] = float_to_half(vt[i] + (v_bias ? v_bias[i] : 0.0f));
+    }
+    __syncthreads();
+    if (h % (heads / kv_heads) == 0) {
+        const long slot = at * kv_width + kv_head * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            rope.key_cache[slot + i] = own_key[i];
+            rope.value_cache[slot + i] = own_value[i];
+        }
+    }
+}
+
+template <int DIMS_PER_LANE, bool FOLD_ROPE>
 __device__ void paged_attention(
     const float* qkv, float* out, const int* positions, const int* token_rows,
     const int* table_offsets, const int* tables, const f16_bits* key_cache,
     const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
-    int window, float scale) {
+    int window, float scale, const Rope& rope) {
     __shared__ float query[HEAD_DIM_MAX];
     __shared__ float warp_max_of[ATTENTION_WARPS], warp_total_of[ATTENTION_WARPS];
     __shared__ float warp_acc_of[ATTENTION_WARPS][HEAD_DIM_MAX];
+    // The token's own key and value when RoPE is folded in, 16-byte aligned for vector loads.
+    __shared__ __align__(16) f16_bits own_key[FOLD_ROPE ? HEAD_DIM_MAX : 8];
+    __shared__ __align__(16) f16_bits own_value[FOLD_ROPE ? HEAD_DIM_MAX : 8];
+    __shared__ float cos_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1], sin_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
     allow_next_kernel();
-    wait_for_inputs();
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int group = heads / kv_heads, kv_head = h / group;
     const int kv_width = kv_heads * head_dim;
-    const float* qt = qkv + (long)t * (kv_width * 2 + heads * head_dim) + h * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        query[i] = half_to_float(float_to_half(qt[i]));
-    }
-    __syncthreads();
     const int position = positions[t];
-    const int first = window > 0 ? max(0, position + 1 - window) : 0;
+    if (FOLD_ROPE) {
+        // The angles read only the step's inputs: with a dependent launch they are computed
+        // while the Q/K/V product finishes.
+        for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
+            sincosf(rope_angle(position, rope.theta_scale, rope.freq_factors, i), &sin_of[i],
+                    &cos_of[i]);
+        }
+    }
+    wait_for_inputs();
+    const float* token_qkv = qkv + (long)t * (kv_width * 2 + heads * head_dim);
     const int* table = tables + table_offsets[token_rows[t]];
+    if (FOLD_ROPE) {
+        const long at = (long)table[position / page_tokens] * page_tokens + position % page_tokens;
+        fold_rope(rope, token_qkv, h, kv_head, heads, kv_heads, head_dim, at, query, own_key,
+                  own_value, cos_of, sin_of);
+    } else {
+        const float* qt = token_qkv + h * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            query[i] = half_to_float(float_to_half(qt[i]));
+        }
+        __syncthreads();
+    }
+    const int first = window > 0 ? max(0, position + 1 - window) : 0;
     float acc[DIMS_PER_LANE];
 #pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] = 0.0f;
@@ -65,7 +149,9 @@ __device__ void paged_attention(
         long at = 0;
         if (seen) {
             at = ((long)table[p / page_tokens] * page_tokens + p % page_tokens);
-            const f16_bits* key = key_cache + at * kv_width + kv_head * head_dim;
+            const f16_bits* key = FOLD_ROPE && p == position
+                                      ? own_key
+                                      : key_cache + at * kv_width + kv_head * head_dim;
             float dot = 0.0f;
             if (head_dim % 8 == 0) {
                 // 16-byte aligned: `at * kv_width` and `kv_head * head_dim` are multiples of 8.
@@ -113,8 +199,11 @@ __device__ void paged_attention(
 #pragma unroll
             for (int u = 0; u < VALUE_BATCH; u++) {
                 // Lane `min(l0 + u, last)` scored this position, so its `at` is set.
-                const long at_u = __shfl_sync(0xffffffffu, at, min(l0 + u, last));
-                const f16_bits* value = value_cache + at_u * kv_width + kv_head * head_dim;
+                const int l_u = min(l0 + u, last);
+                const long at_u = __shfl_sync(0xffffffffu, at, l_u);
+                const f16_bits* value = FOLD_ROPE && tile + l_u == position
+                                            ? own_value
+                                            : value_cache + at_u * kv_width + kv_head * head_dim;
 #pragma unroll
                 for (int j = 0; j < DIMS_PER_LANE; j++) {
                     const int i = lane + 32 * j;
@@ -173,29 +262,42 @@ __device__ void paged_attention(
     }
 }
 
-extern "C" __global__ void paged_attention_d64(
-    const float* qkv, float* out, const int* positions, const int* token_rows,
-    const int* table_offsets, const int* tables, const f16_bits* key_cache,
-    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
-    int window, float scale) {
-    paged_attention<2>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
-                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
+#define ATTENTION_PARAMETERS                                                                \
+    const float *qkv, float *out, const int *positions, const int *token_rows,             \
+        const int *table_offsets, const int *tables, const f16_bits *key_cache,            \
+        const f16_bits *value_cache, int heads, int kv_heads, int head_dim, int page_tokens, \
+        int window, float scale
+#define ATTENTION_ARGUMENTS                                                                  \
+    qkv, out, positions, token_rows, table_offsets, tables, key_cache, value_cache, heads,  \
+        kv_heads, head_dim, page_tokens, window, scale
+// The folded entry points' RoPE parameters, after the plain ones.
+#define ROPE_PARAMETERS                                                                      \
+    const float *bias, const float *freq_factors, float theta_scale, int halves,           \
+        f16_bits *key_out, f16_bits *value_out
+
+extern "C" __global__ void paged_attention_d64(ATTENTION_PARAMETERS) {
+    paged_attention<2, false>(ATTENTION_ARGUMENTS, Rope{});
 }
 
-extern "C" __global__ void paged_attention_d128(
-    const float* qkv, float* out, const int* positions, const int* token_rows,
-    const int* table_offsets, const int* tables, const f16_bits* key_cache,
-    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
-    int window, float scale) {
-    paged_attention<4>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
-                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
+extern "C" __global__ void paged_attention_d128(ATTENTION_PARAMETERS) {
+    paged_attention<4, false>(ATTENTION_ARGUMENTS, Rope{});
 }
 
-extern "C" __global__ void paged_attention_d256(
-    const float* qkv, float* out, const int* positions, const int* token_rows,
-    const int* table_offsets, const int* tables, const f16_bits* key_cache,
-    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
-    int window, float scale) {
-    paged_attention<8>(qkv, out, positions, token_rows, table_offsets, tables, key_cache,
-                          value_cache, heads, kv_heads, head_dim, page_tokens, window, scale);
+extern "C" __global__ void paged_attention_d256(ATTENTION_PARAMETERS) {
+    paged_attention<8, false>(ATTENTION_ARGUMENTS, Rope{});
+}
+
+extern "C" __global__ void paged_attention_rope_d64(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
+    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
+    paged_attention<2, true>(ATTENTION_ARGUMENTS, rope);
+}
+
+extern "C" __global__ void paged_attention_rope_d128(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
+    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
+    paged_attention<4, true>(ATTENTION_ARGUMENTS, rope);
+}
+
+extern "C" __global__ void paged_attention_rope_d256(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
+    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
+    paged_attention<8, true>(ATTENTION_ARGUMENTS, rope);
 }

@@ -115,3 +115,29 @@ __device__ __forceinline__ void prefetch_to_l2(const void* p, unsigned int bytes
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
+
+// RoPE as the CPU's `forward::rope`, shared by `rope_kv_write` and the attention that folds it
+// in (`paged_attention_rope_*`), so that both compute the same bits. Pair `i`'s angle is the
+// CPU's running product `position * theta_scale * ...` (i factors), repeated up to the pair so
+// the bits are the sequential loop's, divided by the pair's frequency factor when the model has
+// them (Llama 3 rope scaling).
+__device__ __forceinline__ float rope_angle(int position, float theta_scale,
+                                            const float* freq_factors, int i) {
+    float theta = (float)position;
+    for (int j = 0; j < i; j++) theta *= theta_scale;
+    return freq_factors ? theta / freq_factors[i] : theta;
+}
+
+// The elements pair `i` of a head of `d` rotates: Hugging Face's `(i, i + d/2)` with `halves`,
+// GGUF's adjacent `(2i, 2i + 1)` without.
+__device__ __forceinline__ int rope_first(int i, int d, int halves) { return halves ? i : 2 * i; }
+__device__ __forceinline__ int rope_second(int i, int d, int halves) {
+    return halves ? i + d / 2 : 2 * i + 1;
+}
+
+// The rotation fused as the CPU's: `x0 * cos - x1 * sin`, `x0 * sin + x1 * cos`.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* y0,
+                                            float* y1) {
+    *y0 = fmaf(x0, c, -(x1 * s));
+    *y1 = fmaf(x0, s, x1 * c);
+}

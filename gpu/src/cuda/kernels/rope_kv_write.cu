@@ -4,11 +4,10 @@
 // half precision into the paged cache through the token's row's page table. Q stays in `qkv`,
 // rotated, for the attention that follows.
 //
-// RoPE as the CPU's `forward::rope`: pair `i`'s angle is `position * theta_scale^i` by repeated
-// f32 multiplication (`theta_scale` computed on the host with the CPU's formula and passed in),
-// divided by the pair's frequency factor when the model has them (Llama 3 rope scaling), and the
-// rotation fused as `x0 * cos - x1 * sin`, `x0 * sin + x1 * cos`. `halves` picks Hugging Face's
-// `(i, i + d/2)` pairs over GGUF's adjacent `(2i, 2i + 1)`.
+// RoPE as the CPU's `forward::rope`, through the prelude's `rope_angle` and `rope_rotate`
+// (`theta_scale` computed on the host with the CPU's formula and passed in). `halves` picks
+// Hugging Face's `(i, i + d/2)` pairs over GGUF's adjacent `(2i, 2i + 1)`. On steps of one token
+// a row, attention can fold all of this in (`paged_attention_rope_*`).
 //
 // Cache layout per layer and part (keys, values): `[page][page_tokens][kv_heads][head_dim]`
 // halves; position `p` of a row sits on page `tables[table_offsets[row] + p / page_tokens]`.
@@ -17,11 +16,8 @@
 #define ROTATE_BATCH 8
 
 __device__ __forceinline__ void rotate(float* head, int i, int d, int halves, float c, float s) {
-    const int a = halves ? i : 2 * i;
-    const int b = halves ? i + d / 2 : 2 * i + 1;
-    const float x0 = head[a], x1 = head[b];
-    head[a] = fmaf(x0, c, -(x1 * s));
-    head[b] = fmaf(x0, s, x1 * c);
+    const int a = rope_first(i, d, halves), b = rope_second(i, d, halves);
+    rope_rotate(head[a], head[b], c, s, &head[a], &head[b]);
 }
 
 extern "C" __global__ void rope_kv_write(
@@ -36,14 +32,9 @@ extern "C" __global__ void rope_kv_write(
     const int t = blockIdx.x;
     const int pairs = head_dim / 2;
     const int position = positions[t];
-    // Pair `i`'s angle is the CPU's running product `position * theta_scale * ... ` (i factors),
-    // each thread repeating the product up to its pair so the bits are the sequential loop's;
-    // the sines and cosines are then computed side by side, not one after another.
+    // The sines and cosines side by side, a pair a thread, not one after another.
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        float theta = (float)position;
-        for (int j = 0; j < i; j++) theta *= theta_scale;
-        const float angle = freq_factors ? theta / freq_factors[i] : theta;
-        sincosf(angle, &sin_of[i], &cos_of[i]);
+        sincosf(rope_angle(position, theta_scale, freq_factors, i), &sin_of[i], &cos_of[i]);
     }
     // The angles read only the step's inputs and the weights: with a dependent launch they are
     // computed while the Q/K/V product finishes.
@@ -71,8 +62,8 @@ extern "C" __global__ void rope_kv_write(
         for (int u = 0; u < ROTATE_BATCH; u++) {
             const int j = min(j0 + u * (int)blockDim.x, q_pairs - 1);
             const int h = j / pairs, i = j % pairs;
-            a[u] = h * head_dim + (halves ? i : 2 * i);
-            b[u] = h * head_dim + (halves ? i + head_dim / 2 : 2 * i + 1);
+            a[u] = h * head_dim + rope_first(i, head_dim, halves);
+            b[u] = h * head_dim + rope_second(i, head_dim, halves);
             x0[u] = qt[a[u]];
             x1[u] = qt[b[u]];
         }
@@ -80,9 +71,8 @@ extern "C" __global__ void rope_kv_write(
         for (int u = 0; u < ROTATE_BATCH; u++) {
             const int j = j0 + u * (int)blockDim.x;
             if (j < q_pairs) {
-                const float c = cos_of[j % pairs], s = sin_of[j % pairs];
-                qt[a[u]] = fmaf(x0[u], c, -(x1[u] * s));
-                qt[b[u]] = fmaf(x0[u], s, x1[u] * c);
+                rope_rotate(x0[u], x1[u], cos_of[j % pairs], sin_of[j % pairs], &qt[a[u]],
+                            &qt[b[u]]);
             }
         }
     }
