@@ -8,10 +8,14 @@
 //
 // Between barriers a thread runs alone until its next one, and the order is drawn: the blocks of
 // a launch, the warps of a block and the lanes of a warp each run in an order shuffled by a
-// generator seeded from $LOCKSTEP_CUDA_EMU_SEED (default 1), per OS thread, so a kernel that
-// reads what another thread writes without a barrier between them (or another block's output)
-// reads it sometimes before and sometimes after, and its results move, while a race-free
-// kernel's cannot. A run is reproducible from its seed.
+// generator seeded from $LOCKSTEP_CUDA_EMU_SEED (default 1), the launch's number and the
+// block's index, so a kernel that reads what another thread writes without a barrier between
+// them (or another block's output) reads it sometimes before and sometimes after, and its
+// results move, while a race-free kernel's cannot.
+//
+// A launch's blocks are taken in that order by the launching thread and a pool of workers of
+// its own ($LOCKSTEP_CUDA_EMU_THREADS in all, default the machine's cores), each running one
+// block at a time: `__shared__` is thread-local storage (device.h), so it is the block's.
 //
 // Switching is `_setjmp` / `_longjmp` between stacks made once by `makecontext` (`swapcontext`
 // costs a system call a switch for the signal mask; a launch makes millions of switches). A
@@ -24,11 +28,17 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace lockstep_emu {
@@ -51,6 +61,13 @@ struct Fiber {
     unsigned int warp_mask = FULL_MASK;
     Coordinates coordinates{};
     std::size_t index = 0;  // in its block
+
+    Fiber() = default;
+    Fiber(const Fiber&) = delete;
+    Fiber& operator=(const Fiber&) = delete;
+    ~Fiber() {
+        if (stack != nullptr) munmap(stack, STACK_BYTES);
+    }
 };
 
 // One shuffle's offers: 8 bytes a lane, in two generations so that a lane past a barrier may
@@ -80,13 +97,21 @@ struct Launch {
 
 thread_local Launch launch;
 
-// The scheduling order's generator (splitmix64), one per OS thread.
+// $LOCKSTEP_CUDA_EMU_SEED, read once.
+std::uint64_t seed() {
+    static const std::uint64_t value = [] {
+        const char* text = std::getenv("LOCKSTEP_CUDA_EMU_SEED");
+        return text != nullptr && *text ? std::strtoull(text, nullptr, 0) : 1ull;
+    }();
+    return value;
+}
+
+// A scheduling order's generator (splitmix64). A launch's block order is drawn from the seed
+// and the launch's number on its calling thread, a block's warp and lane orders from those and
+// the block's index: the same on whichever worker runs the block.
 struct Order {
     std::uint64_t state;
-    Order() {
-        const char* seed = std::getenv("LOCKSTEP_CUDA_EMU_SEED");
-        state = seed != nullptr && *seed ? std::strtoull(seed, nullptr, 0) : 1;
-    }
+    explicit Order(std::uint64_t seed) : state(seed) {}
     std::uint64_t next() {
         std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -100,8 +125,8 @@ struct Order {
         for (std::size_t i = n; i > 1; i--) std::swap(indices[i - 1], indices[next() % i]);
     }
 };
-thread_local Order order;
-thread_local std::vector<std::size_t> lane_order, warp_order, block_order;
+thread_local Order order(1);
+thread_local std::vector<std::size_t> lane_order, warp_order;
 
 std::string where(const Coordinates& c) {
     char text[160];
@@ -305,8 +330,6 @@ bool run_block() {
     }
 }
 
-}  // namespace
-
 // Runs one block, checked or not; closes the guard for a checked one and leaves it open.
 bool run_checked_block(const PreWaitGuard* guard) {
     if (guard != nullptr) {
@@ -321,48 +344,177 @@ bool run_checked_block(const PreWaitGuard* guard) {
     return completed;
 }
 
+// One launch, as the threads running its blocks share it.
+struct Grid {
+    const Module* module;
+    const Entry* entry;
+    void** parameters;
+    Dim grid, block;
+    std::uint64_t serial;                  // the launch's number on its calling thread
+    std::vector<std::size_t> blocks;       // in the order drawn; the checked ones taken out
+    std::atomic<std::size_t> next{0};      // the next of `blocks` to run
+    std::atomic<bool> failed{false};
+    std::mutex error_lock;
+    std::string error;                     // the first failure's
+};
+
+// Readies this OS thread's fibers for `grid`'s blocks.
+void join(const Grid& grid) {
+    *grid.module->runtime = &RUNTIME;
+    launch.module = grid.module;
+    launch.entry = grid.entry;
+    launch.parameters = grid.parameters;
+    launch.coordinates = grid.module->coordinates();
+    launch.error.clear();
+    const std::size_t threads = std::size_t{grid.block.x} * grid.block.y * grid.block.z;
+    make_fibers(threads);
+    launch.live = threads;
+    launch.warps.assign((threads + WARP - 1) / WARP, WarpSlots{});
+}
+
+// Runs block `b` (its linear index) of `grid` on this OS thread, checked by `guard` if given.
+bool run_block_at(Grid& grid, std::size_t b, const PreWaitGuard* guard) {
+    const Dim g = grid.grid, block = grid.block;
+    const Dim at = {static_cast<unsigned int>(b % g.x), static_cast<unsigned int>(b / g.x % g.y),
+                    static_cast<unsigned int>(b / g.x / g.y)};
+    order = Order(seed() ^ (grid.serial * 0x2545f4914f6cdd1dull) ^ (b * 0x9e3779b97f4a7c15ull));
+    std::size_t i = 0;
+    for (unsigned int tz = 0; tz < block.z; tz++) {
+        for (unsigned int ty = 0; ty < block.y; ty++) {
+            for (unsigned int tx = 0; tx < block.x; tx++, i++) {
+                Fiber& fiber = launch.fibers[i];
+                fiber.coordinates = Coordinates{{tx, ty, tz}, at, block, g, static_cast<int>(i % WARP)};
+                fiber.state = State::Runnable;
+                fiber.warp_mask = FULL_MASK;
+            }
+        }
+    }
+    if (run_checked_block(guard)) return true;
+    abandon_block();
+    std::lock_guard<std::mutex> lock(grid.error_lock);
+    if (!grid.failed.exchange(true)) {
+        grid.error = launch.error.empty() ? "the launch failed" : launch.error;
+    }
+    return false;
+}
+
+// Takes `grid`'s blocks one by one until none is left or one failed.
+void take_blocks(Grid& grid) {
+    join(grid);
+    while (!grid.failed) {
+        const std::size_t k = grid.next.fetch_add(1);
+        if (k >= grid.blocks.size() || !run_block_at(grid, grid.blocks[k], nullptr)) break;
+    }
+    launch.current = nullptr;
+}
+
+// The OS threads that run a launch's blocks beside the thread that launched it
+// ($LOCKSTEP_CUDA_EMU_THREADS in all, default the machine's cores), one pool per launching
+// thread, so that launches from several threads never wait for each other's.
+class Workers {
+  public:
+    Workers() {
+        const char* set = std::getenv("LOCKSTEP_CUDA_EMU_THREADS");
+        const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+        const unsigned total = set != nullptr && *set ? std::max(1, std::atoi(set)) : cores;
+        for (unsigned i = 1; i < total; i++) threads_.emplace_back([this] { work(); });
+    }
+    ~Workers() {
+        {
+            std::lock_guard<std::mutex> lock(lock_);
+            stopping_ = true;
+        }
+        wake_.notify_all();
+        for (std::thread& t : threads_) t.join();
+    }
+    std::size_t size() const { return threads_.size() + 1; }
+
+    // Runs `grid`'s blocks on every worker and this thread; returns when all are done.
+    void run(Grid& grid) {
+        {
+            std::lock_guard<std::mutex> lock(lock_);
+            grid_ = &grid;
+            generation_++;
+            busy_ = threads_.size();
+        }
+        wake_.notify_all();
+        take_blocks(grid);
+        std::unique_lock<std::mutex> lock(lock_);
+        idle_.wait(lock, [this] { return busy_ == 0; });
+        grid_ = nullptr;
+    }
+
+  private:
+    void work() {
+        std::uint64_t seen = 0;
+        for (;;) {
+            Grid* grid;
+            {
+                std::unique_lock<std::mutex> lock(lock_);
+                wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+                if (stopping_) return;
+                seen = generation_;
+                grid = grid_;
+            }
+            take_blocks(*grid);
+            std::lock_guard<std::mutex> lock(lock_);
+            if (--busy_ == 0) idle_.notify_all();
+        }
+    }
+
+    std::vector<std::thread> threads_;
+    std::mutex lock_;
+    std::condition_variable wake_, idle_;
+    Grid* grid_ = nullptr;
+    std::uint64_t generation_ = 0;
+    std::size_t busy_ = 0;
+    bool stopping_ = false;
+};
+
+thread_local std::uint64_t launches = 0;
+
+}  // namespace
+
+const char* running_kernel() {
+    return launch.current != nullptr && launch.entry != nullptr ? launch.entry->name : nullptr;
+}
+
 std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim block,
                      void** parameters, const PreWaitGuard* guard) {
     const std::size_t threads = std::size_t{block.x} * block.y * block.z;
     if (threads == 0 || threads > 1024) {
         return "a block of " + std::to_string(threads) + " threads (1 to 1024)";
     }
-    *module.runtime = &RUNTIME;
-    launch.module = &module;
-    launch.entry = &entry;
-    launch.parameters = parameters;
-    launch.coordinates = module.coordinates();
-    launch.error.clear();
-    make_fibers(threads);
-    launch.live = threads;
-    launch.warps.assign((threads + WARP - 1) / WARP, WarpSlots{});
-    order.shuffle(block_order, std::size_t{grid.x} * grid.y * grid.z);
-    for (std::size_t b : block_order) {
-        const Dim at = {static_cast<unsigned int>(b % grid.x),
-                        static_cast<unsigned int>(b / grid.x % grid.y),
-                        static_cast<unsigned int>(b / grid.x / grid.y)};
-        std::size_t i = 0;
-        for (unsigned int tz = 0; tz < block.z; tz++) {
-            for (unsigned int ty = 0; ty < block.y; ty++) {
-                for (unsigned int tx = 0; tx < block.x; tx++, i++) {
-                    Fiber& fiber = launch.fibers[i];
-                    fiber.coordinates =
-                        Coordinates{{tx, ty, tz}, at, block, grid, static_cast<int>(i % WARP)};
-                    fiber.state = State::Runnable;
-                    fiber.warp_mask = FULL_MASK;
-                }
-            }
+    Grid g{&module, &entry, parameters, grid, block, launches++, {}, {}, {}, {}, {}};
+    const std::size_t count = std::size_t{grid.x} * grid.y * grid.z;
+    Order(seed() ^ g.serial).shuffle(g.blocks, count);
+    // The guard's blocks (the grid's first and last) run alone on this thread, first: what it
+    // closes is closed for the whole process.
+    if (guard != nullptr) {
+        join(g);
+        const std::size_t checked[2] = {0, count - 1};
+        for (std::size_t k = 0; k < (count > 1 ? 2 : 1); k++) {
+            if (!run_block_at(g, checked[k], guard)) break;
         }
-        // The guard checks the grid's first and last blocks, wherever they fall in the order.
-        const bool first = b == 0, last = b + 1 == block_order.size();
-        if (!run_checked_block(first || last ? guard : nullptr)) {
-            abandon_block();
-            launch.current = nullptr;
-            return launch.error.empty() ? "the launch failed" : launch.error;
+        launch.current = nullptr;
+        if (g.failed) return g.error;
+        g.blocks.erase(std::remove_if(g.blocks.begin(), g.blocks.end(),
+                                      [&](std::size_t b) { return b == 0 || b + 1 == count; }),
+                       g.blocks.end());
+    }
+    static thread_local std::unique_ptr<Workers> workers;
+    // A few blocks are not worth waking the workers for.
+    if (g.blocks.size() < 4) {
+        take_blocks(g);
+    } else {
+        if (!workers) workers = std::make_unique<Workers>();
+        if (workers->size() == 1) {
+            take_blocks(g);
+        } else {
+            workers->run(g);
         }
     }
-    launch.current = nullptr;
-    return {};
+    return g.failed ? g.error : std::string();
 }
 
 }  // namespace lockstep_emu

@@ -21,6 +21,9 @@ struct PreWaitGuard {
 // Runs every block of the grid, one after another, on the calling thread; with `guard`, the
 // first and the last block are checked. Empty when the launch completed; otherwise what went
 // wrong (a trap, a divergent barrier), naming the block and thread.
+// The kernel a block on this OS thread is running, or null (for the fault handler).
+const char* running_kernel();
+
 std::string run_grid(const Module& module, const Entry& entry, Dim grid, Dim block,
                      void** parameters, const PreWaitGuard* guard);
 

@@ -157,14 +157,13 @@ std::mutex allocations_lock;
 std::map<CUdeviceptr, Allocation> allocations;
 std::size_t allocated = 0;
 
-// What runs on this thread, for the fault handler.
-thread_local const char* running_kernel = nullptr;
 // Whether a dependent launch's checked block runs before its `wait_for_inputs()`.
 thread_local bool before_wait = false;
 
 struct sigaction previous_fault_action;
 
 void on_fault(int signal, siginfo_t* info, void* context) {
+    const char* running_kernel = lockstep_emu::running_kernel();
     if (running_kernel != nullptr) {
         char text[400];
         const int n =
@@ -249,10 +248,8 @@ CUresult run_launch(const CUfunc_st* function, Dim grid, Dim block, void** param
         stream,
     };
     const bool checked = dependent && stream != nullptr;
-    running_kernel = entry.name;
     const std::string error = lockstep_emu::run_grid(*function->module, entry, grid, block,
                                                      parameters, checked ? &guard : nullptr);
-    running_kernel = nullptr;
     if (stream != nullptr) {
         // What this kernel may write, the next dependent launch may not touch before its wait.
         std::lock_guard<std::mutex> lock(allocations_lock);
