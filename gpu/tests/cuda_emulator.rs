@@ -218,6 +218,19 @@ fn an_image_not_built_by_the_emulator_is_refused() {
     assert_eq!(error.0, sys::CUresult::CUDA_ERROR_INVALID_IMAGE);
 }
 
+/// Runs `test` of this binary alone in a child process with `child_variable` set, where it is to
+/// die of a fault; returns what it printed to stderr.
+fn dies_in_a_child(test: &str, child_variable: &str) -> String {
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture"])
+        .env(child_variable, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
+    assert!(!child.status.success(), "the child survived: {stderr}");
+    stderr
+}
+
 const PAST_THE_END: &str = r#"
 extern "C" __global__ void past_the_end(int* x, int n) { x[threadIdx.x] = x[n + threadIdx.x]; }
 "#;
@@ -242,17 +255,8 @@ fn reading_past_the_end_of_a_buffer_faults_naming_the_kernel() {
         std::process::exit(0);
     }
     // The fault kills the process, so it happens in a child: this test, run alone.
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "reading_past_the_end_of_a_buffer_faults_naming_the_kernel",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(FAULT_CHILD, "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&child.stderr);
-    assert!(!child.status.success(), "the child survived: {stderr}");
+    let stderr =
+        dies_in_a_child("reading_past_the_end_of_a_buffer_faults_naming_the_kernel", FAULT_CHILD);
     assert!(
         stderr.contains("kernel past_the_end touched") && stderr.contains("past the end"),
         "{stderr}"
@@ -353,17 +357,10 @@ fn a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults() {
     assert_eq!(stream.clone_dtoh(&y).unwrap(), expected);
     // Reading before the wait kills the process, so it happens in a child: this test, alone.
     drop(emu);
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(EARLY_READ_CHILD, "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&child.stderr);
-    assert!(!child.status.success(), "the child survived: {stderr}");
+    let stderr = dies_in_a_child(
+        "a_dependent_launch_touching_what_a_kernel_wrote_before_its_wait_faults",
+        EARLY_READ_CHILD,
+    );
     assert!(
         stderr.contains("kernel read_early touched") && stderr.contains("before wait_for_inputs()"),
         "{stderr}"
