@@ -1,16 +1,18 @@
 // The CUDA driver API as far as cudarc and the CUDA executor call it, over host memory: one
 // device ("lockstep CUDA emulator", compute capability 9.0, so the sm_90 paths such as dependent
 // launches are the ones taken), device pointers that are host pointers, and every operation run
-// to completion on the calling thread when queued, so a stream is always idle. Graph capture
-// records launches and copies with their arguments; a replay runs them again in order.
+// to completion before the call that queued it returns (a launch's blocks on the host's cores,
+// blocks.cpp), so a stream is always idle. Graph capture records launches and copies with their
+// arguments; a replay runs them again in order.
 //
 // A kernel module is what the emulator's NVRTC (nvrtc.cpp) built: the image names a shared
 // library, which is opened and asked for its entry points. A failed launch (a trap, a divergent
 // barrier) prints why to stderr and, as on a device, fails every later call of the context.
 //
-// Every allocation ends at a page that cannot be touched, so a kernel reading past the end of a
-// buffer (beyond the 256-byte rounding the device's allocator also has) faults there, and the
-// fault names the kernel, block and thread (see `on_fault`).
+// Fresh allocations are filled with 0xff bytes (NaN, or -1 as an index), as a device's hold
+// garbage. Every allocation ends at a page that cannot be touched, so a kernel reading past the
+// end of a buffer (beyond the 256-byte rounding the device's allocator also has) faults there,
+// and the fault names the kernel (see `on_fault`).
 
 #include <dlfcn.h>
 #include <signal.h>
@@ -435,6 +437,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr* pointer, std::size_t bytes) {
     auto* guard_page = static_cast<unsigned char*>(mapping) + usable;
     mprotect(guard_page, PAGE, PROT_NONE);
     const auto address = reinterpret_cast<CUdeviceptr>(guard_page - rounded);
+    // A device's fresh memory holds whatever was there; here every byte is 0xff (a NaN in f32,
+    // f16 and bf16, -1 as an index), so a kernel reading what nothing wrote computes garbage
+    // that shows, not the zeros a fresh mapping would give.
+    std::memset(guard_page - rounded, 0xff, rounded);
     allocations[address] = Allocation{mapping, usable + PAGE, rounded};
     allocated += rounded;
     *pointer = address;
