@@ -318,7 +318,8 @@ bool run_block() {
             launch.closed->open(launch.closed->context);
             launch.closed = nullptr;
             for (std::size_t i = 0; i < launch.live; i++) {
-                if (launch.fibers[i].state == State::AtWait) launch.fibers[i].state = State::Runnable;
+                Fiber& fiber = launch.fibers[i];
+                if (fiber.state == State::AtWait) fiber.state = State::Runnable;
             }
             continue;
         }
@@ -383,7 +384,8 @@ bool run_block_at(Grid& grid, std::size_t b, const PreWaitGuard* guard) {
         for (unsigned int ty = 0; ty < block.y; ty++) {
             for (unsigned int tx = 0; tx < block.x; tx++, i++) {
                 Fiber& fiber = launch.fibers[i];
-                fiber.coordinates = Coordinates{{tx, ty, tz}, at, block, g, static_cast<int>(i % WARP)};
+                const int lane = static_cast<int>(i % WARP);
+                fiber.coordinates = Coordinates{{tx, ty, tz}, at, block, g, lane};
                 fiber.state = State::Runnable;
                 fiber.warp_mask = FULL_MASK;
             }

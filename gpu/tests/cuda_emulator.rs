@@ -64,7 +64,8 @@ fn reset() {
 }
 
 const SHUFFLES: &str = r#"
-extern "C" __global__ void shuffles(const float* in, float* sums, float* broadcast, long long* wide) {
+extern "C" __global__ void shuffles(const float* in, float* sums, float* broadcast,
+                                    long long* wide) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     float v = in[t];
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);

@@ -114,7 +114,8 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     answers.push(complete(router_port.parse().unwrap()).await);
     let [cpu, cuda, with_options, split] = <[String; 4]>::try_from(answers).unwrap();
     eprintln!(
-        "cpu: {cpu:?}\ncuda: {cuda:?}\ncuda, every launch option: {with_options:?}\nprefill + decode on cuda: {split:?}"
+        "cpu: {cpu:?}\ncuda: {cuda:?}\ncuda, every launch option: {with_options:?}\n\
+         prefill + decode on cuda: {split:?}"
     );
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(cuda, with_options, "the launch options changed the completion\n{log_text}");

@@ -61,10 +61,12 @@ __device__ void fold_rope(const Rope& rope, const float* token_qkv, int h, int k
     const float* vt = token_qkv + q_width + kv_width + kv_head * head_dim;
     const float* q_bias = rope.bias ? rope.bias + h * head_dim : nullptr;
     const float* k_bias = rope.bias ? rope.bias + q_width + kv_head * head_dim : nullptr;
-    const float* v_bias = rope.bias ? rope.bias + q_width + kv_width + kv_head * head_dim : nullptr;
+    const float* v_bias =
+        rope.bias ? rope.bias + q_width + kv_width + kv_head * head_dim : nullptr;
     __syncthreads();  // the angles
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        const int a = rope_first(i, head_dim, rope.halves), b = rope_second(i, head_dim, rope.halves);
+        const int a = rope_first(i, head_dim, rope.halves);
+        const int b = rope_second(i, head_dim, rope.halves);
         // As `rope_kv_write`: Q's bias added in place first, K's as it is staged.
         float x0 = qt[a], x1 = qt[b];
         if (q_bias) {
@@ -106,7 +108,8 @@ __device__ void paged_attention(
     // The token's own key and value when RoPE is folded in, 16-byte aligned for vector loads.
     __shared__ __align__(16) f16_bits own_key[FOLD_ROPE ? HEAD_DIM_MAX : 8];
     __shared__ __align__(16) f16_bits own_value[FOLD_ROPE ? HEAD_DIM_MAX : 8];
-    __shared__ float cos_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1], sin_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
+    __shared__ float cos_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
+    __shared__ float sin_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
     allow_next_kernel();
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int group = heads / kv_heads, kv_head = h / group;
