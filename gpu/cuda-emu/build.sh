@@ -10,8 +10,10 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cxx="${LOCKSTEP_CUDA_EMU_CXX:-c++}"
 # No _FORTIFY_SOURCE: its longjmp refuses to switch stacks, which is how fibers switch.
-"$cxx" -std=c++17 -O2 -g -fPIC -shared -Wall -Wextra -Werror -U_FORTIFY_SOURCE \
-    "$here/blocks.cpp" "$here/driver.cpp" "$here/nvrtc.cpp" -ldl -o "$out/liblockstep-cuda-emu.so"
+# Built beside and renamed into place: a process running on the old library keeps its copy.
+"$cxx" -std=c++17 -O2 -g -fPIC -shared -Wall -Wextra -Werror -U_FORTIFY_SOURCE -pthread \
+    "$here/blocks.cpp" "$here/driver.cpp" "$here/nvrtc.cpp" -ldl -o "$out/liblockstep-cuda-emu.so.new"
+mv -f "$out/liblockstep-cuda-emu.so.new" "$out/liblockstep-cuda-emu.so"
 cp "$here/device.h" "$here/runtime.h" "$out/"
 for name in libcuda.so libcuda.so.1 libnvrtc.so libnvrtc.so.12; do
     ln -sf liblockstep-cuda-emu.so "$out/$name"

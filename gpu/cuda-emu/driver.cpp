@@ -68,6 +68,8 @@ constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
 constexpr std::size_t TOTAL_MEMORY = std::size_t{16} << 30;
+// How many of a kernel's dependent launches on a stream run checked (`run_launch`).
+constexpr unsigned int CHECKED_LAUNCHES_PER_KERNEL = 32;
 constexpr std::size_t PAGE = 4096;
 // The device allocator's alignment: a buffer starts this far below its guard page, rounded up.
 constexpr std::size_t ALIGNMENT = 256;
@@ -120,6 +122,8 @@ struct CUstream_st {
     // The allocations a kernel on this stream was given to write (a pointer to non-const):
     // what a dependent launch may not touch before `wait_for_inputs()`.
     std::set<CUdeviceptr> written;
+    // Dependent launches checked so far, by kernel.
+    std::map<const Entry*, unsigned int> checked_launches;
 };
 
 typedef CUctx_st* CUcontext;
@@ -249,7 +253,11 @@ CUresult run_launch(const CUfunc_st* function, Dim grid, Dim block, void** param
         [](void* s) { set_written(static_cast<CUstream_st*>(s), false); },
         stream,
     };
-    const bool checked = dependent && stream != nullptr;
+    // Closing and opening a model's buffers (the KV cache is most of its memory) costs more
+    // than the launch; a kernel's first dependent launches on a stream are checked, which
+    // covers each shape a step takes early on (prefill chunks, decode rows, graph captures).
+    const bool checked = dependent && stream != nullptr &&
+                         stream->checked_launches[&entry]++ < CHECKED_LAUNCHES_PER_KERNEL;
     const std::string error = lockstep_emu::run_grid(*function->module, entry, grid, block,
                                                      parameters, checked ? &guard : nullptr);
     if (stream != nullptr) {
