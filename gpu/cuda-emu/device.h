@@ -22,8 +22,8 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-// Shared memory is one block's, and blocks of a launch run one after another on the launching
-// thread: a static local per OS thread is exactly as shared as the device's.
+// Shared memory is one block's, and a host thread runs one block at a time (blocks.cpp): a
+// static local per OS thread is exactly as shared as the device's.
 #define __shared__ static thread_local
 
 struct uint3 {
