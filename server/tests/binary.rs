@@ -1,25 +1,15 @@
 //! The `lockstep` binary itself: `lockstep serve` answers on its port, and SIGTERM lets an open
 //! stream finish, refuses new work, and exits cleanly within the drain bound.
 
-use std::process::{Child, Command, Stdio};
+#[path = "common/process.rs"]
+mod process;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lockstep_server::client::{Connection, sse_data};
+use process::{Process as Server, free_port};
 use serde_json::json;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address").port()
-}
 
 async fn connect(port: u16) -> Option<Connection> {
     let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;

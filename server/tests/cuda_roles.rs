@@ -11,31 +11,20 @@
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
+#[path = "common/process.rs"]
+mod process;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lockstep_gpu::cuda::probe;
 use lockstep_server::client::Connection;
+use process::{Process, free_port};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
 
 /// `lockstep serve --model model ARGS`, its output in `log`.
 fn serve(model: &Path, args: &[&str], log: &Path) -> Process {

@@ -7,27 +7,17 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-use std::process::{Child, Command, Stdio};
+#[path = "common/process.rs"]
+mod process;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use lockstep_server::client::Connection;
+use process::{Process, free_port};
 use serde_json::{Value, json};
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
 
 fn lockstep(args: &[&str]) -> Process {
     let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
