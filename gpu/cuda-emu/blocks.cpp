@@ -79,7 +79,6 @@ struct WarpSlots {
 
 // The launch running on this OS thread.
 struct Launch {
-    const Module* module = nullptr;
     const Entry* entry = nullptr;
     void** parameters = nullptr;
     Coordinates* coordinates = nullptr;  // the module's, for this OS thread
@@ -248,16 +247,13 @@ bool run_warp(std::size_t first, std::size_t last) {
             Fiber& fiber = launch.fibers[first + lane];
             if (fiber.state == State::Runnable && !run(fiber)) return false;
         }
-        std::size_t waiting = 0, done = 0;
+        std::size_t waiting = 0;
         unsigned int mask = 0, waiting_lanes = 0, live_lanes = 0;
         bool masks_agree = true;
         for (std::size_t i = first; i < last; i++) {
             const Fiber& fiber = launch.fibers[i];
             const unsigned int lane = 1u << (i - first);
-            if (fiber.state == State::Done) {
-                done++;
-                continue;
-            }
+            if (fiber.state == State::Done) continue;
             live_lanes |= lane;
             if (fiber.state == State::AtWarpBarrier) {
                 if (waiting > 0 && fiber.warp_mask != mask) masks_agree = false;
@@ -362,7 +358,6 @@ struct Grid {
 // Readies this OS thread's fibers for `grid`'s blocks.
 void join(const Grid& grid) {
     *grid.module->runtime = &RUNTIME;
-    launch.module = grid.module;
     launch.entry = grid.entry;
     launch.parameters = grid.parameters;
     launch.coordinates = grid.module->coordinates();
