@@ -37,6 +37,9 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
     unsigned int x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned int x, y;
+};
 
 namespace lockstep_emu_device {
 // Set by the runtime through `lockstep_emu_module` before each fiber runs.
@@ -85,6 +88,11 @@ inline T __shfl_xor_sync(unsigned int mask, T value, int lane_mask, int width = 
                                            from / width == lane / width ? from : lane);
     return out;
 }
+
+// Rounded products and sums that the compiler may not fuse (the module is compiled with
+// -ffp-contract=off, so plain ones are not fused either).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 inline float __int_as_float(int i) {
     float f;

@@ -4,8 +4,9 @@
 
 use std::fmt;
 
-/// How a forward pass is launched; none changes a bit of what it computes (the device check
-/// runs a request alone and in a batch with all of them on and off and compares the bits).
+/// How a forward pass is launched, and how the weights it reads are stored; none changes a bit of
+/// what it computes (the device check runs a request alone and in a batch with all of them on and
+/// off and compares the bits).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LaunchOptions {
     /// Every kernel after the first as a programmatic dependent launch (sm_90 on).
@@ -21,10 +22,16 @@ pub struct LaunchOptions {
     /// RoPE and the KV write folded into attention on steps of one token a row (every decode
     /// step): a launch a layer fewer, each attention block rotating its own heads.
     pub fold_rope: bool,
+    /// Matrices of GGUF's 32-element block types (`Q4_0`, `Q4_1`, `Q8_0`) kept in their blocks
+    /// on the device and dequantized in the kernels that read them, instead of dequantized to
+    /// f32 at load: 5 to 8.5 bits a weight read instead of 32. Switching it uploads the weights
+    /// again.
+    pub block_weights: bool,
 }
 
 /// Each option's name on the command line, in `LaunchOptions`' order.
-const NAMES: [&str; 4] = ["dependent-launches", "fold-norms", "wide-products", "fold-rope"];
+const NAMES: [&str; 5] =
+    ["dependent-launches", "fold-norms", "wide-products", "fold-rope", "block-weights"];
 
 impl LaunchOptions {
     pub const ALL: LaunchOptions = LaunchOptions {
@@ -32,10 +39,11 @@ impl LaunchOptions {
         fold_norms: true,
         wide_products: true,
         fold_rope: true,
+        block_weights: true,
     };
 
     /// `none`, `all`, or a comma-separated list of `dependent-launches`, `fold-norms`,
-    /// `wide-products` and `fold-rope`.
+    /// `wide-products`, `fold-rope` and `block-weights`.
     pub fn parse(text: &str) -> Result<LaunchOptions, String> {
         match text {
             "none" => return Ok(LaunchOptions::default()),
@@ -49,6 +57,7 @@ impl LaunchOptions {
                 "fold-norms" => &mut options.fold_norms,
                 "wide-products" => &mut options.wide_products,
                 "fold-rope" => &mut options.fold_rope,
+                "block-weights" => &mut options.block_weights,
                 other => {
                     return Err(format!(
                         "--cuda-launch: {other:?} is not none, all or a list of {}",
@@ -61,8 +70,14 @@ impl LaunchOptions {
         Ok(options)
     }
 
-    fn flags(self) -> [bool; 4] {
-        [self.dependent_launches, self.fold_norms, self.wide_products, self.fold_rope]
+    fn flags(self) -> [bool; 5] {
+        [
+            self.dependent_launches,
+            self.fold_norms,
+            self.wide_products,
+            self.fold_rope,
+            self.block_weights,
+        ]
     }
 }
 
@@ -92,17 +107,18 @@ mod tests {
                 ..LaunchOptions::default()
             }
         );
-        for bits in 0..16u8 {
+        for bits in 0..32u8 {
             let options = LaunchOptions {
                 dependent_launches: bits & 1 != 0,
                 fold_norms: bits & 2 != 0,
                 wide_products: bits & 4 != 0,
                 fold_rope: bits & 8 != 0,
+                block_weights: bits & 16 != 0,
             };
             assert_eq!(LaunchOptions::parse(&options.to_string()), Ok(options), "{options}");
         }
         let err = LaunchOptions::parse("dependent-launches,fast").unwrap_err();
-        assert!(err.contains("\"fast\"") && err.contains("fold-rope"), "{err}");
+        assert!(err.contains("\"fast\"") && err.contains("block-weights"), "{err}");
         assert!(LaunchOptions::parse("").is_err());
     }
 }

@@ -34,6 +34,7 @@ use lockstep_core::sched::{
 };
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions};
 use lockstep_gpu::cuda::probe;
+use lockstep_gpu::gguf::{TensorType, f32_to_f16};
 use lockstep_gpu::llama::{CpuExecutor, Layer, LlamaConfig, LlamaWeights, RopeStyle, Weight};
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampling, SamplingSpec};
@@ -257,7 +258,9 @@ fn both_on_the_cpu(
 }
 
 /// Both backends on `prompts`, greedy, `max_tokens` each, one prompt at a time; then CUDA again
-/// with every launch option, which may change no bit.
+/// with every launch option, which may change no bit. The CPU runs `cpu_weights`: the device's
+/// weights, or the same dequantized (see `DEFAULT_MODEL_TOLERANCE`); with every launch option
+/// the device keeps a quantized model's block-typed matrices in their blocks.
 struct Both {
     cpu: Runs,
     cuda: Runs,
@@ -266,8 +269,13 @@ struct Both {
     cuda_with_options: Runs,
 }
 
-fn both(weights: &Arc<LlamaWeights>, prompts: &[Vec<u32>], max_tokens: u32) -> Both {
-    let (cpu, config, requests) = both_on_the_cpu(weights, prompts, max_tokens);
+fn both(
+    cpu_weights: &Arc<LlamaWeights>,
+    weights: &Arc<LlamaWeights>,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+) -> Both {
+    let (cpu, config, requests) = both_on_the_cpu(cpu_weights, prompts, max_tokens);
     let mut executor = cuda(weights, config.pool, config.running_max, CudaOptions::default());
     let cuda_runs = run(&mut executor, &config, requests.clone());
     let options = CudaOptions { launch: LaunchOptions::ALL, ..CudaOptions::default() };
@@ -322,16 +330,23 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
         let dir = std::env::temp_dir().join(format!("lockstep-cuda-{}", variant.name));
         let _ = std::fs::remove_dir_all(&dir);
         variant.write(&dir);
-        let mut models = vec![(variant.name.to_string(), Model::load(&dir).unwrap().weights)];
+        let weights = Model::load(&dir).unwrap().weights;
+        let mut models = vec![(variant.name.to_string(), weights.clone(), weights.clone())];
         let gguf = dir.join("model.gguf");
-        let factors = models[0].1.config.rope_freq_factors.clone();
+        let factors = weights.config.rope_freq_factors.clone();
         if variant.write_gguf(&gguf, factors.as_deref()).is_some() {
-            let weights = LlamaWeights::load_gguf(&gguf).unwrap();
-            models.push((format!("{} as GGUF", variant.name), Arc::new(weights)));
+            let weights = Arc::new(LlamaWeights::load_gguf(&gguf).unwrap());
+            models.push((format!("{} as GGUF", variant.name), weights.clone(), weights));
         }
-        for (name, weights) in models {
+        if let Some((blocks, kind_of)) = quantized_variant(variant.name) {
+            let quantized = Arc::new(quantized(&weights, kind_of));
+            let name = format!("{} in {blocks}", variant.name);
+            models.push((name, Arc::new(dequantized(&quantized)), quantized));
+        }
+        for (name, cpu_weights, weights) in models {
             let prompts = [tokens.clone(), tokens[..3].to_vec()];
-            let Both { cpu, cuda, replayed, cuda_with_options } = both(&weights, &prompts, 24);
+            let Both { cpu, cuda, replayed, cuda_with_options } =
+                both(&cpu_weights, &weights, &prompts, 24);
             if replayed == 0 {
                 failures.push(format!("{name}: no decode step replayed a captured graph"));
             }
@@ -370,7 +385,7 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_default_model() 
         .collect();
     let (quantized_cpu, _, _) = both_on_the_cpu(&weights, &prompts, 32);
     let Both { cpu, cuda, cuda_with_options, .. } =
-        both(&Arc::new(dequantized(&weights)), &prompts, 32);
+        both(&Arc::new(dequantized(&weights)), &weights, &prompts, 32);
     let mut failures = Vec::new();
     for (id, run) in &cpu {
         let c = compare(run, &cuda[id], DEFAULT_MODEL_TOLERANCE);
@@ -396,38 +411,101 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_default_model() 
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `weights` with every matrix replaced by `f(its name, it)`.
+fn with_matrices(weights: &LlamaWeights, f: impl Fn(&str, &Weight) -> Weight) -> LlamaWeights {
+    LlamaWeights {
+        embed: f("embed", &weights.embed),
+        layers: (weights.layers.iter())
+            .map(|l| Layer {
+                attn_norm: l.attn_norm.clone(),
+                q: f("q", &l.q),
+                k: f("k", &l.k),
+                v: f("v", &l.v),
+                qkv_bias: l.qkv_bias.clone(),
+                o: f("o", &l.o),
+                ffn_norm: l.ffn_norm.clone(),
+                gate: f("gate", &l.gate),
+                up: f("up", &l.up),
+                down: f("down", &l.down),
+            })
+            .collect(),
+        output_norm: weights.output_norm.clone(),
+        output: weights.output.as_ref().map(|w| f("output", w)),
+        config: weights.config.clone(),
+    }
+}
+
 /// `weights` with every quantized matrix dequantized (the CPU backend's own dequantizer) into a
 /// dense f32 one: the CPU backend then multiplies the values the device multiplies, with f32
 /// activations as the device's (a quantized matrix makes the CPU round activations to 8 bits).
 fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
-    let dense = |w: &Weight| match w {
+    with_matrices(weights, |_, w| match w {
         Weight::Dense { .. } => w.clone(),
         Weight::Quantized(_) => Weight::Dense {
             rows: w.rows(),
             cols: w.cols(),
             data: (0..w.rows()).flat_map(|r| w.row(r)).collect(),
         },
-    };
-    LlamaWeights {
-        embed: dense(&weights.embed),
-        layers: (weights.layers.iter())
-            .map(|l| Layer {
-                attn_norm: l.attn_norm.clone(),
-                q: dense(&l.q),
-                k: dense(&l.k),
-                v: dense(&l.v),
-                qkv_bias: l.qkv_bias.clone(),
-                o: dense(&l.o),
-                ffn_norm: l.ffn_norm.clone(),
-                gate: dense(&l.gate),
-                up: dense(&l.up),
-                down: dense(&l.down),
-            })
-            .collect(),
-        output_norm: weights.output_norm.clone(),
-        output: weights.output.as_ref().map(dense),
-        config: weights.config.clone(),
+    })
+}
+
+/// Which GGUF block type a matrix of a given name is rounded to (`quantized`).
+type BlockTypes = fn(&str) -> TensorType;
+
+/// The tiny variants also checked with their matrices in GGUF blocks, and each matrix's type
+/// there: every block type, an embedding tied to the output in blocks, Qwen2's biases, and a Q/K/V
+/// stack of two types (which goes up dequantized, the rest in blocks).
+fn quantized_variant(variant: &str) -> Option<(&'static str, BlockTypes)> {
+    match variant {
+        "llama" => Some(("Q4_0", |_| TensorType::Q4_0)),
+        "llama3_scaled_tied_bf16_sharded" => Some(("Q4_1", |_| TensorType::Q4_1)),
+        "qwen2" => Some(("Q8_0 with V in Q4_1", |name| match name {
+            "v" => TensorType::Q4_1,
+            _ => TensorType::Q8_0,
+        })),
+        _ => None,
     }
+}
+
+/// `weights` with every matrix `m` rounded to GGUF blocks of type `kind_of(m's name)`, scales
+/// chosen as ggml's reference quantizers choose them (the value of largest magnitude over -8 for
+/// `Q4_0`, the range over 15 above the minimum for `Q4_1`, the largest magnitude over 127 for
+/// `Q8_0`).
+fn quantized(weights: &LlamaWeights, kind_of: BlockTypes) -> LlamaWeights {
+    with_matrices(weights, |name, w| {
+        let kind = kind_of(name);
+        let data: Vec<f32> = (0..w.rows()).flat_map(|r| w.row(r)).collect();
+        let mut bytes = Vec::new();
+        for block in data.chunks_exact(32) {
+            let half = |v: f32| f32_to_f16(v).to_le_bytes();
+            let inverse = |d: f32| if d == 0.0 { 0.0 } else { 1.0 / d };
+            match kind {
+                TensorType::Q4_0 => {
+                    let max =
+                        block.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                    let d = max / -8.0;
+                    let q = |v: f32| ((v * inverse(d) + 8.5) as i32).clamp(0, 15) as u8;
+                    bytes.extend(half(d));
+                    bytes.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
+                }
+                TensorType::Q4_1 => {
+                    let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+                    let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let d = (max - min) / 15.0;
+                    let q = |v: f32| (((v - min) * inverse(d) + 0.5) as i32).clamp(0, 15) as u8;
+                    bytes.extend(half(d));
+                    bytes.extend(half(min));
+                    bytes.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
+                }
+                _ => {
+                    let d = block.iter().fold(0f32, |m, &v| m.max(v.abs())) / 127.0;
+                    bytes.extend(half(d));
+                    bytes.extend(block.iter().map(|&v| (v * inverse(d)).round() as i8 as u8));
+                }
+            }
+        }
+        Weight::new(kind, w.rows(), w.cols(), &bytes)
+    })
 }
 
 /// Runs one watched request alone, then among 31 companions whose prompts of 3 to 17 tokens
@@ -508,8 +586,40 @@ fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda() {
     let dir = std::env::temp_dir().join("lockstep-cuda-invariance");
     let _ = std::fs::remove_dir_all(&dir);
     tiny::variants()[0].write(&dir);
-    batch_invariant("tiny llama", &Model::load(&dir).unwrap().weights);
+    let weights = Model::load(&dir).unwrap().weights;
+    batch_invariant("tiny llama", &weights);
+    // Every launch option includes block weights: the products and the wide products on blocks.
+    batch_invariant("tiny llama in Q4_1", &Arc::new(quantized(&weights, |_| TensorType::Q4_1)));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Switching `block_weights` on a live executor uploads the weights again, in the other form,
+/// and the same request computes the same bits on each upload; the weights take a fifth of the
+/// memory in blocks.
+#[test]
+fn switching_block_weights_on_an_executor_changes_no_bit() {
+    if !device_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("lockstep-cuda-switch");
+    let _ = std::fs::remove_dir_all(&dir);
+    tiny::variants()[0].write(&dir);
+    let dense = Model::load(&dir).unwrap().weights;
+    std::fs::remove_dir_all(&dir).unwrap();
+    let weights = Arc::new(quantized(&dense, |_| TensorType::Q4_1));
+    let config = config(2, 7);
+    let requests = greedy(&[vec![5, 9, 200, 14, 3, 77, 41, 8, 9], vec![1, 2, 3]], 8);
+    let mut executor = cuda(&weights, config.pool, config.running_max, CudaOptions::default());
+    let at_load = (run(&mut executor, &config, requests.clone()), executor.weight_bytes());
+    let blocks = LaunchOptions { block_weights: true, ..LaunchOptions::default() };
+    executor.set_launch_options(blocks).unwrap();
+    let in_blocks = (run(&mut executor, &config, requests.clone()), executor.weight_bytes());
+    executor.set_launch_options(LaunchOptions::default()).unwrap();
+    let again = (run(&mut executor, &config, requests), executor.weight_bytes());
+    assert_eq!(at_load, again, "back to f32: the first run's bits and bytes");
+    assert_eq!(at_load.0, in_blocks.0, "in blocks: the same bits");
+    // Q4_1 is 20 bytes a block of 32 against 128 in f32; the norms stay f32.
+    assert!(in_blocks.1 * 5 < at_load.1, "{} bytes in blocks, {} at load", in_blocks.1, at_load.1);
 }
 
 #[test]
@@ -537,9 +647,11 @@ fn without_a_driver_the_executor_is_a_clean_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Llama 3.2 1B's shape (1.24B parameters, tied embedding) with random f16 weights: values
-/// `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as f16.
-fn random_llama() -> LlamaWeights {
+/// Llama 3.2 1B's shape (1.24B parameters, tied embedding) with random weights of `kind`: `F16`,
+/// values `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as
+/// f16; or `Q4_1`, random nibbles under scales `2^-12` and minimums `-2^-9` (the same range),
+/// 5 bits a weight, which the executor stores as f32 or in its blocks by `block_weights`.
+fn random_llama(kind: TensorType) -> LlamaWeights {
     let config = LlamaConfig {
         vocab_size: 128_256,
         hidden: 2048,
@@ -557,16 +669,30 @@ fn random_llama() -> LlamaWeights {
         context_length: 4096,
     };
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut matrix = |rows: usize, cols: usize| {
-        let data = (0..rows * cols)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) % 2049) as f32 / 32768.0 - 1024.0 / 32768.0
-            })
-            .collect();
-        Weight::Dense { rows, cols, data }
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut matrix = |rows: usize, cols: usize| match kind {
+        TensorType::F16 => {
+            let data = (0..rows * cols)
+                .map(|_| ((next() >> 40) % 2049) as f32 / 32768.0 - 1024.0 / 32768.0)
+                .collect();
+            Weight::Dense { rows, cols, data }
+        }
+        TensorType::Q4_1 => {
+            let mut bytes = Vec::with_capacity(rows * cols / 32 * 20);
+            for _ in 0..rows * cols / 32 {
+                bytes.extend(f32_to_f16(1.0 / 4096.0).to_le_bytes());
+                bytes.extend(f32_to_f16(-1.0 / 512.0).to_le_bytes());
+                bytes.extend(next().to_le_bytes());
+                bytes.extend(next().to_le_bytes());
+            }
+            Weight::new(kind, rows, cols, &bytes)
+        }
+        other => unreachable!("{other:?}: not a benchmark weight type"),
     };
     let c = &config;
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
@@ -680,78 +806,103 @@ fn decode_throughput_against_the_hbm_roofline() {
     if !device_or_skip() {
         return;
     }
-    let weights = Arc::new(random_llama());
-    let c = weights.config.clone();
-    let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
-    let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
-    // `LOCKSTEP_BENCH_BATCHES=1` (a comma-separated list): fewer sizes, for a profiler's run.
+    // `LOCKSTEP_BENCH_BATCHES=1` (a comma-separated list): fewer sizes, for a profiler's run;
+    // `LOCKSTEP_BENCH_WEIGHTS=q4_1`: one of the two models (f16, q4_1).
     let batches: Vec<u32> = match std::env::var("LOCKSTEP_BENCH_BATCHES") {
         Ok(list) => list.split(',').map(|b| b.trim().parse().unwrap()).collect(),
         Err(_) => vec![1, 32, 256],
     };
-    for batch in batches {
-        let config = bench_config(batch);
-        let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
-        // One executor a size (a 2.5 GB upload), its launch options switched between runs side
-        // by side: plain launches, programmatic dependent ones, and every option (which adds
-        // the folded norms at batch 1, the wide products at 32 and 256).
-        let mut executor = cuda(&weights, config.pool, batch, options);
-        let weight_bytes = executor.weight_bytes();
-        let dependent = LaunchOptions { dependent_launches: true, ..LaunchOptions::default() };
-        let variants = [LaunchOptions::default(), dependent, LaunchOptions::ALL];
-        for (run, launch) in variants.into_iter().enumerate() {
-            executor.set_launch_options(launch);
-            let (replayed, eager) = (executor.steps_replayed, executor.steps_eager);
-            let mut sched = Scheduler::new(config.clone()).unwrap();
-            let ids: Vec<u64> = (0..u64::from(batch)).map(|i| run as u64 * 100_000 + i).collect();
-            for &id in &ids {
-                let prompt =
-                    (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % 128_000).collect();
-                executor.start_request(RequestId(id), SamplingSpec::GREEDY);
-                sched.submit(request(id, prompt, decode_steps), Time::ZERO).unwrap();
+    let models = std::env::var("LOCKSTEP_BENCH_WEIGHTS").unwrap_or_else(|_| "f16,q4_1".into());
+    for model in models.split(',').map(str::trim) {
+        let (kind, alternative) = match model {
+            // Plain launches against programmatic dependent ones.
+            "f16" => {
+                (TensorType::F16, LaunchOptions { dependent_launches: true, ..Default::default() })
             }
-            let (mut decode_time, mut decode_tokens, mut roofline_s, mut decode_only_steps) =
-                (Duration::ZERO, 0u64, 0f64, 0u32);
-            while let Some(plan) = sched.plan_step(Time::ZERO) {
-                let decode_only = plan.rows.iter().all(|r| r.positions.len() == 1);
-                #[allow(clippy::disallowed_methods)] // A benchmark's timer.
-                let start = Instant::now();
-                let outputs = executor.execute(&plan).unwrap();
-                let took = start.elapsed();
-                // Full decode steps after two warm-up ones (the first captures the graph).
-                if decode_only && plan.rows.len() == batch as usize {
-                    decode_only_steps += 1;
-                    if decode_only_steps > 2 {
-                        decode_time += took;
-                        decode_tokens += plan.rows.len() as u64;
-                        let kv: usize = plan
-                            .rows
-                            .iter()
-                            .map(|r| r.positions.end as usize * kv_bytes_per_position)
-                            .sum();
-                        roofline_s += (weight_bytes + kv) as f64 / HBM_BYTES_PER_S;
-                    }
-                }
-                sched.apply_outputs(&outputs, Time::ZERO).unwrap();
-                while sched.poll_event().is_some() {}
+            // Dequantized at load against read in blocks.
+            "q4_1" => {
+                (TensorType::Q4_1, LaunchOptions { block_weights: true, ..Default::default() })
             }
-            for &id in &ids {
-                executor.end_request(RequestId(id));
-            }
-            let seconds = decode_time.as_secs_f64();
-            report(
-                "decode throughput",
-                json!({"batch": batch, "dependent_launches": launch.dependent_launches,
-                "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
-                "fold_rope": launch.fold_rope,
-                "params": 1.24e9, "weight_bytes": weight_bytes,
-                "decode_steps_timed": decode_only_steps.saturating_sub(2),
-                "tokens_per_s": decode_tokens as f64 / seconds,
-                "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),
-                "roofline_fraction": roofline_s / seconds,
-                "graph_replays": executor.steps_replayed - replayed,
-                "eager_steps": executor.steps_eager - eager}),
-            );
+            other => panic!("LOCKSTEP_BENCH_WEIGHTS: {other:?} is not f16 or q4_1"),
+        };
+        let weights = Arc::new(random_llama(kind));
+        for &batch in &batches {
+            decode_throughput(&weights, model, batch, alternative);
         }
+    }
+}
+
+/// Decode tokens/s of `weights` at `batch` rows, plain, with `alternative`, and with every
+/// option, side by side on one executor.
+fn decode_throughput(
+    weights: &Arc<LlamaWeights>,
+    model: &str,
+    batch: u32,
+    alternative: LaunchOptions,
+) {
+    let c = weights.config.clone();
+    let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
+    let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
+    let config = bench_config(batch);
+    let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
+    // One executor a size, its launch options switched between runs (every option adds the
+    // folded norms and RoPE at batch 1, the wide products at 32 and 256, the blocks on a
+    // quantized model, which uploads the weights again).
+    let mut executor = cuda(weights, config.pool, batch, options);
+    let variants = [LaunchOptions::default(), alternative, LaunchOptions::ALL];
+    for (run, launch) in variants.into_iter().enumerate() {
+        executor.set_launch_options(launch).unwrap();
+        let weight_bytes = executor.weight_bytes();
+        let (replayed, eager) = (executor.steps_replayed, executor.steps_eager);
+        let mut sched = Scheduler::new(config.clone()).unwrap();
+        let ids: Vec<u64> = (0..u64::from(batch)).map(|i| run as u64 * 100_000 + i).collect();
+        for &id in &ids {
+            let prompt = (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % 128_000).collect();
+            executor.start_request(RequestId(id), SamplingSpec::GREEDY);
+            sched.submit(request(id, prompt, decode_steps), Time::ZERO).unwrap();
+        }
+        let (mut decode_time, mut decode_tokens, mut roofline_s, mut decode_only_steps) =
+            (Duration::ZERO, 0u64, 0f64, 0u32);
+        while let Some(plan) = sched.plan_step(Time::ZERO) {
+            let decode_only = plan.rows.iter().all(|r| r.positions.len() == 1);
+            #[allow(clippy::disallowed_methods)] // A benchmark's timer.
+            let start = Instant::now();
+            let outputs = executor.execute(&plan).unwrap();
+            let took = start.elapsed();
+            // Full decode steps after two warm-up ones (the first captures the graph).
+            if decode_only && plan.rows.len() == batch as usize {
+                decode_only_steps += 1;
+                if decode_only_steps > 2 {
+                    decode_time += took;
+                    decode_tokens += plan.rows.len() as u64;
+                    let kv: usize = plan
+                        .rows
+                        .iter()
+                        .map(|r| r.positions.end as usize * kv_bytes_per_position)
+                        .sum();
+                    roofline_s += (weight_bytes + kv) as f64 / HBM_BYTES_PER_S;
+                }
+            }
+            sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+            while sched.poll_event().is_some() {}
+        }
+        for &id in &ids {
+            executor.end_request(RequestId(id));
+        }
+        let seconds = decode_time.as_secs_f64();
+        report(
+            "decode throughput",
+            json!({"weights": model, "batch": batch,
+            "dependent_launches": launch.dependent_launches,
+            "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
+            "fold_rope": launch.fold_rope, "block_weights": launch.block_weights,
+            "params": 1.24e9, "weight_bytes": weight_bytes,
+            "decode_steps_timed": decode_only_steps.saturating_sub(2),
+            "tokens_per_s": decode_tokens as f64 / seconds,
+            "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),
+            "roofline_fraction": roofline_s / seconds,
+            "graph_replays": executor.steps_replayed - replayed,
+            "eager_steps": executor.steps_eager - eager}),
+        );
     }
 }

@@ -159,7 +159,7 @@ impl CudaExecutor {
             }
         };
         let kernels = Kernels::load(&context, images)?;
-        let device_weights = weights::upload(&weights, &stream)?;
+        let device_weights = weights::upload(&weights, &stream, options.launch.block_weights)?;
         let page_tokens = pool.page_tokens as usize;
         let kv_layout = KvCacheLayout::new(
             c.layers,
@@ -206,7 +206,7 @@ impl CudaExecutor {
             steps_eager: 0,
             steps_replayed: 0,
         };
-        executor.set_launch_options(options.launch);
+        executor.set_launch_options(options.launch)?;
         Ok(executor)
     }
 
@@ -282,14 +282,20 @@ impl CudaExecutor {
     }
 
     /// Switches the launch options for the steps from now on, dropping the graphs captured
-    /// with the old ones; a benchmark compares them on one upload. No step is in flight between
-    /// steps (`step` waits for the stream).
-    pub fn set_launch_options(&mut self, options: LaunchOptions) {
+    /// with the old ones; a benchmark compares them on one executor. Switching `block_weights`
+    /// uploads the weights again (the new upload first: on an error the old one stays, with
+    /// the old options). No step is in flight between steps (`step` waits for the stream).
+    pub fn set_launch_options(&mut self, options: LaunchOptions) -> Result<(), String> {
+        self.graphs.clear();
+        if options.block_weights != self.device_weights.blocks {
+            self.device_weights =
+                weights::upload(&self.weights, &self.stream, options.block_weights)?;
+        }
         // `griddepcontrol` is sm_90's; the kernels compile it out below.
         let dependent_launches =
             options.dependent_launches && self.device.compute_capability.0 >= 9;
         self.launch_options = LaunchOptions { dependent_launches, ..options };
-        self.graphs.clear();
+        Ok(())
     }
 
     fn model(&self) -> launch::Model<'_> {

@@ -11,8 +11,8 @@
 //!   split-K) by the shape, so a request's bits would change with how many rows share its step;
 //!   cublasLt's heuristics cannot be pinned to one algorithm for every M either. Our product is
 //!   slower than cuBLAS on large prefills, and that is the price of the differential check.
-//! - Activations and the residual stream are f32; weights stay in their upload type (f32, f16 or
-//!   bf16, see `weights`); the KV cache is f16, as the CPU backend's is.
+//! - Activations and the residual stream are f32; weights stay in their upload type (f32, f16,
+//!   bf16, or GGUF's blocks, see `weights`); the KV cache is f16, as the CPU backend's is.
 //! - The residual adds are fused into the output and down products (`accumulate`), SwiGLU into
 //!   the gate and up product, and Q, K and V are one product (the weights stacked at upload):
 //!   at one token a step is bound by reading the weights and by the launches around them, so
@@ -26,10 +26,13 @@
 //!   step's size. RoPE and the KV write folded into attention on steps of one token a row
 //!   (`paged_attention.cu`'s `_rope` entry points, `LaunchOptions::fold_rope`) compute through
 //!   the same prelude functions as `rope_kv_write.cu`, so the bits are the same there too.
-//! - Quantized GGUF types (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K`, `Q6_K`) are dequantized at load by the
-//!   CPU backend's own dequantizer, not in kernels: the device then multiplies exactly the values
-//!   the CPU does, with no second dequantizer to keep equal to ggml's. It costs memory and
-//!   bandwidth on quantized models (see `weights`).
+//! - Quantized GGUF types are dequantized at load by the CPU backend's own dequantizer, or, for
+//!   the 32-element block types (`Q4_0`, `Q4_1`, `Q8_0`) with `LaunchOptions::block_weights`,
+//!   kept in their blocks (5 to 8.5 bits a weight instead of 32) and dequantized in the products
+//!   and the embedding (prelude.cu's `q4_0_value` and kin), each value rounded as the CPU's
+//!   dequantizer rounds it. Either way the products multiply the same f32 values in the same
+//!   order, so the two give the same bits, which the emulator's device test requires. `Q4_K` and
+//!   `Q6_K` are always dequantized at load.
 
 /// One kernel source: a module of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +49,7 @@ pub const PRELUDE: &str = include_str!("kernels/prelude.cu");
 pub const EMBED: KernelSource = KernelSource {
     name: "embed",
     source: include_str!("kernels/embed.cu"),
-    functions: &["embed_f32", "embed_f16", "embed_bf16"],
+    functions: &["embed_f32", "embed_f16", "embed_bf16", "embed_q4_0", "embed_q4_1", "embed_q8_0"],
 };
 pub const RMS_NORM: KernelSource = KernelSource {
     name: "rms_norm",
@@ -60,15 +63,27 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_f32",
         "matmul_f16",
         "matmul_bf16",
+        "matmul_q4_0",
+        "matmul_q4_1",
+        "matmul_q8_0",
         "matmul_swiglu_f32",
         "matmul_swiglu_f16",
         "matmul_swiglu_bf16",
+        "matmul_swiglu_q4_0",
+        "matmul_swiglu_q4_1",
+        "matmul_swiglu_q8_0",
         "matmul_wide_f32",
         "matmul_wide_f16",
         "matmul_wide_bf16",
+        "matmul_wide_q4_0",
+        "matmul_wide_q4_1",
+        "matmul_wide_q8_0",
         "matmul_swiglu_wide_f32",
         "matmul_swiglu_wide_f16",
         "matmul_swiglu_wide_bf16",
+        "matmul_swiglu_wide_q4_0",
+        "matmul_swiglu_wide_q4_1",
+        "matmul_swiglu_wide_q8_0",
     ],
 };
 pub const ROPE_KV_WRITE: KernelSource = KernelSource {

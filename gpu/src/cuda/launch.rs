@@ -29,18 +29,21 @@ use super::kernel_call::KernelCall;
 use super::kernels::{self, KernelSource};
 use super::layout::{KvCacheLayout, Part};
 use super::nvrtc::{self, Target};
-use super::weights::{DeviceMatrix, DeviceWeights, MatrixData};
+use super::weights::{BlockKind, DeviceMatrix, DeviceWeights, MatrixData};
 use crate::llama::{LlamaConfig, RopeStyle};
+
+/// A kernel's entry points per storage type: f32, f16, bf16, Q4_0, Q4_1 and Q8_0 blocks.
+type PerStorage = [CudaFunction; 6];
 
 /// Every kernel, loaded.
 #[derive(Debug)]
 pub struct Kernels {
-    embed: [CudaFunction; 3],
-    matmul: [CudaFunction; 3],
-    matmul_swiglu: [CudaFunction; 3],
+    embed: PerStorage,
+    matmul: PerStorage,
+    matmul_swiglu: PerStorage,
     /// The same products with several output rows a warp (`LaunchOptions::wide_products`).
-    matmul_wide: [CudaFunction; 3],
-    matmul_swiglu_wide: [CudaFunction; 3],
+    matmul_wide: PerStorage,
+    matmul_swiglu_wide: PerStorage,
     rms_norm: CudaFunction,
     rope_kv_write: CudaFunction,
     /// By head size: up to 64, 128 and 256.
@@ -86,26 +89,28 @@ impl Kernels {
                 .map(|f| module.load_function(f).map_err(|e| format!("kernel {f}: {e}")))
                 .collect()
         };
-        let three =
-            |functions: Vec<CudaFunction>, name: &str| -> Result<[CudaFunction; 3], String> {
-                <[CudaFunction; 3]>::try_from(functions)
-                    .map_err(|_| format!("{name}.cu: three kernels expected"))
-            };
+        fn group<const N: usize>(
+            functions: Vec<CudaFunction>,
+            name: &str,
+        ) -> Result<[CudaFunction; N], String> {
+            <[CudaFunction; N]>::try_from(functions)
+                .map_err(|_| format!("{name}.cu: a group of {N} kernels expected"))
+        }
         let one = |source: &KernelSource| -> Result<CudaFunction, String> {
             module(source)?.pop().ok_or_else(|| format!("{}.cu: no kernel", source.name))
         };
-        // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; three storage types each.
+        // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; six storage types each.
         let mut products = module(&kernels::MATMUL)?.into_iter();
-        let mut next_three = || three(products.by_ref().take(3).collect(), kernels::MATMUL.name);
-        let (matmul, matmul_swiglu) = (next_three()?, next_three()?);
-        let (matmul_wide, matmul_swiglu_wide) = (next_three()?, next_three()?);
+        let mut next_six = || group(products.by_ref().take(6).collect(), kernels::MATMUL.name);
+        let (matmul, matmul_swiglu) = (next_six()?, next_six()?);
+        let (matmul_wide, matmul_swiglu_wide) = (next_six()?, next_six()?);
         // paged_attention.cu: plain, then with RoPE folded in; three head sizes each.
         let mut attention = module(&kernels::PAGED_ATTENTION)?.into_iter();
         let mut next_attention =
-            || three(attention.by_ref().take(3).collect(), kernels::PAGED_ATTENTION.name);
+            || group(attention.by_ref().take(3).collect(), kernels::PAGED_ATTENTION.name);
         let (paged_attention, paged_attention_rope) = (next_attention()?, next_attention()?);
         Ok(Kernels {
-            embed: three(module(&kernels::EMBED)?, kernels::EMBED.name)?,
+            embed: group(module(&kernels::EMBED)?, kernels::EMBED.name)?,
             matmul,
             matmul_swiglu,
             matmul_wide,
@@ -324,22 +329,27 @@ fn config(grid_x: u32, grid_y: u32, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// The entry point for a matrix's storage type, of a kernel's `[f32, f16, bf16]` entry points.
-fn for_type<'k>(kernels: &'k [CudaFunction; 3], data: &MatrixData) -> &'k CudaFunction {
-    let [f32_kernel, f16_kernel, bf16_kernel] = kernels;
+/// The entry point for a matrix's storage type, of a kernel's `PerStorage`.
+fn for_type<'k>(kernels: &'k PerStorage, data: &MatrixData) -> &'k CudaFunction {
+    let [f32_kernel, f16_kernel, bf16_kernel, q4_0_kernel, q4_1_kernel, q8_0_kernel] = kernels;
     match data {
         MatrixData::F32(_) => f32_kernel,
         MatrixData::F16(_) => f16_kernel,
         MatrixData::Bf16(_) => bf16_kernel,
+        MatrixData::Blocks { kind: BlockKind::Q4_0, .. } => q4_0_kernel,
+        MatrixData::Blocks { kind: BlockKind::Q4_1, .. } => q4_1_kernel,
+        MatrixData::Blocks { kind: BlockKind::Q8_0, .. } => q8_0_kernel,
     }
 }
 
-/// A matrix's elements as the `const T*` parameter of its type's entry point.
+/// A matrix as its type's entry point takes it: its elements as one `const T*` parameter, or its
+/// blocks as two, the quants and the scales.
 fn matrix(call: &mut KernelCall<'_>, data: &MatrixData) {
     match data {
         MatrixData::F32(d) => call.buffer(d),
         MatrixData::F16(d) => call.buffer(d),
         MatrixData::Bf16(d) => call.buffer(d),
+        MatrixData::Blocks { quants, scales, .. } => call.buffer(quants).buffer(scales),
     };
 }
 
@@ -445,8 +455,9 @@ fn embed(stream: &CudaStream, m: &Model<'_>, b: &Buffers, n: usize) -> Result<()
     let mut call = KernelCall::new(stream, for_type(&m.kernels.embed, table));
     matrix(&mut call, table);
     call.buffer(&b.input(Input::Tokens)).buffer(&b.x).int(m.dims.hidden as i32);
-    // SAFETY: embed_*(const T* table, const int* tokens, float* x, int hidden); tokens were
-    // checked against the vocabulary on the host.
+    // SAFETY: embed_*(const T* table, const int* tokens, float* x, int hidden), the table as
+    // two pointers (quants, scales) for blocks; tokens were checked against the vocabulary on
+    // the host.
     unsafe { call.launch(config(grid(n)?, 1, 256), false) }
 }
 
@@ -528,8 +539,9 @@ fn matmul(
     }
     // SAFETY: matmul_*(const T* w, const float* x, const float* norm, float eps, float* y,
     // int rows, int k_len, int tokens, int accumulate), or matmul_swiglu_* without `accumulate`
-    // (and `w` of `2 * rows` rows); `x` holds `tokens * cols`, `norm` (if not null) `cols`, `y`
-    // `tokens * rows` (the buffers' sizes).
+    // (and `w` of `2 * rows` rows); a block type's `w` is two pointers, its quants and scales,
+    // rows of whole blocks (`DeviceBlocks`); `x` holds `tokens * cols`, `norm` (if not null)
+    // `cols`, `y` `tokens * rows` (the buffers' sizes).
     unsafe { call.launch(cfg, m.options.dependent_launches) }
 }
 

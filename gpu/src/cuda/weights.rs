@@ -8,13 +8,18 @@
 //! activations' precision differ (the CPU's quantized path also rounds activations to 8 bits,
 //! which this backend does not: its logits differ from the CPU's within rounding, see
 //! `tests/cuda_device.rs`). Norm weights and biases are f32.
+//!
+//! With `LaunchOptions::block_weights`, a matrix of GGUF's 32-element block types (`Q4_0`,
+//! `Q4_1`, `Q8_0`; a stack of them if all have one type) goes up in its blocks instead
+//! (`DeviceBlocks`: prelude.cu's layout), and the kernels dequantize each value as the CPU's
+//! dequantizer does: the same f32 values, read at 5 to 8.5 bits a weight.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 
-use crate::gguf::{f16_to_f32, f32_to_f16};
-use crate::llama::{LlamaWeights, Weight};
+use crate::gguf::{TensorType, f16_to_f32, f32_to_f16};
+use crate::llama::{BlockRows, LlamaWeights, Weight};
 
 /// How a matrix is stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,13 +37,82 @@ pub struct DeviceMatrix {
     pub data: MatrixData,
 }
 
-/// A matrix's elements in their storage type: f32 values, or the 16-bit patterns of f16 or
-/// bf16 ones.
+/// A matrix's elements in their storage type: f32 values, the 16-bit patterns of f16 or bf16
+/// ones, or GGUF blocks (`DeviceBlocks`'s arrays).
 #[derive(Debug)]
 pub enum MatrixData {
     F32(CudaSlice<f32>),
     F16(CudaSlice<u16>),
     Bf16(CudaSlice<u16>),
+    Blocks { kind: BlockKind, quants: CudaSlice<u32>, scales: CudaSlice<u16> },
+}
+
+/// GGUF's block types the kernels read in their blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl BlockKind {
+    fn of(kind: TensorType) -> Option<BlockKind> {
+        match kind {
+            TensorType::Q4_0 => Some(BlockKind::Q4_0),
+            TensorType::Q4_1 => Some(BlockKind::Q4_1),
+            TensorType::Q8_0 => Some(BlockKind::Q8_0),
+            _ => None,
+        }
+    }
+}
+
+/// Block-typed rows in the layout prelude.cu's `q4_0_blocks` and kin read: per chunk of 8
+/// elements one 32-bit word of quants (element `8c + i`'s nibble at bits `4i`; `Q8_0`: two words,
+/// its 8 bytes in order), and per block of 32 one scale's half-precision bits (`Q4_1`: the scale
+/// and then the minimum). The scales are padded to a multiple of 16 bytes, so that a kernel may
+/// round a row's span of them out to 16 bytes (an L2 prefetch) and stay inside the allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceBlocks {
+    pub kind: BlockKind,
+    pub quants: Vec<u32>,
+    pub scales: Vec<u16>,
+}
+
+impl DeviceBlocks {
+    /// `matrices`' rows one after another, if all are blocks of one type the kernels read.
+    pub fn stack(matrices: &[&BlockRows]) -> Option<DeviceBlocks> {
+        let kind = BlockKind::of(matrices[0].kind())?;
+        if matrices.iter().any(|m| m.kind() != matrices[0].kind()) {
+            return None;
+        }
+        let mut out = DeviceBlocks { kind, quants: Vec::new(), scales: Vec::new() };
+        for m in matrices {
+            let (scales, mins, quants) = m.blocks();
+            let quant_bytes = if kind == BlockKind::Q8_0 { 32 } else { 16 };
+            for (b, q) in quants.chunks_exact(quant_bytes).enumerate() {
+                // Exact: the scales were widened from these half-precision values.
+                out.scales.push(f32_to_f16(scales[b]));
+                if kind == BlockKind::Q4_1 {
+                    out.scales.push(f32_to_f16(mins[b]));
+                }
+                match kind {
+                    BlockKind::Q8_0 => out.quants.extend(
+                        q.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+                    ),
+                    BlockKind::Q4_0 | BlockKind::Q4_1 => {
+                        // ggml's nibbles: element `j < 16` low in byte `j`, `j + 16` high.
+                        let nibble =
+                            |e: usize| u32::from(if e < 16 { q[e] & 15 } else { q[e - 16] >> 4 });
+                        out.quants.extend(
+                            (0..4).map(|c| (0..8).fold(0, |w, i| w | nibble(8 * c + i) << (4 * i))),
+                        );
+                    }
+                }
+            }
+        }
+        out.scales.resize(out.scales.len().next_multiple_of(8), 0);
+        Some(out)
+    }
 }
 
 #[derive(Debug)]
@@ -66,6 +140,8 @@ pub struct DeviceWeights {
     pub rope_freq_factors: Option<CudaSlice<f32>>,
     /// Device memory the weights take.
     pub bytes: usize,
+    /// Whether block-typed matrices went up in their blocks.
+    pub blocks: bool,
 }
 
 impl DeviceWeights {
@@ -111,6 +187,8 @@ fn dense_values(weight: &Weight) -> std::borrow::Cow<'_, [f32]> {
 struct Uploader<'a> {
     stream: &'a Arc<CudaStream>,
     bytes: usize,
+    /// Block-typed matrices go up in their blocks (`LaunchOptions::block_weights`).
+    blocks: bool,
 }
 
 impl Uploader<'_> {
@@ -124,14 +202,31 @@ impl Uploader<'_> {
     }
 
     /// `weights`' rows one after another as one matrix (they have the same columns), stored in
+    /// their blocks if `blocks` and they are all blocks of one type the kernels read, else in
     /// the narrowest type that holds all of them exactly.
     fn stacked(&mut self, weights: &[&Weight]) -> Result<DeviceMatrix, DriverError> {
+        let (rows, cols) = (weights.iter().map(|w| w.rows()).sum(), weights[0].cols());
+        let block_rows: Option<Vec<&BlockRows>> = weights
+            .iter()
+            .map(|w| match w {
+                Weight::Quantized(b) if self.blocks => Some(b),
+                _ => None,
+            })
+            .collect();
+        if let Some(blocks) = block_rows.and_then(|b| DeviceBlocks::stack(&b)) {
+            self.bytes += blocks.quants.len() * 4 + blocks.scales.len() * 2;
+            let data = MatrixData::Blocks {
+                kind: blocks.kind,
+                quants: self.stream.clone_htod(&blocks.quants)?,
+                scales: self.stream.clone_htod(&blocks.scales)?,
+            };
+            return Ok(DeviceMatrix { rows, cols, data });
+        }
         let values: std::borrow::Cow<'_, [f32]> = match weights {
             [one] => dense_values(one),
             _ => weights.iter().flat_map(|w| dense_values(w).into_owned()).collect(),
         };
         let storage = storage_for(&values);
-        let (rows, cols) = (weights.iter().map(|w| w.rows()).sum(), weights[0].cols());
         let data = match storage {
             Storage::F32 => MatrixData::F32(self.vector(&values)?),
             Storage::F16 | Storage::Bf16 => {
@@ -147,12 +242,17 @@ impl Uploader<'_> {
     }
 }
 
-/// Uploads every tensor of `weights` on `stream`.
-pub fn upload(weights: &LlamaWeights, stream: &Arc<CudaStream>) -> Result<DeviceWeights, String> {
+/// Uploads every tensor of `weights` on `stream`; with `blocks`, block-typed matrices in their
+/// blocks.
+pub fn upload(
+    weights: &LlamaWeights,
+    stream: &Arc<CudaStream>,
+    blocks: bool,
+) -> Result<DeviceWeights, String> {
     fn err(what: &str) -> impl Fn(DriverError) -> String + '_ {
         move |e| format!("CUDA: uploading {what}: {e}")
     }
-    let mut up = Uploader { stream, bytes: 0 };
+    let mut up = Uploader { stream, bytes: 0, blocks };
     let mut layers = Vec::with_capacity(weights.layers.len());
     for (i, l) in weights.layers.iter().enumerate() {
         let what = format!("layer {i}");
@@ -181,7 +281,15 @@ pub fn upload(weights: &LlamaWeights, stream: &Arc<CudaStream>) -> Result<Device
         Some(f) => Some(up.vector(f).map_err(err("the RoPE factors"))?),
         None => None,
     };
-    Ok(DeviceWeights { embed, layers, output_norm, output, rope_freq_factors, bytes: up.bytes })
+    Ok(DeviceWeights {
+        embed,
+        layers,
+        output_norm,
+        output,
+        rope_freq_factors,
+        bytes: up.bytes,
+        blocks,
+    })
 }
 
 #[cfg(test)]
@@ -202,5 +310,70 @@ mod tests {
         assert_eq!(back, [0.5, -3.25]);
         let bf = narrow(&[tiny], Storage::Bf16);
         assert_eq!(f32::from_bits(u32::from(bf[0]) << 16), tiny);
+    }
+
+    /// Element `i` of `blocks` as prelude.cu's `load1` reads it.
+    fn element(blocks: &DeviceBlocks, i: usize) -> f32 {
+        let nibble = (blocks.quants[i / 8] >> (4 * (i % 8))) & 15;
+        match blocks.kind {
+            BlockKind::Q4_0 => (nibble as i32 - 8) as f32 * f16_to_f32(blocks.scales[i / 32]),
+            BlockKind::Q4_1 => {
+                let (d, m) = (blocks.scales[2 * (i / 32)], blocks.scales[2 * (i / 32) + 1]);
+                nibble as f32 * f16_to_f32(d) + f16_to_f32(m)
+            }
+            BlockKind::Q8_0 => {
+                let word = blocks.quants[2 * (i / 8) + (i % 8) / 4];
+                f32::from((word >> (8 * (i % 4))) as u8 as i8) * f16_to_f32(blocks.scales[i / 32])
+            }
+        }
+    }
+
+    /// `rows` rows of `cols` random blocks of `kind` in ggml's layout, scales and minimums of
+    /// either sign over a few binades.
+    fn random_blocks(kind: TensorType, rows: usize, cols: usize, seed: u64) -> BlockRows {
+        let mut state = seed;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            let half = |next: &mut dyn FnMut() -> u64| {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                f32_to_f16(v / (1 << (next() % 6)) as f32).to_le_bytes()
+            };
+            bytes.extend(half(&mut next));
+            if kind == TensorType::Q4_1 {
+                bytes.extend(half(&mut next));
+            }
+            let quant_bytes = if kind == TensorType::Q8_0 { 32 } else { 16 };
+            bytes.extend((0..quant_bytes).map(|_| next() as u8));
+        }
+        BlockRows::from_ggml(kind, rows, cols, &bytes)
+    }
+
+    #[test]
+    fn block_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
+        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
+            let (a, b) = (random_blocks(kind, 3, 64, 1), random_blocks(kind, 2, 64, 2));
+            let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();
+            let quant_words = if kind == TensorType::Q8_0 { 8 } else { 4 };
+            assert_eq!(stacked.quants.len(), 5 * 2 * quant_words, "{kind:?}");
+            assert_eq!(stacked.scales.len() % 8, 0, "{kind:?}: padded to 16 bytes");
+            let rows = (0..3).map(|r| a.row(r)).chain((0..2).map(|r| b.row(r)));
+            for (r, row) in rows.enumerate() {
+                for (k, &v) in row.iter().enumerate() {
+                    let got = element(&stacked, r * 64 + k);
+                    assert_eq!(got.to_bits(), v.to_bits(), "{kind:?} row {r} element {k}");
+                }
+            }
+        }
+        let mixed = [
+            &random_blocks(TensorType::Q4_1, 1, 32, 3),
+            &random_blocks(TensorType::Q8_0, 1, 32, 4),
+        ];
+        assert_eq!(DeviceBlocks::stack(&mixed), None, "one type a stack");
     }
 }

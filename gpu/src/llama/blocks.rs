@@ -62,6 +62,18 @@ impl BlockRows {
         self.cols
     }
 
+    pub fn kind(&self) -> TensorType {
+        self.kind
+    }
+
+    /// Every block, row after row: its scale and (`Q4_1`; else empty) minimum, the file's half
+    /// precision values widened to f32 (so they narrow back exactly), and its quants in ggml's
+    /// order (16 bytes of nibbles, element `j` low and `j + 16` high in byte `j`, or 32 signed
+    /// bytes).
+    pub fn blocks(&self) -> (&[f32], &[f32], &[u8]) {
+        (&self.scales, &self.mins, &self.quants)
+    }
+
     /// Row `r` as f32 (an embedding lookup): the blocks rebuilt in ggml's layout (the scales
     /// came from half precision, so they narrow back exactly) and dequantized as the file's.
     pub fn row(&self, r: usize) -> Vec<f32> {

@@ -14,6 +14,7 @@ mod paged;
 mod team;
 mod weights;
 
+pub use blocks::BlockRows;
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use hf_weights::load_hf_dir;

@@ -1,10 +1,11 @@
 // Embedding gather: row `tokens[t]` of the table into row `t` of `x` (f32), for every token of
-// the step. The table keeps the storage type the weights were uploaded in.
+// the step. The table keeps the storage type the weights were uploaded in (a block-typed one is
+// its quants and scales, each element dequantized by the prelude's `load1`).
 
 #define EMBED_BATCH 8
 
-template <typename T>
-__device__ void embed(const T* table, const int* tokens, float* x, int hidden) {
+template <typename M>
+__device__ void embed(M table, const int* tokens, float* x, int hidden) {
     allow_next_kernel();
     wait_for_inputs();
     const long row = (long)tokens[blockIdx.x] * hidden;
@@ -36,4 +37,19 @@ extern "C" __global__ void embed_f16(const f16_bits* table, const int* tokens, f
 extern "C" __global__ void embed_bf16(const bf16_bits* table, const int* tokens, float* x,
                                       int hidden) {
     embed(table, tokens, x, hidden);
+}
+
+extern "C" __global__ void embed_q4_0(const unsigned int* q, const f16_bits* d, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q4_0_blocks{q, d}, tokens, x, hidden);
+}
+
+extern "C" __global__ void embed_q4_1(const unsigned int* q, const unsigned int* dm,
+                                      const int* tokens, float* x, int hidden) {
+    embed(q4_1_blocks{q, dm}, tokens, x, hidden);
+}
+
+extern "C" __global__ void embed_q8_0(const uint2* q, const f16_bits* d, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q8_0_blocks{q, d}, tokens, x, hidden);
 }

@@ -78,38 +78,140 @@ __device__ void norm_scales(const float* x, int k_len, float eps, int t0, int li
     __syncthreads();
 }
 
-// Eight weights as loaded (16-byte aligned): registers held until the batch's loads are all
-// issued, then unpacked to f32, each element as `load8` gives it.
+// Where row `r` of a matrix starts: a pointer to its elements, or its blocks' quants and scales.
 template <typename T>
-struct Chunk {
+__device__ __forceinline__ const T* row_start(const T* w, long r, int k_len) {
+    return w + r * k_len;
+}
+__device__ __forceinline__ q4_0_blocks row_start(q4_0_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.d + r * k_len / 32};
+}
+__device__ __forceinline__ q4_1_blocks row_start(q4_1_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.dm + r * k_len / 32};
+}
+__device__ __forceinline__ q8_0_blocks row_start(q8_0_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.d + r * k_len / 32};
+}
+
+// Starts a row of `k_len` elements on its way into L2 (the vector path's rows: 16-byte
+// aligned). A block row's scales need not be: their span is rounded out to 16 bytes, which
+// `weights.rs` pads each scale array for.
+__device__ __forceinline__ void prefetch_span(const void* begin, const void* end) {
+    const unsigned long b = (unsigned long)begin & ~15ul, e = ((unsigned long)end + 15) & ~15ul;
+    prefetch_to_l2((const void*)b, (unsigned int)(e - b));
+}
+template <typename T>
+__device__ __forceinline__ void prefetch_row(const T* row, int k_len) {
+    prefetch_to_l2(row, k_len * sizeof(T));
+}
+__device__ __forceinline__ void prefetch_row(q4_0_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len / 2);
+    prefetch_span(row.d, row.d + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q4_1_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len / 2);
+    prefetch_span(row.dm, row.dm + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q8_0_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len);
+    prefetch_span(row.d, row.d + k_len / 32);
+}
+
+// Eight weights as loaded (the chunk at element `k` of a row, `k` a multiple of 8; a dense
+// row's chunks are 16-byte aligned): registers held until the batch's loads are all issued,
+// then unpacked to f32, each element as `load1` gives it.
+template <typename R>
+struct Chunk;
+template <>
+struct Chunk<const float*> {
+    float4 a, b;
+};
+template <>
+struct Chunk<const f16_bits*> {
     uint4 v;
 };
 template <>
-struct Chunk<float> {
-    float4 a, b;
+struct Chunk<const bf16_bits*> {
+    uint4 v;
+};
+template <>
+struct Chunk<q4_0_blocks> {
+    unsigned int q;
+    f16_bits d;
+};
+template <>
+struct Chunk<q4_1_blocks> {
+    unsigned int q, dm;
+};
+template <>
+struct Chunk<q8_0_blocks> {
+    uint2 q;
+    f16_bits d;
 };
 
-__device__ __forceinline__ void load_chunk(const float* p, Chunk<float>& c) {
-    c.a = *(const float4*)p;
-    c.b = *(const float4*)(p + 4);
-}
+// How many of its chunks a lane requests before it uses any (divided among its rows): about
+// 128 bytes of a dense row, 48 to 64 of a block row (more would cost registers than the
+// short rows of a decode step have chunks for: 2048 elements are 8 chunks a lane).
+template <typename R>
+struct InFlight {
+    static constexpr int CHUNKS = 8;
+};
+template <>
+struct InFlight<q4_0_blocks> {
+    static constexpr int CHUNKS = 16;
+};
+template <>
+struct InFlight<q4_1_blocks> {
+    static constexpr int CHUNKS = 16;
+};
 
+__device__ __forceinline__ void load_chunk(const float* row, int k, Chunk<const float*>& c) {
+    c.a = *(const float4*)(row + k);
+    c.b = *(const float4*)(row + k + 4);
+}
 template <typename T>
-__device__ __forceinline__ void load_chunk(const T* p, Chunk<T>& c) {
-    c.v = *(const uint4*)p;
+__device__ __forceinline__ void load_chunk(const T* row, int k, Chunk<const T*>& c) {
+    c.v = *(const uint4*)(row + k);
+}
+__device__ __forceinline__ void load_chunk(q4_0_blocks row, int k, Chunk<q4_0_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.d = row.d[k / 32];
+}
+__device__ __forceinline__ void load_chunk(q4_1_blocks row, int k, Chunk<q4_1_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.dm = row.dm[k / 32];
+}
+__device__ __forceinline__ void load_chunk(q8_0_blocks row, int k, Chunk<q8_0_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.d = row.d[k / 32];
 }
 
-__device__ __forceinline__ void unpack_chunk(const Chunk<float>& c, float out[8]) {
+__device__ __forceinline__ void unpack_chunk(const Chunk<const float*>& c, float out[8]) {
     out[0] = c.a.x; out[1] = c.a.y; out[2] = c.a.z; out[3] = c.a.w;
     out[4] = c.b.x; out[5] = c.b.y; out[6] = c.b.z; out[7] = c.b.w;
 }
-
-__device__ __forceinline__ void unpack_chunk(const Chunk<f16_bits>& c, float out[8]) {
+__device__ __forceinline__ void unpack_chunk(const Chunk<const f16_bits*>& c, float out[8]) {
     unpack8(c.v, out, false);
 }
-
-__device__ __forceinline__ void unpack_chunk(const Chunk<bf16_bits>& c, float out[8]) {
+__device__ __forceinline__ void unpack_chunk(const Chunk<const bf16_bits*>& c, float out[8]) {
     unpack8(c.v, out, true);
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q4_0_blocks>& c, float out[8]) {
+    const float d = half_to_float(c.d);
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = q4_0_value((c.q >> (4 * i)) & 15u, d);
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q4_1_blocks>& c, float out[8]) {
+    const float d = half_to_float(c.dm & 0xffffu), m = half_to_float(c.dm >> 16);
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = q4_1_value((c.q >> (4 * i)) & 15u, d, m);
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q8_0_blocks>& c, float out[8]) {
+    const float d = half_to_float(c.d);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[i] = q8_0_value(((i < 4 ? c.q.x : c.q.y) >> (8 * (i % 4))) & 0xffu, d);
+    }
 }
 
 // Eight f32 values from `p`: two 16-byte loads with `VEC` (then `p` is 16-byte aligned).
@@ -166,8 +268,8 @@ __device__ __forceinline__ void chunk_dots(const float wv[ROWS][8], Input in, in
 // and token: its whole chunks in order, then, for the one lane whose next chunk it is, the
 // row's last `k_len % 8` elements. The rows go through together, so their loads are in flight
 // together; each row's arithmetic is what it would be alone.
-template <typename T, bool VEC, int ROWS>
-__device__ __forceinline__ void row_dots(const T* const* row, Input in, int k_len,
+template <typename R, bool VEC, int ROWS>
+__device__ __forceinline__ void row_dots(const R* row, Input in, int k_len,
                                          int t0, int live, float dots[ROWS][TILE]) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -177,18 +279,19 @@ __device__ __forceinline__ void row_dots(const T* const* row, Input in, int k_le
     }
     const int whole = k_len - k_len % 8;
     if (VEC) {
-        // A batch of 8 chunks (8 of one row, 4 of two, 2 of four) is requested before any is
-        // used, so a lane has that many 16-byte loads in flight: a 2048-wide f16 row is one
-        // batch, one round trip to memory. (Loading and using chunk by chunk, ptxas kept one weight load
-        // in flight a lane, and the products read HBM at a third of its bandwidth.)
-        constexpr int BATCH = 8 / ROWS;
+        // A batch of chunks (of a dense row 8 of one row, 4 of two, 2 of four; `InFlight`) is
+        // requested before any is used, so a lane has that many loads in flight: a 2048-wide
+        // f16 row is one batch, one round trip to memory. (Loading and using chunk by chunk,
+        // ptxas kept one weight load in flight a lane, and the products read HBM at a third of
+        // its bandwidth.)
+        constexpr int BATCH = InFlight<R>::CHUNKS / ROWS;
         for (int k0 = lane * 8; k0 < whole; k0 += 256 * BATCH) {
-            Chunk<T> raw[BATCH][ROWS];
+            Chunk<R> raw[BATCH][ROWS];
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 if (k0 + 256 * b < whole) {
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++) load_chunk(row[r] + k0 + 256 * b, raw[b][r]);
+                    for (int r = 0; r < ROWS; r++) load_chunk(row[r], k0 + 256 * b, raw[b][r]);
                 }
             }
 #pragma unroll
@@ -242,8 +345,8 @@ __device__ __forceinline__ void row_dots(const T* const* row, Input in, int k_le
 // `OUT` consecutive output rows a warp (`launch.rs` takes 1, or with wide products 4 on steps of
 // more than TILE tokens, where each activation load then serves 4 rows instead of 1). A row's
 // chain is `row_dots`'s for that row whatever `OUT` is, so the bits do not depend on it.
-template <typename T, bool VEC, int OUT>
-__device__ void matmul(const T* w, const float* x, const float* norm, float eps, float* y,
+template <typename M, bool VEC, int OUT>
+__device__ void matmul(M w, const float* x, const float* norm, float eps, float* y,
                        int rows, int k_len, int tokens, int accumulate) {
     __shared__ double partial[TILE][NORM_THREADS / 32];
     __shared__ float scales[TILE];
@@ -253,11 +356,12 @@ __device__ void matmul(const T* w, const float* x, const float* norm, float eps,
     const bool has_row = r0 < rows;
     allow_next_kernel();
     // Rows past the end read the last row again and are not written.
-    const T* row[OUT];
+    using R = decltype(row_start(w, 0, 0));
+    R row[OUT];
 #pragma unroll
     for (int o = 0; o < OUT; o++) {
-        row[o] = w + (long)min(r0 + o, rows - 1) * k_len;
-        if (VEC && lane == 0 && r0 + o < rows) prefetch_to_l2(row[o], k_len * sizeof(T));
+        row[o] = row_start(w, min(r0 + o, rows - 1), k_len);
+        if (VEC && lane == 0 && r0 + o < rows) prefetch_row(row[o], k_len);
     }
     wait_for_inputs();
     const Input in = {x, norm, scales};
@@ -266,7 +370,7 @@ __device__ void matmul(const T* w, const float* x, const float* norm, float eps,
         if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
         if (!has_row) continue;
         float dots[OUT][TILE];
-        row_dots<T, VEC, OUT>(row, in, k_len, t0, live, dots);
+        row_dots<R, VEC, OUT>(row, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
             for (int o = 0; o < OUT; o++) {
@@ -287,8 +391,8 @@ __device__ void matmul(const T* w, const float* x, const float* norm, float eps,
 // (the precise `expf`; the CPU's ggml exponential is within 1.5 ulp of it). Each product's bits
 // are those of `matmul` over the matrix alone. `OUT` output rows a warp (1, or 2 wide): the
 // gate's rows and then the up's are its `row_dots` rows.
-template <typename T, bool VEC, int OUT>
-__device__ void matmul_swiglu(const T* w, const float* x, const float* norm, float eps, float* y,
+template <typename M, bool VEC, int OUT>
+__device__ void matmul_swiglu(M w, const float* x, const float* norm, float eps, float* y,
                               int rows, int k_len, int tokens) {
     __shared__ double partial[TILE][NORM_THREADS / 32];
     __shared__ float scales[TILE];
@@ -296,15 +400,16 @@ __device__ void matmul_swiglu(const T* w, const float* x, const float* norm, flo
     const int r0 = (blockIdx.x * WARPS + threadIdx.x / 32) * OUT;
     const bool has_row = r0 < rows;
     allow_next_kernel();
-    const T* gate_up[2 * OUT];
+    using R = decltype(row_start(w, 0, 0));
+    R gate_up[2 * OUT];
 #pragma unroll
     for (int o = 0; o < OUT; o++) {
         const long kept = min(r0 + o, rows - 1);
-        gate_up[o] = w + kept * k_len;
-        gate_up[OUT + o] = w + (rows + kept) * k_len;
+        gate_up[o] = row_start(w, kept, k_len);
+        gate_up[OUT + o] = row_start(w, rows + kept, k_len);
         if (VEC && lane == 0 && r0 + o < rows) {
-            prefetch_to_l2(gate_up[o], k_len * sizeof(T));
-            prefetch_to_l2(gate_up[OUT + o], k_len * sizeof(T));
+            prefetch_row(gate_up[o], k_len);
+            prefetch_row(gate_up[OUT + o], k_len);
         }
     }
     wait_for_inputs();
@@ -314,7 +419,7 @@ __device__ void matmul_swiglu(const T* w, const float* x, const float* norm, flo
         if (norm) norm_scales(x, k_len, eps, t0, live, partial, scales);
         if (!has_row) continue;
         float dots[2 * OUT][TILE];
-        row_dots<T, VEC, 2 * OUT>(gate_up, in, k_len, t0, live, dots);
+        row_dots<R, VEC, 2 * OUT>(gate_up, in, k_len, t0, live, dots);
         if (lane == 0) {
 #pragma unroll
             for (int o = 0; o < OUT; o++) {
@@ -333,78 +438,170 @@ __device__ void matmul_swiglu(const T* w, const float* x, const float* norm, flo
 // The entry points per storage type and rows a warp; each picks the vector path once, by `k_len`
 // (the same for every launch over a given matrix, so a row's order never changes between steps).
 // The wide ones have only the vector path (`launch.rs` takes them only for rows that are a
-// multiple of 8 long): the scalar one, unrolled over their rows, would double the module.
+// multiple of 8 long): the scalar one, unrolled over their rows, would double the module. A
+// block-typed matrix's rows are whole blocks of 32, so its entry points have only the vector
+// path too; each takes the matrix as its quants and its scales.
 #define WIDE_OUT 4
 #define WIDE_SWIGLU_OUT 2
 
 extern "C" __global__ void matmul_f32(const float* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<float, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<float, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const float*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<const float*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
 extern "C" __global__ void matmul_f16(const f16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<f16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<f16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const f16_bits*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<const f16_bits*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
 extern "C" __global__ void matmul_bf16(const bf16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<bf16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
-    else matmul<bf16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const bf16_bits*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else matmul<const bf16_bits*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
 }
 
 extern "C" __global__ void matmul_wide_f32(const float* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<float, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const float*, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
     else __trap();
 }
 
 extern "C" __global__ void matmul_wide_f16(const f16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<f16_bits, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const f16_bits*, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
     else __trap();
 }
 
 extern "C" __global__ void matmul_wide_bf16(const bf16_bits* w, const float* x, const float* norm,
         float eps, float* y, int rows, int k_len, int tokens, int accumulate) {
-    if (k_len % 8 == 0) matmul<bf16_bits, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    if (k_len % 8 == 0) matmul<const bf16_bits*, true, WIDE_OUT>(w, x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_q4_0(const unsigned int* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q4_0_blocks, true, 1>(q4_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_q4_1(const unsigned int* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q4_1_blocks, true, 1>(q4_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_q8_0(const uint2* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q8_0_blocks, true, 1>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q4_0(const unsigned int* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q4_0_blocks, true, WIDE_OUT>(q4_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q4_1(const unsigned int* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q4_1_blocks, true, WIDE_OUT>(q4_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q8_0(const uint2* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q8_0_blocks, true, WIDE_OUT>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
     else __trap();
 }
 
 extern "C" __global__ void matmul_swiglu_f32(const float* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<float, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<float, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const float*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<const float*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_swiglu_f16(const f16_bits* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<f16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const f16_bits*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<const f16_bits*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_swiglu_bf16(const bf16_bits* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
-    else matmul_swiglu<bf16_bits, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const bf16_bits*, true, 1>(w, x, norm, eps, y, rows, k_len, tokens);
+    else matmul_swiglu<const bf16_bits*, false, 1>(w, x, norm, eps, y, rows, k_len, tokens);
 }
 
 extern "C" __global__ void matmul_swiglu_wide_f32(const float* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<float, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const float*, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
     else __trap();
 }
 
 extern "C" __global__ void matmul_swiglu_wide_f16(const f16_bits* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<f16_bits, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const f16_bits*, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
     else __trap();
 }
 
 extern "C" __global__ void matmul_swiglu_wide_bf16(const bf16_bits* w, const float* x,
         const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
-    if (k_len % 8 == 0) matmul_swiglu<bf16_bits, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    if (k_len % 8 == 0) matmul_swiglu<const bf16_bits*, true, WIDE_SWIGLU_OUT>(w, x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_q4_0(const unsigned int* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q4_0_blocks, true, 1>(q4_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_q4_1(const unsigned int* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q4_1_blocks, true, 1>(q4_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_q8_0(const uint2* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q8_0_blocks, true, 1>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q4_0(const unsigned int* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q4_0_blocks, true, WIDE_SWIGLU_OUT>(q4_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q4_1(const unsigned int* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q4_1_blocks, true, WIDE_SWIGLU_OUT>(q4_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q8_0(const uint2* q, const f16_bits* d,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q8_0_blocks, true, WIDE_SWIGLU_OUT>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens);
     else __trap();
 }

@@ -45,6 +45,53 @@ __device__ __forceinline__ float load1(const bf16_bits* w, long i) {
     return bf16_to_float(w[i].bits);
 }
 
+// GGUF's 32-element block types, kept in their blocks on the device (`weights.rs`,
+// `LaunchOptions::block_weights`): each matrix is an array of quants, one 32-bit word per chunk
+// of 8 elements (two for Q8_0), element `8c + i`'s quant in bits `4i..4i + 4` of chunk `c`'s
+// word (Q8_0: byte `i` of its two), and an array of one scale per block of 32 (Q4_1: the scale's
+// half-precision bits and the minimum's in one word, the scale low). A matrix's rows are whole
+// blocks, so element `i` of the matrix is in chunk `i / 8` and block `i / 32`, and row `r`
+// starts at element `r * k_len`.
+struct q4_0_blocks {
+    const unsigned int* q;
+    const f16_bits* d;
+};
+struct q4_1_blocks {
+    const unsigned int* q;
+    const unsigned int* dm;
+};
+struct q8_0_blocks {
+    const uint2* q;
+    const f16_bits* d;
+};
+
+// An element from its quant, as the CPU's dequantizer (`gguf/dequant.rs`): `(q - 8) * d`,
+// `q * d + m` and `q * d`, each operation rounded on its own (never fused: the CPU rounds the
+// product before it adds the minimum), so the values are the ones the CPU dequantizes at load.
+__device__ __forceinline__ float q4_0_value(unsigned int nibble, float d) {
+    return __fmul_rn((float)((int)nibble - 8), d);
+}
+__device__ __forceinline__ float q4_1_value(unsigned int nibble, float d, float m) {
+    return __fadd_rn(__fmul_rn((float)nibble, d), m);
+}
+__device__ __forceinline__ float q8_0_value(unsigned int byte, float d) {
+    return __fmul_rn((float)(signed char)byte, d);
+}
+
+__device__ __forceinline__ float load1(q4_0_blocks w, long i) {
+    return q4_0_value((w.q[i / 8] >> (4 * (i % 8))) & 15u, half_to_float(w.d[i / 32]));
+}
+__device__ __forceinline__ float load1(q4_1_blocks w, long i) {
+    const unsigned int dm = w.dm[i / 32];
+    return q4_1_value((w.q[i / 8] >> (4 * (i % 8))) & 15u, half_to_float(dm & 0xffffu),
+                      half_to_float(dm >> 16));
+}
+__device__ __forceinline__ float load1(q8_0_blocks w, long i) {
+    const uint2 chunk = w.q[i / 8];
+    const unsigned int word = i % 8 < 4 ? chunk.x : chunk.y;
+    return q8_0_value((word >> (8 * (i % 4))) & 0xffu, half_to_float(w.d[i / 32]));
+}
+
 // Eight consecutive weight elements from `w + i`, `i` a multiple of 8 and the row 16-byte
 // aligned (the caller checks): one or two vector loads.
 __device__ __forceinline__ void load8(const float* w, long i, float out[8]) {
