@@ -4,8 +4,9 @@
 #     (Hugging Face and GGUF) and, when LOCKSTEP_DEFAULT_MODEL names the default model's GGUF,
 #     the llama.cpp golden prompts (gpu/tests/cuda_device.rs states the tolerances);
 #   - a request alone equals itself in a batch of 32 mixed rows, bit for bit;
-#   - decode tokens/s at batch 1, 32 and 256 on a random 1.24B-parameter Llama (f16) against the
-#     HBM roofline (4.8 TB/s, H200).
+#   - decode tokens/s at batch 1, 32 and 256 on a random 1.24B-parameter Llama against the HBM
+#     roofline (4.8 TB/s, H200): in f16 (plain, dependent launches, every option), and in Q4_1
+#     (dequantized to f32 at load, read in its blocks, every option).
 # The checks are gpu/tests/cuda_device.rs (its benchmark is #[ignore]d in plain `cargo test`).
 #
 # Two ways to get the test binary and the kernels to a machine with no network:
@@ -114,8 +115,9 @@ for t in $tests; do
     log "test $t"
     echo "==== $t" >>"$OUT/tests.log"
     rc=0
-    # Each check takes seconds; the benchmark about a minute (a 1.2B model's upload, 3 times).
-    case "$t" in *throughput*) limit=240 ;; *) limit=150 ;; esac
+    # Each check takes seconds; the benchmark a few minutes (two 1.2B models, each uploaded for
+    # each batch size, the Q4_1 one twice: as f32 and in blocks).
+    case "$t" in *throughput*) limit=420 ;; *) limit=150 ;; esac
     LOCKSTEP_REQUIRE_CUDA=1 RUST_BACKTRACE=1 timeout "$limit" "$binary" --include-ignored --exact "$t" \
         --test-threads=1 --nocapture >"$OUT/test.log" 2>&1 || rc=$?
     cat "$OUT/test.log" >>"$OUT/tests.log"
@@ -153,7 +155,7 @@ fi
 # step's launches (after the prefill's and four decode steps'), with the clocks left alone.
 if command -v ncu >/dev/null && [ -z "${LOCKSTEP_DEVICE_TESTS:-}" ] && [ "${LOCKSTEP_NCU_RUN:-1}" = 1 ]; then
     log "ncu: one batch-1 decode step"
-    env -u OUT LOCKSTEP_BENCH_BATCHES=1 timeout 180 ncu --clock-control none \
+    env -u OUT LOCKSTEP_BENCH_BATCHES=1 LOCKSTEP_BENCH_WEIGHTS=f16 timeout 180 ncu --clock-control none \
         --launch-skip "${LOCKSTEP_NCU_SKIP:-660}" --launch-count "${LOCKSTEP_NCU_COUNT:-132}" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
         --csv --page raw "$binary" --include-ignored --exact decode_throughput_against_the_hbm_roofline \

@@ -5,11 +5,12 @@
 //!
 //! - Greedy tokens and logits equal the CPU backend's on the llama.cpp golden prompts of the
 //!   default model (`goldens/llamacpp.json`) and on the tiny models of every family variant
-//!   (Hugging Face and GGUF), within tolerances stated below.
+//!   (Hugging Face and GGUF, and in GGUF's block types), within tolerances stated below; every
+//!   launch option (block weights included) computes the plain run's bits.
 //! - A request alone equals itself in a batch of 32 mixed prefill and decode rows, bit for bit,
 //!   eager steps and graph replays included.
 //! - Decode tokens/s at batch 1, 32 and 256 on a random-weight Llama of about 1.2B parameters
-//!   (Llama 3.2 1B's shape, f16), against the HBM roofline (`#[ignore]`: a benchmark).
+//!   (Llama 3.2 1B's shape, f16 and Q4_1), against the HBM roofline (`#[ignore]`: a benchmark).
 //!
 //! Results go to stderr and, when `OUT` names a folder, to `$OUT/cuda_device.jsonl`.
 
@@ -647,12 +648,9 @@ fn without_a_driver_the_executor_is_a_clean_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Llama 3.2 1B's shape (1.24B parameters, tied embedding) with random weights of `kind`: `F16`,
-/// values `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as
-/// f16; or `Q4_1`, random nibbles under scales `2^-12` and minimums `-2^-9` (the same range),
-/// 5 bits a weight, which the executor stores as f32 or in its blocks by `block_weights`.
-fn random_llama(kind: TensorType) -> LlamaWeights {
-    let config = LlamaConfig {
+/// Llama 3.2 1B's shape: 1.24B parameters, tied embedding.
+fn llama_3_2_1b() -> LlamaConfig {
+    LlamaConfig {
         vocab_size: 128_256,
         hidden: 2048,
         layers: 16,
@@ -667,7 +665,14 @@ fn random_llama(kind: TensorType) -> LlamaWeights {
         qkv_bias: false,
         sliding_window: None,
         context_length: 4096,
-    };
+    }
+}
+
+/// A Llama of `config`'s shape (tied embedding) with random weights of `kind`: `F16`, values
+/// `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as f16; or
+/// `Q4_1`, random nibbles under scales `2^-12` and minimums `-2^-9` (the same range), 5 bits a
+/// weight, which the executor stores as f32 or in its blocks by `block_weights`.
+fn random_llama(kind: TensorType, config: LlamaConfig) -> LlamaWeights {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;
@@ -814,22 +819,47 @@ fn decode_throughput_against_the_hbm_roofline() {
     };
     let models = std::env::var("LOCKSTEP_BENCH_WEIGHTS").unwrap_or_else(|_| "f16,q4_1".into());
     for model in models.split(',').map(str::trim) {
-        let (kind, alternative) = match model {
-            // Plain launches against programmatic dependent ones.
-            "f16" => {
-                (TensorType::F16, LaunchOptions { dependent_launches: true, ..Default::default() })
-            }
-            // Dequantized at load against read in blocks.
-            "q4_1" => {
-                (TensorType::Q4_1, LaunchOptions { block_weights: true, ..Default::default() })
-            }
-            other => panic!("LOCKSTEP_BENCH_WEIGHTS: {other:?} is not f16 or q4_1"),
-        };
-        let weights = Arc::new(random_llama(kind));
+        let (kind, alternative) = bench_model(model);
+        let weights = Arc::new(random_llama(kind, llama_3_2_1b()));
         for &batch in &batches {
             decode_throughput(&weights, model, batch, alternative);
         }
     }
+}
+
+/// A benchmark model's weight type (`f16` or `q4_1`), and the launch options its second run
+/// takes: for f16 programmatic dependent launches against plain ones, for Q4_1 its blocks
+/// against f32 dequantized at load.
+fn bench_model(name: &str) -> (TensorType, LaunchOptions) {
+    match name {
+        "f16" => {
+            (TensorType::F16, LaunchOptions { dependent_launches: true, ..Default::default() })
+        }
+        "q4_1" => (TensorType::Q4_1, LaunchOptions { block_weights: true, ..Default::default() }),
+        other => panic!("LOCKSTEP_BENCH_WEIGHTS: {other:?} is not f16 or q4_1"),
+    }
+}
+
+/// The benchmark's harness on a small model (the emulator stands in for a device in CI): the Q4_1
+/// model, whose variants upload the weights again, with its timed steps and graph replays, so
+/// that a device run's minutes go to measuring.
+#[test]
+fn the_throughput_benchmark_runs_on_a_small_model() {
+    if !device_or_skip() {
+        return;
+    }
+    let small = LlamaConfig {
+        hidden: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        ffn: 128,
+        vocab_size: 512,
+        ..llama_3_2_1b()
+    };
+    let (kind, alternative) = bench_model("q4_1");
+    decode_throughput(&Arc::new(random_llama(kind, small)), "q4_1", 2, alternative);
 }
 
 /// Decode tokens/s of `weights` at `batch` rows, plain, with `alternative`, and with every
@@ -841,6 +871,8 @@ fn decode_throughput(
     alternative: LaunchOptions,
 ) {
     let c = weights.config.clone();
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    let params = c.vocab_size * c.hidden + c.layers * c.hidden * (2 * q + 2 * kv + 3 * c.ffn);
     let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
     let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
     let config = bench_config(batch);
@@ -857,7 +889,8 @@ fn decode_throughput(
         let mut sched = Scheduler::new(config.clone()).unwrap();
         let ids: Vec<u64> = (0..u64::from(batch)).map(|i| run as u64 * 100_000 + i).collect();
         for &id in &ids {
-            let prompt = (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % 128_000).collect();
+            let prompt =
+                (0..prompt_len).map(|i| (id as u32 * 977 + i * 31) % c.vocab_size as u32).collect();
             executor.start_request(RequestId(id), SamplingSpec::GREEDY);
             sched.submit(request(id, prompt, decode_steps), Time::ZERO).unwrap();
         }
@@ -889,6 +922,8 @@ fn decode_throughput(
         for &id in &ids {
             executor.end_request(RequestId(id));
         }
+        assert!(decode_only_steps > 2, "{model}, batch {batch}: no full decode step was timed");
+        assert!(executor.steps_replayed > replayed, "{model}, batch {batch}: no graph replay");
         let seconds = decode_time.as_secs_f64();
         report(
             "decode throughput",
@@ -896,7 +931,7 @@ fn decode_throughput(
             "dependent_launches": launch.dependent_launches,
             "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
             "fold_rope": launch.fold_rope, "block_weights": launch.block_weights,
-            "params": 1.24e9, "weight_bytes": weight_bytes,
+            "params": params, "weight_bytes": weight_bytes,
             "decode_steps_timed": decode_only_steps.saturating_sub(2),
             "tokens_per_s": decode_tokens as f64 / seconds,
             "step_ms": 1e3 * seconds / f64::from(decode_only_steps.saturating_sub(2).max(1)),

@@ -9,10 +9,10 @@
 //! buffers or `null`, `int` and `float`), and every buffer holds the elements the launch touches
 //! (`Buffers::ensure` sizes them before a step).
 //!
-//! With `LaunchOptions::dependent_launches`, every kernel after the first is a programmatic dependent
-//! launch (`kernel_call`): each kernel's source calls `allow_next_kernel()` first and touches
-//! nothing another kernel writes before `wait_for_inputs()`. The first kernel follows the input
-//! copy, which the attribute would not order, so it is launched plainly.
+//! With `LaunchOptions::dependent_launches`, every kernel after the first is a programmatic
+//! dependent launch (`kernel_call`): each kernel's source calls `allow_next_kernel()` first and
+//! touches nothing another kernel writes before `wait_for_inputs()`. The first kernel follows the
+//! input copy, which the attribute would not order, so it is launched plainly.
 #![allow(unsafe_code)]
 
 use std::path::Path;
