@@ -67,7 +67,14 @@ constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
-constexpr std::size_t TOTAL_MEMORY = std::size_t{16} << 30;
+// The device's memory: 16 GiB, or $LOCKSTEP_CUDA_EMU_MEMORY bytes (a test of what runs out).
+std::size_t total_memory() {
+    static const std::size_t total = [] {
+        const char* set = std::getenv("LOCKSTEP_CUDA_EMU_MEMORY");
+        return set != nullptr && *set ? std::strtoull(set, nullptr, 10) : std::size_t{16} << 30;
+    }();
+    return total;
+}
 // How many of a kernel's dependent launches on a stream run checked (`run_launch`).
 constexpr unsigned int CHECKED_LAUNCHES_PER_KERNEL = 32;
 constexpr std::size_t PAGE = 4096;
@@ -372,7 +379,7 @@ CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
 
 CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice device) {
     if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = TOTAL_MEMORY;
+    *bytes = total_memory();
     return CUDA_SUCCESS;
 }
 
@@ -428,8 +435,8 @@ CUresult cuCtxSynchronize() { return check(); }
 
 CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
     std::lock_guard<std::mutex> guard(allocations_lock);
-    *total = TOTAL_MEMORY;
-    *free = allocated < TOTAL_MEMORY ? TOTAL_MEMORY - allocated : 0;
+    *total = total_memory();
+    *free = allocated < total_memory() ? total_memory() - allocated : 0;
     return CUDA_SUCCESS;
 }
 
@@ -438,7 +445,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* pointer, std::size_t bytes) {
     const std::size_t rounded = (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
     const std::size_t usable = (rounded + PAGE - 1) / PAGE * PAGE;
     std::lock_guard<std::mutex> guard(allocations_lock);
-    if (allocated + rounded > TOTAL_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (allocated + rounded > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
     void* mapping = mmap(nullptr, usable + PAGE, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mapping == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;

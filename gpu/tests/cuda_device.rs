@@ -623,6 +623,64 @@ fn switching_block_weights_on_an_executor_changes_no_bit() {
     assert!(in_blocks.1 * 5 < at_load.1, "{} bytes in blocks, {} at load", in_blocks.1, at_load.1);
 }
 
+/// Set in the child process `a_quantized_model_past_device_memory_names_block_weights` starts,
+/// where the emulator's device memory is cut down.
+const SMALL_DEVICE_CHILD: &str = "LOCKSTEP_CUDA_SMALL_DEVICE_CHILD";
+
+/// A Q4_1 model whose weights as f32 are past device memory fails to load with an error that
+/// says so and names block weights; in its blocks the same model loads and runs. On the
+/// emulator only, whose memory a process sets (`LOCKSTEP_CUDA_EMU_MEMORY`): 4 MiB here, against
+/// about 9.4 MB as f32 (an 8.4 MB embedding) and 2 MB in blocks.
+#[test]
+fn a_quantized_model_past_device_memory_names_block_weights() {
+    if !device_or_skip() {
+        return;
+    }
+    if std::env::var_os(SMALL_DEVICE_CHILD).is_none() {
+        if !probe::probe(0).unwrap().name.contains("emulator") {
+            eprintln!("skipped: a device's memory is what it is");
+            return;
+        }
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["a_quantized_model_past_device_memory_names_block_weights", "--exact"])
+            .env(SMALL_DEVICE_CHILD, "1")
+            .env("LOCKSTEP_CUDA_EMU_MEMORY", (4u64 << 20).to_string())
+            .output()
+            .unwrap();
+        let output =
+            String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+        assert!(child.status.success(), "the child failed: {output}");
+        assert!(output.contains("1 passed"), "the child ran no test: {output}");
+        return;
+    }
+    let small = LlamaConfig {
+        vocab_size: 32_768,
+        hidden: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        ffn: 128,
+        ..llama_3_2_1b()
+    };
+    let weights = Arc::new(random_llama(TensorType::Q4_1, small));
+    // 16 pages of KV: 131 kB.
+    let pool = PoolConfig { pages_total: 16, page_tokens: 16, pins_max: 0 };
+    let config = SchedConfig { pool, ..config(1, 7) };
+    let at_load = CudaOptions { graph_rows_max: 0, ..CudaOptions::default() };
+    let err = CudaExecutor::new(weights.clone(), config.pool, 1, at_load).unwrap_err();
+    assert!(
+        err.starts_with("CUDA: uploading the embedding")
+            && err.contains("OUT_OF_MEMORY")
+            && err.contains("`--cuda-launch block-weights` keeps them in their blocks"),
+        "{err}"
+    );
+    let launch = LaunchOptions { block_weights: true, ..LaunchOptions::default() };
+    let mut in_blocks = cuda(&weights, config.pool, 1, CudaOptions { launch, ..at_load });
+    let runs = run(&mut in_blocks, &config, greedy(&[vec![1, 2, 3]], 4));
+    assert_eq!(runs[&RequestId(0)].0.len(), 4);
+}
+
 #[test]
 fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda_on_the_default_model() {
     if !device_or_skip() {

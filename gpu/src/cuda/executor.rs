@@ -169,7 +169,8 @@ impl CudaExecutor {
             c.head_dim,
         );
         let kv = stream.alloc_zeros::<u16>(kv_layout.total_elements()).map_err(|e| {
-            format!("CUDA: allocating {} bytes of KV cache: {e}", kv_layout.total_bytes())
+            let hint = weights::out_of_memory_hint(&weights, options.launch.block_weights, &e);
+            format!("CUDA: allocating {} bytes of KV cache: {e}{hint}", kv_layout.total_bytes())
         })?;
         let rows = (slots as usize).max(1);
         let capacity = Capacity {

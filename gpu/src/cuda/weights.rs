@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 
 use crate::gguf::{TensorType, f16_to_f32, f32_to_f16};
@@ -242,6 +243,22 @@ impl Uploader<'_> {
     }
 }
 
+/// What to add to `e` when it says device memory ran out and `weights` has block-typed
+/// matrices that went up as f32 (not `blocks`): in their blocks they take 4 to 6 times less.
+pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError) -> &'static str {
+    let matrices =
+        weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
+    let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
+    let in_blocks =
+        |w: &Weight| matches!(w, Weight::Quantized(b) if BlockKind::of(b.kind()).is_some());
+    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && matrices.any(in_blocks) {
+        "; the model's Q4_0, Q4_1 and Q8_0 matrices went up as f32, and `--cuda-launch \
+         block-weights` keeps them in their blocks, 4 to 6 times smaller"
+    } else {
+        ""
+    }
+}
+
 /// Uploads every tensor of `weights` on `stream`; with `blocks`, block-typed matrices in their
 /// blocks.
 pub fn upload(
@@ -249,9 +266,12 @@ pub fn upload(
     stream: &Arc<CudaStream>,
     blocks: bool,
 ) -> Result<DeviceWeights, String> {
-    fn err(what: &str) -> impl Fn(DriverError) -> String + '_ {
-        move |e| format!("CUDA: uploading {what}: {e}")
-    }
+    let err = |what: &str| {
+        let what = what.to_owned();
+        move |e: DriverError| {
+            format!("CUDA: uploading {what}: {e}{}", out_of_memory_hint(weights, blocks, &e))
+        }
+    };
     let mut up = Uploader { stream, bytes: 0, blocks };
     let mut layers = Vec::with_capacity(weights.layers.len());
     for (i, l) in weights.layers.iter().enumerate() {
