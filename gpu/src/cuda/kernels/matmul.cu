@@ -149,9 +149,10 @@ struct Chunk<q8_0_blocks> {
     f16_bits d;
 };
 
-// How many of its chunks a lane requests before it uses any (divided among its rows): about
-// 128 bytes of a dense row, 48 to 64 of a block row (more would cost registers than the
-// short rows of a decode step have chunks for: 2048 elements are 8 chunks a lane).
+// How many of its chunks a lane requests before it uses any (divided among its rows): 8 of a
+// dense row (128 to 256 bytes) or of a Q8_0 row (64 bytes of quants), 16 of a Q4 row (64 bytes
+// of quants; its 8 would be half that in flight). A row of 2048 elements is 8 chunks a lane, so
+// the down product's rows (8192) are where 16 differ from 8.
 template <typename R>
 struct InFlight {
     static constexpr int CHUNKS = 8;
