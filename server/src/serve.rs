@@ -291,8 +291,17 @@ pub fn cuda_executor(
 ) -> Result<CudaExecutor, String> {
     let graph_rows_max = sched.capture_sizes.last().map_or(0, |&s| s as usize);
     let options = CudaOptions { ordinal, graph_rows_max, launch };
-    CudaExecutor::new(weights, sched.pool, sched.running_max, options)
-        .map_err(|e| format!("--device cuda:{ordinal}: {e}"))
+    let executor = CudaExecutor::new(weights, sched.pool, sched.running_max, options)
+        .map_err(|e| format!("--device cuda:{ordinal}: {e}"))?;
+    // What the device holds, for whoever sizes the next deployment (block weights change it
+    // four- to six-fold on a quantized model).
+    tracing::info!(
+        device = %executor.device().name,
+        weight_bytes = executor.weight_bytes(),
+        launch = %launch,
+        "CUDA executor ready"
+    );
+    Ok(executor)
 }
 
 /// `ID@HOST:PORT`.
