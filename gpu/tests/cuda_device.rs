@@ -637,7 +637,7 @@ fn a_quantized_model_past_device_memory_names_block_weights() {
         return;
     }
     if std::env::var_os(SMALL_DEVICE_CHILD).is_none() {
-        if !probe::probe(0).unwrap().name.contains("emulator") {
+        if !probe::probe_device(0).unwrap().name.contains("emulator") {
             eprintln!("skipped: a device's memory is what it is");
             return;
         }
