@@ -584,14 +584,20 @@ fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda() {
     if !device_or_skip() {
         return;
     }
-    let dir = std::env::temp_dir().join("lockstep-cuda-invariance");
-    let _ = std::fs::remove_dir_all(&dir);
-    tiny::variants()[0].write(&dir);
-    let weights = Model::load(&dir).unwrap().weights;
+    let weights = tiny_llama("invariance");
     batch_invariant("tiny llama", &weights);
     // Every launch option includes block weights: the products and the wide products on blocks.
     batch_invariant("tiny llama in Q4_1", &Arc::new(quantized(&weights, |_| TensorType::Q4_1)));
+}
+
+/// The first tiny variant (Llama, f32), written to and loaded from a folder named for `test`.
+fn tiny_llama(test: &str) -> Arc<LlamaWeights> {
+    let dir = std::env::temp_dir().join(format!("lockstep-cuda-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tiny::variants()[0].write(&dir);
+    let weights = Model::load(&dir).unwrap().weights;
     std::fs::remove_dir_all(&dir).unwrap();
+    weights
 }
 
 /// Switching `block_weights` on a live executor uploads the weights again, in the other form,
@@ -602,12 +608,7 @@ fn switching_block_weights_on_an_executor_changes_no_bit() {
     if !device_or_skip() {
         return;
     }
-    let dir = std::env::temp_dir().join("lockstep-cuda-switch");
-    let _ = std::fs::remove_dir_all(&dir);
-    tiny::variants()[0].write(&dir);
-    let dense = Model::load(&dir).unwrap().weights;
-    std::fs::remove_dir_all(&dir).unwrap();
-    let weights = Arc::new(quantized(&dense, |_| TensorType::Q4_1));
+    let weights = Arc::new(quantized(&tiny_llama("switch"), |_| TensorType::Q4_1));
     let config = config(2, 7);
     let requests = greedy(&[vec![5, 9, 200, 14, 3, 77, 41, 8, 9], vec![1, 2, 3]], 8);
     let mut executor = cuda(&weights, config.pool, config.running_max, CudaOptions::default());
@@ -697,13 +698,10 @@ fn without_a_driver_the_executor_is_a_clean_error() {
         eprintln!("skipped: a CUDA driver is present");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("lockstep-cuda-nodriver-{}", std::process::id()));
-    tiny::variants()[0].write(&dir);
-    let weights = Model::load(&dir).unwrap().weights;
+    let weights = tiny_llama("nodriver");
     let pool = PoolConfig { pages_total: 8, page_tokens: 16, pins_max: 0 };
     let err = CudaExecutor::new(weights, pool, 1, CudaOptions::default()).unwrap_err();
     assert!(err.starts_with("no CUDA driver: libcuda.so.1 not found"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Llama 3.2 1B's shape: 1.24B parameters, tied embedding.
@@ -800,9 +798,7 @@ fn bench_config(batch: u32) -> SchedConfig {
 /// every step compared, no gap, and a planted change of one logit caught.
 #[test]
 fn the_comparison_harness_holds_the_cpu_to_itself() {
-    let dir = std::env::temp_dir().join(format!("lockstep-cuda-harness-{}", std::process::id()));
-    tiny::variants()[0].write(&dir);
-    let weights = Model::load(&dir).unwrap().weights;
+    let weights = tiny_llama("harness");
     let config = config(1, 7);
     let requests: Vec<_> = [vec![5u32, 9, 200, 14, 3, 77, 41, 8, 9], vec![1, 2, 3]]
         .into_iter()
@@ -826,7 +822,6 @@ fn the_comparison_harness_holds_the_cpu_to_itself() {
     assert_eq!((c.steps, c.first_step), (4, 0.0));
     planted.1[4][7] = f32::NAN;
     assert!(compare(&a[&RequestId(0)], planted, 1e-3).failure.is_some(), "NaN never passes");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// What the device run relies on, checked anywhere: the harness's schedules are valid, and the
