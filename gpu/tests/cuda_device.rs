@@ -654,17 +654,7 @@ fn a_quantized_model_past_device_memory_names_block_weights() {
         assert!(output.contains("1 passed"), "the child ran no test: {output}");
         return;
     }
-    let small = LlamaConfig {
-        vocab_size: 32_768,
-        hidden: 64,
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        ffn: 128,
-        ..llama_3_2_1b()
-    };
-    let weights = Arc::new(random_llama(TensorType::Q4_1, small));
+    let weights = Arc::new(random_llama(TensorType::Q4_1, small_llama(32_768)));
     // 16 pages of KV: 131 kB.
     let pool = PoolConfig { pages_total: 16, page_tokens: 16, pins_max: 0 };
     let config = SchedConfig { pool, ..config(1, 7) };
@@ -721,6 +711,20 @@ fn llama_3_2_1b() -> LlamaConfig {
         qkv_bias: false,
         sliding_window: None,
         context_length: 4096,
+    }
+}
+
+/// Llama 3.2 1B's architecture at a few kilobytes a layer, with `vocab` tokens.
+fn small_llama(vocab: usize) -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: vocab,
+        hidden: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        ffn: 128,
+        ..llama_3_2_1b()
     }
 }
 
@@ -901,18 +905,8 @@ fn the_throughput_benchmark_runs_on_a_small_model() {
     if !device_or_skip() {
         return;
     }
-    let small = LlamaConfig {
-        hidden: 64,
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        ffn: 128,
-        vocab_size: 512,
-        ..llama_3_2_1b()
-    };
     let (kind, alternative) = bench_model("q4_1");
-    decode_throughput(&Arc::new(random_llama(kind, small)), "q4_1", 2, alternative);
+    decode_throughput(&Arc::new(random_llama(kind, small_llama(512))), "q4_1", 2, alternative);
 }
 
 /// Decode tokens/s of `weights` at `batch` rows, plain, with `alternative`, and with every
