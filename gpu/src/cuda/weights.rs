@@ -246,12 +246,12 @@ impl Uploader<'_> {
 /// What to add to `e` when it says device memory ran out and `weights` has block-typed
 /// matrices that went up as f32 (not `blocks`): in their blocks they take 4 to 6 times less.
 pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError) -> &'static str {
+    // Every quantized matrix is of a block type (`BlockRows::holds`).
     let matrices =
         weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
     let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
-    let in_blocks =
-        |w: &Weight| matches!(w, Weight::Quantized(b) if BlockKind::of(b.kind()).is_some());
-    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && matrices.any(in_blocks) {
+    let quantized = matrices.any(|w| matches!(w, Weight::Quantized(_)));
+    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && quantized {
         "; the model's Q4_0, Q4_1 and Q8_0 matrices went up as f32, and `--cuda-launch \
          block-weights` keeps them in their blocks, 4 to 6 times smaller"
     } else {
