@@ -442,7 +442,7 @@ fn with_matrices(weights: &LlamaWeights, f: impl Fn(&str, &Weight) -> Weight) ->
 fn dequantized(weights: &LlamaWeights) -> LlamaWeights {
     with_matrices(weights, |_, w| match w {
         Weight::Dense { .. } => w.clone(),
-        Weight::Quantized(_) => Weight::Dense {
+        Weight::Quantized(_) | Weight::KQuantized(_) => Weight::Dense {
             rows: w.rows(),
             cols: w.cols(),
             data: (0..w.rows()).flat_map(|r| w.row(r)).collect(),

@@ -175,7 +175,7 @@ pub fn narrow(values: &[f32], storage: Storage) -> Vec<u16> {
 fn dense_values(weight: &Weight) -> std::borrow::Cow<'_, [f32]> {
     match weight {
         Weight::Dense { data, .. } => std::borrow::Cow::Borrowed(data),
-        Weight::Quantized(_) => {
+        Weight::Quantized(_) | Weight::KQuantized(_) => {
             let mut data = Vec::with_capacity(weight.rows() * weight.cols());
             for r in 0..weight.rows() {
                 data.extend(weight.row(r));

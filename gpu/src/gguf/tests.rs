@@ -3,93 +3,12 @@
 
 use super::*;
 
-/// Writes a GGUF file: what the tests parse, built field by field as the format says.
-struct Writer {
-    head: Vec<u8>,
-    metadata: Vec<u8>,
-    metadata_count: u64,
-    infos: Vec<u8>,
-    tensor_count: u64,
-    data: Vec<u8>,
-    alignment: u64,
-}
-
-impl Writer {
-    fn new() -> Writer {
-        Writer {
-            head: b"GGUF".to_vec(),
-            metadata: Vec::new(),
-            metadata_count: 0,
-            infos: Vec::new(),
-            tensor_count: 0,
-            data: Vec::new(),
-            alignment: 32,
-        }
-    }
-
-    fn string(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-
-    fn kv(&mut self, key: &str, code: u32, value: &[u8]) -> &mut Writer {
-        Self::string(&mut self.metadata, key);
-        self.metadata.extend_from_slice(&code.to_le_bytes());
-        self.metadata.extend_from_slice(value);
-        self.metadata_count += 1;
-        self
-    }
-
-    fn kv_str(&mut self, key: &str, value: &str) -> &mut Writer {
-        let mut v = Vec::new();
-        Self::string(&mut v, value);
-        self.kv(key, 8, &v)
-    }
-
-    fn kv_strings(&mut self, key: &str, values: &[&str]) -> &mut Writer {
-        let mut v = 8u32.to_le_bytes().to_vec();
-        v.extend_from_slice(&(values.len() as u64).to_le_bytes());
-        for s in values {
-            Self::string(&mut v, s);
-        }
-        self.kv(key, 9, &v)
-    }
-
-    /// A tensor whose bytes are `bytes`, placed at the next aligned offset.
-    fn tensor(&mut self, name: &str, dims: &[u64], kind: TensorType, bytes: &[u8]) -> &mut Writer {
-        let offset = (self.data.len() as u64).next_multiple_of(self.alignment);
-        self.data.resize(offset as usize, 0);
-        self.data.extend_from_slice(bytes);
-        Self::string(&mut self.infos, name);
-        self.infos.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        for d in dims {
-            self.infos.extend_from_slice(&d.to_le_bytes());
-        }
-        self.infos.extend_from_slice(&kind.code().to_le_bytes());
-        self.infos.extend_from_slice(&offset.to_le_bytes());
-        self.tensor_count += 1;
-        self
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut out = self.head.clone();
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&self.tensor_count.to_le_bytes());
-        out.extend_from_slice(&self.metadata_count.to_le_bytes());
-        out.extend_from_slice(&self.metadata);
-        out.extend_from_slice(&self.infos);
-        out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
-        out.extend_from_slice(&self.data);
-        out
-    }
-}
-
-fn sample() -> Writer {
-    let mut w = Writer::new();
+fn sample() -> GgufWriter {
+    let mut w = GgufWriter::new();
     w.kv_str("general.architecture", "llama")
-        .kv("llama.context_length", 4, &2048u32.to_le_bytes())
-        .kv("llama.rope.freq_base", 6, &10000f32.to_le_bytes())
-        .kv("tokenizer.ggml.add_bos_token", 7, &[1])
+        .kv_u32("llama.context_length", 2048)
+        .kv_f32("llama.rope.freq_base", 10000.0)
+        .kv_bool("tokenizer.ggml.add_bos_token", true)
         .kv_strings("tokenizer.ggml.tokens", &["<s>", "hello", "world"])
         .tensor("a.weight", &[4, 2], TensorType::F32, &[7; 32])
         .tensor("b.weight", &[32, 2], TensorType::Q4_1, &[9; 40]);
@@ -138,7 +57,7 @@ fn bad_files_name_what_is_wrong() {
     file[4] = 2;
     assert_eq!(Gguf::parse(&file).unwrap_err(), GgufError::UnsupportedVersion(2));
 
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     w.tensor("odd", &[32], TensorType::Q4_1, &[0; 20]);
     let mut file = w.bytes();
     let code_at = file.windows(4).rposition(|b| b == 3u32.to_le_bytes()).unwrap();
@@ -148,7 +67,7 @@ fn bad_files_name_what_is_wrong() {
     assert!(err.to_string().contains("\"odd\""), "the message names the tensor: {err}");
 
     // A tensor whose bytes run past the end of the file.
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     w.tensor("short", &[8], TensorType::F32, &[0; 32]);
     let mut file = w.bytes();
     file.truncate(file.len() - 4);
@@ -157,12 +76,12 @@ fn bad_files_name_what_is_wrong() {
     );
 
     // Rows that are not whole blocks.
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     w.tensor("ragged", &[16, 2], TensorType::Q4_1, &[0; 20]);
     assert!(matches!(Gguf::parse(&w.bytes()), Err(GgufError::BadTensor { .. })));
 
     // Two tensors with one name.
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     w.tensor("twice", &[8], TensorType::F32, &[0; 32]).tensor(
         "twice",
         &[8],
@@ -174,7 +93,7 @@ fn bad_files_name_what_is_wrong() {
     );
 
     // An alignment that is not a power of two.
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     w.kv("general.alignment", 4, &24u32.to_le_bytes());
     assert!(matches!(Gguf::parse(&w.bytes()), Err(GgufError::BadMetadata { .. })));
 }
@@ -188,7 +107,7 @@ fn huge_counts_are_refused_before_allocating() {
     file.extend_from_slice(&(1u64 << 60).to_le_bytes());
     assert!(matches!(Gguf::parse(&file), Err(GgufError::TooMany { .. })));
     // An array claiming 2^40 strings.
-    let mut w = Writer::new();
+    let mut w = GgufWriter::new();
     let mut v = 8u32.to_le_bytes().to_vec();
     v.extend_from_slice(&(1u64 << 40).to_le_bytes());
     w.kv("tokenizer.ggml.tokens", 9, &v);

@@ -6,9 +6,9 @@
 //! either way (an instruction with FMA, a C library call without), and integer sums are exact,
 //! so both copies give bit-identical results: the choice changes speed, never output.
 //!
-//! This module and the dispatch in `blocks` are the only places in the workspace allowed
-//! `unsafe`: calling a function compiled for features the caller's target does not promise, and
-//! unaligned vector loads after the lengths they read were asserted.
+//! This module and the dispatch in `blocks` and `kquants` are the only places in the workspace
+//! allowed `unsafe`: calling a function compiled for features the caller's target does not
+//! promise, and unaligned vector loads after the lengths they read were asserted.
 
 #![allow(unsafe_code, reason = "calls into code compiled for CPU features detected at run time")]
 
@@ -245,6 +245,118 @@ pub(crate) mod avx2 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, acc);
         }
         to_array(acc)
+    }
+
+    /// The integer lanes of one `Q4_K` block's quants (128 bytes: element `64c + l` is the low
+    /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
+    /// (256 bytes each), each 32 elements' products times their scale (`scales` holds one per
+    /// 16; a 32's two are equal): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
+    /// `ggml_vec_dot_q4_K_q8_K` leaves them. Unsigned nibbles by signed bytes is what `maddubs`
+    /// takes; a pair is at most 2 * 15 * 128, far from saturating.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn q4k_lanes<const N: usize>(
+        qs: &[u8],
+        scales: &[i32; 16],
+        acts: [&[i8]; N],
+    ) -> [[i32; 8]; N] {
+        assert!(qs.len() >= 128 && acts.iter().all(|a| a.len() >= 256));
+        let low = _mm256_set1_epi8(0x0f);
+        let mut sums = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // SAFETY: the assert above puts 128 bytes at `qs`.
+            let packed = unsafe { _mm256_loadu_si256(qs.as_ptr().add(32 * c).cast()) };
+            let nibbles = [
+                _mm256_and_si256(packed, low),
+                _mm256_and_si256(_mm256_srli_epi16(packed, 4), low),
+            ];
+            for (sum, act) in sums.iter_mut().zip(acts) {
+                for (half, &q4) in nibbles.iter().enumerate() {
+                    let scale = _mm256_set1_epi16(scales[4 * c + 2 * half] as i16);
+                    // SAFETY: the assert above puts 256 bytes at every `act`.
+                    let q8 =
+                        unsafe { _mm256_loadu_si256(act.as_ptr().add(64 * c + 32 * half).cast()) };
+                    let scaled = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q4, q8));
+                    *sum = _mm256_add_epi32(*sum, scaled);
+                }
+            }
+        }
+        ints(sums)
+    }
+
+    /// The integer lanes of one `Q6_K` block (`ql`, 128 bytes of low nibbles, and `qh`, 64 bytes
+    /// of high pairs, as `dequantize` reads them) against each of `acts`: `(q - 32) * a`, each 16
+    /// elements' products times their signed scale, in the lanes of `q4k_lanes`. The 6-bit
+    /// values go into `maddubs` unsigned and `32 * a` is subtracted after, as
+    /// `ggml_vec_dot_q6_K_q8_K` does (pairs of at most 2 * 63 * 128: no saturation).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn q6k_lanes<const N: usize>(
+        ql: &[u8],
+        qh: &[u8],
+        scales: &[i32; 16],
+        acts: [&[i8]; N],
+    ) -> [[i32; 8]; N] {
+        assert!(ql.len() >= 128 && qh.len() >= 64 && acts.iter().all(|a| a.len() >= 256));
+        let low = _mm256_set1_epi8(0x0f);
+        let two_bits = _mm256_set1_epi8(3);
+        let thirty_two = _mm256_set1_epi8(32);
+        let mut sums = [_mm256_setzero_si256(); N];
+        for half in 0..2 {
+            // SAFETY: the assert above puts 128 bytes at `ql` and 64 at `qh`.
+            let (first, second, high) = unsafe {
+                (
+                    _mm256_loadu_si256(ql.as_ptr().add(64 * half).cast()),
+                    _mm256_loadu_si256(ql.as_ptr().add(64 * half + 32).cast()),
+                    _mm256_loadu_si256(qh.as_ptr().add(32 * half).cast()),
+                )
+            };
+            // Each element's two high bits, moved to bits 4 and 5 of its byte.
+            let pairs = [
+                high,
+                _mm256_srli_epi16(high, 2),
+                _mm256_srli_epi16(high, 4),
+                _mm256_srli_epi16(high, 6),
+            ]
+            .map(|bits| _mm256_slli_epi16(_mm256_and_si256(bits, two_bits), 4));
+            // Elements 128 * half + 32 * g + l, g = 0 to 3.
+            let values = [
+                _mm256_or_si256(_mm256_and_si256(first, low), pairs[0]),
+                _mm256_or_si256(_mm256_and_si256(second, low), pairs[1]),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low), pairs[2]),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low), pairs[3]),
+            ];
+            for (sum, act) in sums.iter_mut().zip(acts) {
+                for (g, &q6) in values.iter().enumerate() {
+                    let sub = 8 * half + 2 * g;
+                    // Bytes 0-15 of the 32 fill 16-bit products 0-7, the low 128 bits.
+                    let scale = _mm256_set_m128i(
+                        _mm_set1_epi16(scales[sub + 1] as i16),
+                        _mm_set1_epi16(scales[sub] as i16),
+                    );
+                    // SAFETY: the assert above puts 256 bytes at every `act`.
+                    let q8 =
+                        unsafe { _mm256_loadu_si256(act.as_ptr().add(128 * half + 32 * g).cast()) };
+                    let centered = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q6, q8),
+                        _mm256_maddubs_epi16(thirty_two, q8),
+                    );
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(scale, centered));
+                }
+            }
+        }
+        ints(sums)
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ints<const N: usize>(sums: [__m256i; N]) -> [[i32; 8]; N] {
+        let mut out = [[0i32; 8]; N];
+        for (out, sum) in out.iter_mut().zip(sums) {
+            // SAFETY: `out` is eight i32s, what the unaligned store writes.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sum) };
+        }
+        out
     }
 
     #[target_feature(enable = "avx2")]

@@ -1,11 +1,12 @@
-//! Weight matrices and their batched products. Weights of the 32-element block types stay
-//! quantized and multiply as llama.cpp's do (`blocks`); other types are dequantized at load and
-//! multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
+//! Weight matrices and their batched products. Weights of the 32-element block types and of the
+//! K-quant types stay quantized and multiply as llama.cpp's do (`blocks`, `kquants`); other types
+//! are dequantized at load and multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
 
 use rayon::prelude::*;
 
 use super::blocks::{BlockRows, Q8};
 use super::kernels;
+use super::kquants::{KBlockRows, Q8K};
 use crate::gguf::{TensorType, dequantize};
 
 /// A weight matrix: `rows` rows of `cols`, `y[r] = sum_c w[r][c] * x[c]`.
@@ -18,6 +19,8 @@ pub enum Weight {
     },
     /// Rows of `Q4_0`, `Q4_1` or `Q8_0` blocks.
     Quantized(BlockRows),
+    /// Rows of `Q4_K` or `Q6_K` blocks.
+    KQuantized(KBlockRows),
 }
 
 impl Weight {
@@ -25,6 +28,9 @@ impl Weight {
     pub fn new(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> Weight {
         if BlockRows::holds(kind) {
             return Weight::Quantized(BlockRows::from_ggml(kind, rows, cols, bytes));
+        }
+        if KBlockRows::holds(kind) {
+            return Weight::KQuantized(KBlockRows::from_ggml(kind, rows, cols, bytes));
         }
         let mut data = vec![0f32; rows * cols];
         dequantize(kind, bytes, &mut data);
@@ -35,6 +41,7 @@ impl Weight {
         match self {
             Weight::Dense { rows, .. } => *rows,
             Weight::Quantized(blocks) => blocks.rows(),
+            Weight::KQuantized(blocks) => blocks.rows(),
         }
     }
 
@@ -42,6 +49,7 @@ impl Weight {
         match self {
             Weight::Dense { cols, .. } => *cols,
             Weight::Quantized(blocks) => blocks.cols(),
+            Weight::KQuantized(blocks) => blocks.cols(),
         }
     }
 
@@ -50,6 +58,7 @@ impl Weight {
         match self {
             Weight::Dense { cols, data, .. } => data[r * cols..(r + 1) * cols].to_vec(),
             Weight::Quantized(blocks) => blocks.row(r),
+            Weight::KQuantized(blocks) => blocks.row(r),
         }
     }
 
@@ -105,6 +114,7 @@ impl Weight {
                 (self, act),
                 (Weight::Dense { .. }, Activation::Dense(_))
                     | (Weight::Quantized(_), Activation::Q8(_))
+                    | (Weight::KQuantized(_), Activation::Q8K(_))
             )
         })
     }
@@ -123,17 +133,28 @@ impl Weight {
                 for r in rows {
                     let mut i = 0;
                     // Four inputs at a time share one pass over a quantized row.
-                    if let Weight::Quantized(blocks) = self {
-                        while i + 4 <= acts.len() {
-                            let four = [0, 1, 2, 3].map(|j| match &acts[i + j] {
-                                Activation::Q8(act) => act,
-                                Activation::Dense(_) => unreachable!("a dense input to blocks"),
-                            });
-                            for (j, y) in blocks.dot4(r, four).into_iter().enumerate() {
-                                store(i + j, r, y);
-                            }
-                            i += 4;
+                    while i + 4 <= acts.len() {
+                        let products = match self {
+                            Weight::Dense { .. } => break,
+                            Weight::Quantized(blocks) => blocks.dot4(
+                                r,
+                                [0, 1, 2, 3].map(|j| match &acts[i + j] {
+                                    Activation::Q8(act) => act,
+                                    _ => unreachable!("an activation prepared for another weight"),
+                                }),
+                            ),
+                            Weight::KQuantized(blocks) => blocks.dots(
+                                r,
+                                [0, 1, 2, 3].map(|j| match &acts[i + j] {
+                                    Activation::Q8K(act) => act,
+                                    _ => unreachable!("an activation prepared for another weight"),
+                                }),
+                            ),
+                        };
+                        for (j, y) in products.into_iter().enumerate() {
+                            store(i + j, r, y);
                         }
+                        i += 4;
                     }
                     for (i, act) in acts.iter().enumerate().skip(i) {
                         store(i, r, self.row_dot(r, act));
@@ -147,6 +168,7 @@ impl Weight {
         match self {
             Weight::Dense { .. } => Activation::Dense(x),
             Weight::Quantized(_) => Activation::Q8(Q8::quantize(x)),
+            Weight::KQuantized(_) => Activation::Q8K(Q8K::quantize(x)),
         }
     }
 
@@ -157,6 +179,7 @@ impl Weight {
                 dot(&data[r * cols..(r + 1) * cols], x)
             }
             (Weight::Quantized(blocks), Activation::Q8(act)) => blocks.dot(r, act),
+            (Weight::KQuantized(blocks), Activation::Q8K(act)) => blocks.dot(r, act),
             _ => unreachable!("an activation prepared for another weight"),
         }
     }
@@ -175,6 +198,7 @@ const ROWS_PER_TASK: usize = 16;
 pub(crate) enum Activation<'a> {
     Dense(&'a [f32]),
     Q8(Q8),
+    Q8K(Q8K),
 }
 
 /// A dot product in a fixed order: eight partial sums, then combined the same way every time.

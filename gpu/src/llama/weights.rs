@@ -1,6 +1,6 @@
 //! A Llama-family model's weights, from a GGUF file or a Hugging Face safetensors directory.
-//! 32-element block types stay quantized (multiplied as llama.cpp does, see `blocks`); the others
-//! are widened to f32 at load. Every tensor's shape is checked against the config, and an error
+//! GGUF's block types stay quantized (multiplied as llama.cpp does, see `blocks` and `kquants`);
+//! the others are widened to f32 at load. Every tensor's shape is checked against the config, and an error
 //! names the file and the tensor.
 
 use std::fmt;

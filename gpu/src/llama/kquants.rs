@@ -1,0 +1,437 @@
+//! Weights of the 256-element K-quant types (`Q4_K`, `Q6_K`: most GGUF files in the wild) kept in
+//! their blocks, and their products with 8-bit activations the way llama.cpp's x86 CPU backend
+//! computes them, so that a K-quant model's logits are llama.cpp's to the bit:
+//!
+//! - The activation is quantized per 256 values to `Q8_K` (`quantize_row_q8_K_ref`): an f32 scale,
+//!   256 signed bytes and the sums of each 16.
+//! - A block's integer products are exact, so only the floating-point steps must follow
+//!   llama.cpp, and they differ by path. `Q6_K` (`ggml_vec_dot_q6_K_q8_K`) and a `Q4_K` matrix
+//!   whose row count is not a multiple of 8 (`ggml_vec_dot_q4_K_q8_K`) sum each block into eight
+//!   integer lanes (element `e` in lane `(e % 32) / 4`), scale them into eight fused lane
+//!   accumulators and reduce them with `hsum8`; `Q4_K` adds its minimums' share in four lanes.
+//!   Every other `Q4_K` matrix llama.cpp repacks eight rows together (`block_q4_Kx8`) and
+//!   multiplies with `ggml_gemv_q4_K_8x8_q8_K`: one fused accumulator a row for the scaled sums
+//!   and one for the minimums, subtracted at the end.
+//!
+//! The blocks are kept as the file has them (4.5 and 6.56 bits a weight) and unpacked one block
+//! at a time in the product, which serves every input of a batch before the next block.
+
+use super::kernels;
+use super::numerics::hsum8;
+use crate::gguf::{TensorType, dequantize, f16_to_f32, scale_min_k4};
+
+/// Elements a K-quant block holds.
+const QK: usize = 256;
+
+/// Rows of `Q4_K` or `Q6_K` blocks, as ggml lays them out.
+#[derive(Clone, Debug)]
+pub struct KBlockRows {
+    kind: TensorType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl KBlockRows {
+    /// Whether `kind` is a K-quant type kept in its blocks.
+    pub fn holds(kind: TensorType) -> bool {
+        matches!(kind, TensorType::Q4K | TensorType::Q6K)
+    }
+
+    /// `bytes` must be `rows * cols / 256` blocks of `kind`, which the loader checked.
+    pub fn from_ggml(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> KBlockRows {
+        assert!(Self::holds(kind), "{kind:?} is not a K-quant type");
+        assert_eq!(cols % QK, 0, "{kind:?} rows are whole blocks");
+        assert_eq!(bytes.len(), rows * cols / QK * kind.block_bytes() as usize);
+        KBlockRows { kind, rows, cols, bytes: bytes.to_vec() }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn kind(&self) -> TensorType {
+        self.kind
+    }
+
+    /// Every block, row after row, in ggml's layout.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn row_bytes(&self, r: usize) -> &[u8] {
+        let per_row = self.cols / QK * self.kind.block_bytes() as usize;
+        &self.bytes[r * per_row..(r + 1) * per_row]
+    }
+
+    /// Row `r` as f32 (an embedding lookup), as ggml's `get_rows` dequantizes it.
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let mut out = vec![0f32; self.cols];
+        dequantize(self.kind, self.row_bytes(r), &mut out);
+        out
+    }
+
+    /// Row `r` times each of `acts`: one pass over the row's blocks for all of them.
+    #[inline(always)]
+    pub fn dots<const N: usize>(&self, r: usize, acts: [&Q8K; N]) -> [f32; N] {
+        let mut sums = [Sum::default(); N];
+        let mut head = Header::default();
+        let block_bytes = self.kind.block_bytes() as usize;
+        // llama.cpp repacks a Q4_K matrix eight rows at a time when it can.
+        let repacked = self.kind == TensorType::Q4K && self.rows.is_multiple_of(8);
+        for (b, block) in self.row_bytes(r).chunks_exact(block_bytes).enumerate() {
+            head.read(self.kind, block);
+            let q8 = acts.map(|act| &act.q[b * QK..(b + 1) * QK]);
+            let lanes = block_lanes(self.kind, block, &head, q8);
+            for ((sum, act), lanes) in sums.iter_mut().zip(&acts).zip(&lanes) {
+                let yd = act.d[b];
+                let bsums = &act.bsums[b * 16..(b + 1) * 16];
+                match (self.kind, repacked) {
+                    (TensorType::Q4K, true) => {
+                        let scaled: i32 = lanes.iter().sum();
+                        let minimum: i32 = head.min_products(bsums).iter().sum();
+                        // `_mm256_mul_ps(col_scale, row_scale)`, then one fused step each.
+                        sum.row = (scaled as f32).mul_add(head.d * yd, sum.row);
+                        sum.min = (minimum as f32).mul_add(head.dmin * yd, sum.min);
+                    }
+                    (kind, _) => {
+                        let d = yd * head.d;
+                        for (acc, &lane) in sum.lanes.iter_mut().zip(lanes) {
+                            *acc = d.mul_add(lane as f32, *acc);
+                        }
+                        if kind == TensorType::Q4K {
+                            let dmin = -yd * head.dmin;
+                            for (acc, &m) in sum.mins.iter_mut().zip(&head.min_products(bsums)) {
+                                *acc = dmin.mul_add(m as f32, *acc);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        sums.map(|sum| match (self.kind, repacked) {
+            (TensorType::Q4K, true) => sum.row - sum.min,
+            // `hsum_float_8`, plus the minimums' lanes as `_mm_movehl_ps` and
+            // `_mm_movehdup_ps` pair them.
+            (TensorType::Q4K, false) => {
+                let m = &sum.mins;
+                hsum8(&sum.lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
+            }
+            _ => hsum8(&sum.lanes),
+        })
+    }
+
+    /// Row `r` times `act`.
+    #[inline(always)]
+    pub fn dot(&self, r: usize, act: &Q8K) -> f32 {
+        self.dots(r, [act])[0]
+    }
+}
+
+/// One row's running sums with one input: the lane accumulators (and, for `Q4_K`, the
+/// minimums'), or the repacked path's two.
+#[derive(Clone, Copy, Default)]
+struct Sum {
+    lanes: [f32; 8],
+    mins: [f32; 4],
+    row: f32,
+    min: f32,
+}
+
+/// A block's scales, as the products read them.
+#[derive(Default)]
+struct Header {
+    /// The integer scale of each 16 elements (`Q4_K`'s per 32, twice).
+    scales: [i32; 16],
+    /// `Q4_K`'s integer minimum of each 32.
+    mins: [i32; 8],
+    /// The block's scale (and `Q4_K`'s scale of minimums), widened from half precision.
+    d: f32,
+    dmin: f32,
+}
+
+impl Header {
+    /// The layouts are `dequantize`'s (`gguf::dequant`).
+    #[inline(always)]
+    fn read(&mut self, kind: TensorType, block: &[u8]) {
+        let half = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
+        match kind {
+            TensorType::Q4K => {
+                (self.d, self.dmin) = (half(0), half(2));
+                for j in 0..8 {
+                    let (sc, m) = scale_min_k4(j, &block[4..16]);
+                    self.scales[2 * j] = i32::from(sc);
+                    self.scales[2 * j + 1] = i32::from(sc);
+                    self.mins[j] = i32::from(m);
+                }
+            }
+            TensorType::Q6K => {
+                self.d = half(208);
+                for (s, &b) in self.scales.iter_mut().zip(&block[192..208]) {
+                    *s = i32::from(b as i8);
+                }
+            }
+            other => unreachable!("{other:?} is not a K-quant type"),
+        }
+    }
+
+    /// `Q4_K`'s minimums times the activation's sums of each 32 (`bsums` in pairs), in four
+    /// lanes as `_mm_madd_epi16` pairs them: lane `i` holds minimums `2i` and `2i + 1`.
+    #[inline(always)]
+    fn min_products(&self, bsums: &[i16]) -> [i32; 4] {
+        let sum32 = |j: usize| i32::from(bsums[2 * j]) + i32::from(bsums[2 * j + 1]);
+        [0, 1, 2, 3]
+            .map(|i| self.mins[2 * i] * sum32(2 * i) + self.mins[2 * i + 1] * sum32(2 * i + 1))
+    }
+}
+
+/// A block's scaled integer products with each of `acts` in eight lanes: element `e` in lane
+/// `(e % 32) / 4`, as `_mm256_madd_epi16` leaves them. Exact, so the AVX2 kernels and the
+/// portable loops below, which sum them in other orders, agree.
+#[inline(always)]
+fn block_lanes<const N: usize>(
+    kind: TensorType,
+    block: &[u8],
+    head: &Header,
+    acts: [&[i8]; N],
+) -> [[i32; 8]; N] {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(
+            unsafe_code,
+            reason = "a function compiled for CPU features detected at run time"
+        )]
+        // SAFETY: the CPU has AVX2 and FMA, all that the kernels are compiled for.
+        return unsafe {
+            match kind {
+                TensorType::Q4K => kernels::avx2::q4k_lanes(&block[16..144], &head.scales, acts),
+                _ => kernels::avx2::q6k_lanes(&block[0..128], &block[128..192], &head.scales, acts),
+            }
+        };
+    }
+    let values = unpack(kind, block);
+    acts.map(|act| {
+        let mut lanes = [0i32; 8];
+        for (sixteen, (q, a)) in values.chunks_exact(16).zip(act.chunks_exact(16)).enumerate() {
+            // Elements 16 * sixteen .. + 16: lanes 0-3 or 4-7 of their 32.
+            let first = (sixteen % 2) * 4;
+            for (k, (q, a)) in q.chunks_exact(4).zip(a.chunks_exact(4)).enumerate() {
+                let sum: i32 = q.iter().zip(a).map(|(&q, &a)| i32::from(q) * i32::from(a)).sum();
+                lanes[first + k] += head.scales[sixteen] * sum;
+            }
+        }
+        lanes
+    })
+}
+
+/// Each element's integer quant: 0 to 15 for `Q4_K`, -32 to 31 for `Q6_K` (`dequantize`'s
+/// layouts).
+#[inline(always)]
+fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
+    let mut values = [0i8; QK];
+    match kind {
+        TensorType::Q4K => {
+            for (q, out) in block[16..144].chunks_exact(32).zip(values.chunks_exact_mut(64)) {
+                let (low, high) = out.split_at_mut(32);
+                for ((&byte, low), high) in q.iter().zip(low).zip(high) {
+                    (*low, *high) = ((byte & 0x0f) as i8, (byte >> 4) as i8);
+                }
+            }
+        }
+        _ => {
+            let (ql, qh) = (&block[0..128], &block[128..192]);
+            for n in 0..2 {
+                let (ql, qh, q) = (&ql[64 * n..], &qh[32 * n..], &mut values[128 * n..]);
+                for l in 0..32 {
+                    q[l] = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) as i8 - 32;
+                    q[l + 32] = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                    q[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                    q[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                }
+            }
+        }
+    }
+    values
+}
+
+/// An activation quantized to 8 bits in blocks of 256 (`block_q8_K`): per block the f32 scale
+/// `d`, the values, and the sum of each 16 values.
+#[derive(Clone, Debug)]
+pub struct Q8K {
+    d: Vec<f32>,
+    q: Vec<i8>,
+    bsums: Vec<i16>,
+}
+
+impl Q8K {
+    /// `quantize_row_q8_K_ref`: the scale from the block's value of largest magnitude (the
+    /// first, on ties), each value times `-127 / max` rounded to nearest, ties to even.
+    pub fn quantize(x: &[f32]) -> Q8K {
+        kernels::run(
+            #[inline(always)]
+            || Self::quantize_here(x),
+        )
+    }
+
+    #[inline(always)]
+    fn quantize_here(x: &[f32]) -> Q8K {
+        assert!(x.len().is_multiple_of(QK), "a K-quant product's input is whole blocks");
+        let blocks = x.len() / QK;
+        let mut act = Q8K {
+            d: Vec::with_capacity(blocks),
+            q: Vec::with_capacity(x.len()),
+            bsums: Vec::with_capacity(blocks * 16),
+        };
+        for block in x.chunks_exact(QK) {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in block {
+                if v.abs() > amax {
+                    (amax, max) = (v.abs(), v);
+                }
+            }
+            if amax == 0.0 {
+                // ggml leaves the sums as they were; with a zero scale they multiply to zero.
+                act.d.push(0.0);
+                act.q.extend([0; QK]);
+                act.bsums.extend([0; 16]);
+                continue;
+            }
+            let iscale = -127.0 / max;
+            let start = act.q.len();
+            act.q.extend(block.iter().map(|&v| nearest_int(iscale * v).min(127) as i8));
+            for sixteen in act.q[start..].chunks_exact(16) {
+                act.bsums.push(sixteen.iter().map(|&q| i16::from(q)).sum());
+            }
+            act.d.push(1.0 / iscale);
+        }
+        act
+    }
+}
+
+/// ggml's `nearest_int`: `value` rounded to nearest, ties to even, by adding `1.5 * 2^23` (so the
+/// addition's rounding is the rounding) and reading the low mantissa bits. Exact for
+/// `|value| < 2^22`, which a scaled 8-bit quant is.
+#[inline(always)]
+fn nearest_int(value: f32) -> i32 {
+    let shifted = (value + 12_582_912.0).to_bits() as i32;
+    (shifted & 0x007f_ffff) - 0x0040_0000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::f32_to_f16;
+
+    /// Random bytes of `n` blocks of `kind`, with half-precision scales of sane magnitude (random
+    /// bits there would be infinities and NaNs).
+    pub(crate) fn random_blocks(kind: TensorType, n: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut bytes: Vec<u8> =
+            (0..n * kind.block_bytes() as usize).map(|_| next() as u8).collect();
+        let mut scale = || f32_to_f16(((next() % 1000) as f32 + 1.0) / 64_000.0).to_le_bytes();
+        for block in bytes.chunks_exact_mut(kind.block_bytes() as usize) {
+            match kind {
+                TensorType::Q4K => {
+                    block[0..2].copy_from_slice(&scale());
+                    block[2..4].copy_from_slice(&scale());
+                }
+                _ => block[208..210].copy_from_slice(&scale()),
+            }
+        }
+        bytes
+    }
+
+    fn random_input(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) % 20_001) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The quantized product approximates the f32 product of the dequantized row: the
+    /// unpacking is `dequantize`'s, whatever the lane bookkeeping does.
+    #[test]
+    fn products_approximate_the_dequantized_product() {
+        for (kind, rows) in [(TensorType::Q4K, 8), (TensorType::Q4K, 3), (TensorType::Q6K, 3)] {
+            let cols = 512;
+            let w = KBlockRows::from_ggml(kind, rows, cols, &random_blocks(kind, rows * 2, 7));
+            let x = random_input(cols, 11);
+            let act = Q8K::quantize(&x);
+            for r in 0..rows {
+                let exact: f64 = w.row(r).iter().zip(&x).map(|(&a, &b)| f64::from(a * b)).sum();
+                let magnitude: f64 =
+                    w.row(r).iter().zip(&x).map(|(&a, &b)| f64::from((a * b).abs())).sum();
+                let got = f64::from(w.dot(r, &act));
+                assert!(
+                    (got - exact).abs() <= 0.02 * magnitude,
+                    "{kind:?} row {r}: {got} against {exact} (magnitude {magnitude})"
+                );
+            }
+        }
+    }
+
+    /// The Q8_K rounding and sums, on values whose quantization is known.
+    #[test]
+    fn q8k_matches_ggml_on_known_values() {
+        let mut x = vec![0f32; QK];
+        x[0] = 0.5;
+        x[1] = -1.0; // the largest magnitude: scale -127 / -1 = 127
+        x[2] = 0.25;
+        x[17] = 2.0 / 127.0 * 0.5 * 3.0; // 3 exactly: 127 * (3 / 127)
+        let act = Q8K::quantize(&x);
+        assert_eq!(act.d, [1.0 / 127.0]);
+        // 63.5 rounds to even, 31.75 to 32.
+        assert_eq!(&act.q[..3], &[64, -127, 32]);
+        assert_eq!(act.q[17], 3);
+        assert_eq!(act.bsums[..2], [64 - 127 + 32, 3]);
+        let zero = Q8K::quantize(&[0f32; QK]);
+        assert_eq!((zero.d[0], zero.bsums[0]), (0.0, 0));
+    }
+
+    /// The AVX2 build of these loops and the portable one give the same bits.
+    #[test]
+    fn portable_and_detected_products_agree_to_the_bit() {
+        for kind in [TensorType::Q4K, TensorType::Q6K] {
+            let w = KBlockRows::from_ggml(kind, 8, 512, &random_blocks(kind, 16, 3));
+            let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(512, 100 + i)).collect();
+            let detected: Vec<[f32; 4]> = (0..8)
+                .map(|r| {
+                    let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
+                    kernels::run(|| w.dots(r, [&acts[0], &acts[1], &acts[2], &acts[3]]))
+                })
+                .collect();
+            let portable: Vec<[f32; 4]> = kernels::force_portable(|| {
+                (0..8)
+                    .map(|r| {
+                        let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
+                        w.dots(r, [&acts[0], &acts[1], &acts[2], &acts[3]])
+                    })
+                    .collect()
+            });
+            let bits = |v: &[[f32; 4]]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&detected), bits(&portable), "{kind:?}");
+            // Four inputs at once are each input alone.
+            let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
+            for (r, row) in detected.iter().enumerate() {
+                for (act, product) in acts.iter().zip(row) {
+                    assert_eq!(w.dot(r, act).to_bits(), product.to_bits());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The CPU backend's `Q4_K` and `Q6_K` products against llama.cpp, a reference we did not write:
+//! a tiny K-quant Llama our own code generates (`kquant`) computes, one token at a time, the
+//! logits llama.cpp computed on the same file (`goldens/kquant.json`, from
+//! `goldens/make_kquant_goldens.py`) at every position, and the same greedy tokens after them.
+//! The model makes llama.cpp take each of its K-quant paths (the fixture's docs list them).
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+mod kquant;
+
+use lockstep_gpu::gguf::{Gguf, TensorType};
+use lockstep_gpu::llama::{LlamaWeights, Sequence, Weight};
+use lockstep_gpu::sampling::argmax;
+use serde_json::Value;
+
+/// Measured: 0 (bit-identical at every position). Both sides call the C library's `sinf`, `cosf`,
+/// `powf` and `expf` (rotary angles, a few remainders), so where that library is glibc, on which
+/// the goldens were recorded and CI runs, the bits must match: on this small model a wrong lane
+/// order or the other Q4_K path moves logits by only about 1e-6, which no tolerance separates from
+/// a C library rounding a last bit differently. Elsewhere, `llamacpp_goldens.rs`'s bound.
+const EXACT: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
+const LOGIT_TOLERANCE: f32 = 1e-3;
+
+#[test]
+fn kquant_products_compute_what_llama_cpp_computes() {
+    let goldens: Value = serde_json::from_str(include_str!("goldens/kquant.json")).unwrap();
+    let file = kquant::bytes();
+    assert_eq!(
+        fnv1a64(&file),
+        goldens["model_fnv1a64"].as_str().unwrap(),
+        "the generated model is not the one the goldens were recorded on: regenerate them"
+    );
+    let gguf = Gguf::parse(&file).unwrap();
+    let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
+    // Every matrix stays in its blocks (the products under test), both types present.
+    let kinds: Vec<TensorType> = weights
+        .layers
+        .iter()
+        .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+        .chain([&weights.embed, weights.output()])
+        .map(|w| match w {
+            Weight::KQuantized(blocks) => blocks.kind(),
+            other => panic!("a matrix left its blocks: {} rows", other.rows()),
+        })
+        .collect();
+    assert!(kinds.contains(&TensorType::Q4K) && kinds.contains(&TensorType::Q6K));
+
+    let tokens: Vec<u32> = serde_json::from_value(goldens["tokens"].clone()).unwrap();
+    let expected: Vec<Vec<f32>> = serde_json::from_value(goldens["logits"].clone()).unwrap();
+    let mut sequence = Sequence::new(&weights.config);
+    let mut widest = 0f32;
+    let mut logits = Vec::new();
+    for (position, (&token, theirs)) in tokens.iter().zip(&expected).enumerate() {
+        logits = sequence.forward(&weights, token);
+        assert_eq!(logits.len(), theirs.len());
+        for (id, (&ours, &theirs)) in logits.iter().zip(theirs).enumerate() {
+            let gap = (ours - theirs).abs();
+            widest = widest.max(gap);
+            let held =
+                if EXACT { ours.to_bits() == theirs.to_bits() } else { gap <= LOGIT_TOLERANCE };
+            assert!(held, "position {position}, token {id}: logit {ours} vs llama.cpp {theirs}");
+        }
+    }
+    let greedy: Vec<u32> = serde_json::from_value(goldens["greedy"].clone()).unwrap();
+    let mut ours = Vec::new();
+    let mut next = argmax(&logits);
+    for _ in 0..greedy.len() {
+        ours.push(next);
+        next = argmax(&sequence.forward(&weights, next));
+    }
+    assert_eq!(ours, greedy, "greedy tokens part from llama.cpp's");
+    eprintln!("widest logit gap to llama.cpp over {} positions: {widest}", tokens.len());
+}
+
+/// The file's 64-bit FNV-1a hash in hex, as the goldens' script computes it: a fingerprint of the
+/// generated file (no cryptographic hash in the workspace's dependencies, and none is needed).
+fn fnv1a64(bytes: &[u8]) -> String {
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
