@@ -249,15 +249,15 @@ pub(crate) mod avx2 {
 
     /// The integer lanes of one `Q4_K` block's quants (128 bytes: element `64c + l` is the low
     /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
-    /// (256 bytes each), each 32 elements' products times their scale (`scales` holds one per
-    /// 16; a 32's two are equal): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
+    /// (256 bytes each), each 32 elements' products times their scale (the first 8 of
+    /// `scales`): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
     /// `ggml_vec_dot_q4_K_q8_K` leaves them. Unsigned nibbles by signed bytes is what `maddubs`
     /// takes; a pair is at most 2 * 15 * 128, far from saturating.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     pub(crate) fn q4k_lanes<const N: usize>(
         qs: &[u8],
-        scales: &[i32; 16],
+        scales: &[i8; 16],
         acts: [&[i8]; N],
     ) -> [[i32; 8]; N] {
         assert!(qs.len() >= 128 && acts.iter().all(|a| a.len() >= 256));
@@ -272,7 +272,7 @@ pub(crate) mod avx2 {
             ];
             for (sum, act) in sums.iter_mut().zip(acts) {
                 for (half, &q4) in nibbles.iter().enumerate() {
-                    let scale = _mm256_set1_epi16(scales[4 * c + 2 * half] as i16);
+                    let scale = _mm256_set1_epi16(i16::from(scales[2 * c + half]));
                     // SAFETY: the assert above puts 256 bytes at every `act`.
                     let q8 =
                         unsafe { _mm256_loadu_si256(act.as_ptr().add(64 * c + 32 * half).cast()) };
@@ -294,7 +294,7 @@ pub(crate) mod avx2 {
     pub(crate) fn q6k_lanes<const N: usize>(
         ql: &[u8],
         qh: &[u8],
-        scales: &[i32; 16],
+        scales: &[i8; 16],
         acts: [&[i8]; N],
     ) -> [[i32; 8]; N] {
         assert!(ql.len() >= 128 && qh.len() >= 64 && acts.iter().all(|a| a.len() >= 256));
@@ -313,12 +313,11 @@ pub(crate) mod avx2 {
             };
             // Each element's two high bits, moved to bits 4 and 5 of its byte.
             let pairs = [
-                high,
-                _mm256_srli_epi16(high, 2),
-                _mm256_srli_epi16(high, 4),
-                _mm256_srli_epi16(high, 6),
-            ]
-            .map(|bits| _mm256_slli_epi16(_mm256_and_si256(bits, two_bits), 4));
+                _mm256_slli_epi16(_mm256_and_si256(high, two_bits), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 2), two_bits), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 4), two_bits), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 6), two_bits), 4),
+            ];
             // Elements 128 * half + 32 * g + l, g = 0 to 3.
             let values = [
                 _mm256_or_si256(_mm256_and_si256(first, low), pairs[0]),
@@ -331,8 +330,8 @@ pub(crate) mod avx2 {
                     let sub = 8 * half + 2 * g;
                     // Bytes 0-15 of the 32 fill 16-bit products 0-7, the low 128 bits.
                     let scale = _mm256_set_m128i(
-                        _mm_set1_epi16(scales[sub + 1] as i16),
-                        _mm_set1_epi16(scales[sub] as i16),
+                        _mm_set1_epi16(i16::from(scales[sub + 1])),
+                        _mm_set1_epi16(i16::from(scales[sub])),
                     );
                     // SAFETY: the assert above puts 256 bytes at every `act`.
                     let q8 =

@@ -18,18 +18,35 @@
 
 use super::kernels;
 use super::numerics::hsum8;
-use crate::gguf::{TensorType, dequantize, f16_to_f32, scale_min_k4};
+use crate::gguf::{TensorType, dequantize, f16_to_f32, f32_to_f16, scale_min_k4};
 
 /// Elements a K-quant block holds.
 const QK: usize = 256;
 
-/// Rows of `Q4_K` or `Q6_K` blocks, as ggml lays them out.
+/// Rows of `Q4_K` or `Q6_K` blocks: each block's quants as ggml lays them out, and its scales
+/// read once at load (`Header`), so a product does not unpack 6-bit scales and convert half
+/// precision in every block of every row it reads.
 #[derive(Clone, Debug)]
 pub struct KBlockRows {
     kind: TensorType,
     rows: usize,
     cols: usize,
-    bytes: Vec<u8>,
+    /// Per block: `Q4_K`'s 128 bytes of nibbles, or `Q6_K`'s 128 bytes of low nibbles and 64 of
+    /// high bit pairs.
+    quants: Vec<u8>,
+    heads: Vec<Header>,
+}
+
+/// A block's scales as the products read them: 24 bytes (`Q4_K`'s file header is 16, `Q6_K`'s
+/// 18).
+#[derive(Clone, Copy, Debug, Default)]
+struct Header {
+    /// `Q4_K`: the 6-bit scale of each 32 elements, then the 6-bit minimum of each. `Q6_K`: the
+    /// signed scale of each 16.
+    scales: [i8; 16],
+    /// The block's scale (and `Q4_K`'s scale of minimums), widened from half precision.
+    d: f32,
+    dmin: f32,
 }
 
 impl KBlockRows {
@@ -42,8 +59,39 @@ impl KBlockRows {
     pub fn from_ggml(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> KBlockRows {
         assert!(Self::holds(kind), "{kind:?} is not a K-quant type");
         assert_eq!(cols % QK, 0, "{kind:?} rows are whole blocks");
-        assert_eq!(bytes.len(), rows * cols / QK * kind.block_bytes() as usize);
-        KBlockRows { kind, rows, cols, bytes: bytes.to_vec() }
+        let block_bytes = kind.block_bytes() as usize;
+        assert_eq!(bytes.len(), rows * cols / QK * block_bytes);
+        let blocks = bytes.len() / block_bytes;
+        let mut out = KBlockRows {
+            kind,
+            rows,
+            cols,
+            quants: Vec::with_capacity(blocks * quant_bytes(kind)),
+            heads: Vec::with_capacity(blocks),
+        };
+        for block in bytes.chunks_exact(block_bytes) {
+            let half = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
+            let mut head = Header::default();
+            match kind {
+                TensorType::Q4K => {
+                    (head.d, head.dmin) = (half(0), half(2));
+                    for j in 0..8 {
+                        let (sc, m) = scale_min_k4(j, &block[4..16]);
+                        (head.scales[j], head.scales[8 + j]) = (sc as i8, m as i8);
+                    }
+                    out.quants.extend_from_slice(&block[16..144]);
+                }
+                _ => {
+                    head.d = half(208);
+                    for (s, &b) in head.scales.iter_mut().zip(&block[192..208]) {
+                        *s = b as i8;
+                    }
+                    out.quants.extend_from_slice(&block[0..192]);
+                }
+            }
+            out.heads.push(head);
+        }
+        out
     }
 
     pub fn rows(&self) -> usize {
@@ -58,20 +106,49 @@ impl KBlockRows {
         self.kind
     }
 
-    /// Every block, row after row, in ggml's layout.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// Row `r`'s block headers and quants.
+    #[inline(always)]
+    fn row_parts(&self, r: usize) -> (&[Header], &[u8]) {
+        let per_row = self.cols / QK;
+        let q = quant_bytes(self.kind);
+        (
+            &self.heads[r * per_row..(r + 1) * per_row],
+            &self.quants[r * per_row * q..(r + 1) * per_row * q],
+        )
     }
 
-    fn row_bytes(&self, r: usize) -> &[u8] {
-        let per_row = self.cols / QK * self.kind.block_bytes() as usize;
-        &self.bytes[r * per_row..(r + 1) * per_row]
-    }
-
-    /// Row `r` as f32 (an embedding lookup), as ggml's `get_rows` dequantizes it.
+    /// Row `r` as f32 (an embedding lookup): its blocks rebuilt in ggml's layout (the scales
+    /// came from half precision and 6-bit fields, so they go back exactly) and dequantized as
+    /// the file's.
     pub fn row(&self, r: usize) -> Vec<f32> {
+        let (heads, quants) = self.row_parts(r);
+        let mut bytes = Vec::with_capacity(heads.len() * self.kind.block_bytes() as usize);
+        for (head, q) in heads.iter().zip(quants.chunks_exact(quant_bytes(self.kind))) {
+            match self.kind {
+                TensorType::Q4K => {
+                    bytes.extend_from_slice(&f32_to_f16(head.d).to_le_bytes());
+                    bytes.extend_from_slice(&f32_to_f16(head.dmin).to_le_bytes());
+                    let (sc, m) = head.scales.split_at(8);
+                    for j in 0..4 {
+                        bytes.push(sc[j] as u8 | ((sc[j + 4] as u8) >> 4) << 6);
+                    }
+                    for j in 0..4 {
+                        bytes.push(m[j] as u8 | ((m[j + 4] as u8) >> 4) << 6);
+                    }
+                    for j in 0..4 {
+                        bytes.push((sc[j + 4] as u8 & 0x0f) | (m[j + 4] as u8 & 0x0f) << 4);
+                    }
+                    bytes.extend_from_slice(q);
+                }
+                _ => {
+                    bytes.extend_from_slice(q);
+                    bytes.extend(head.scales.map(|s| s as u8));
+                    bytes.extend_from_slice(&f32_to_f16(head.d).to_le_bytes());
+                }
+            }
+        }
         let mut out = vec![0f32; self.cols];
-        dequantize(self.kind, self.row_bytes(r), &mut out);
+        dequantize(self.kind, &bytes, &mut out);
         out
     }
 
@@ -79,14 +156,14 @@ impl KBlockRows {
     #[inline(always)]
     pub fn dots<const N: usize>(&self, r: usize, acts: [&Q8K; N]) -> [f32; N] {
         let mut sums = [Sum::default(); N];
-        let mut head = Header::default();
-        let block_bytes = self.kind.block_bytes() as usize;
         // llama.cpp repacks a Q4_K matrix eight rows at a time when it can.
         let repacked = self.kind == TensorType::Q4K && self.rows.is_multiple_of(8);
-        for (b, block) in self.row_bytes(r).chunks_exact(block_bytes).enumerate() {
-            head.read(self.kind, block);
-            let q8 = acts.map(|act| &act.q[b * QK..(b + 1) * QK]);
-            let lanes = block_lanes(self.kind, block, &head, q8);
+        let (heads, quants) = self.row_parts(r);
+        for (b, (head, block)) in
+            heads.iter().zip(quants.chunks_exact(quant_bytes(self.kind))).enumerate()
+        {
+            let q8: [&[i8]; N] = std::array::from_fn(|n| &acts[n].q[b * QK..(b + 1) * QK]);
+            let lanes = block_lanes(self.kind, block, head, q8);
             for ((sum, act), lanes) in sums.iter_mut().zip(&acts).zip(&lanes) {
                 let yd = act.d[b];
                 let bsums = &act.bsums[b * 16..(b + 1) * 16];
@@ -142,50 +219,15 @@ struct Sum {
     min: f32,
 }
 
-/// A block's scales, as the products read them.
-#[derive(Default)]
-struct Header {
-    /// The integer scale of each 16 elements (`Q4_K`'s per 32, twice).
-    scales: [i32; 16],
-    /// `Q4_K`'s integer minimum of each 32.
-    mins: [i32; 8],
-    /// The block's scale (and `Q4_K`'s scale of minimums), widened from half precision.
-    d: f32,
-    dmin: f32,
-}
-
 impl Header {
-    /// The layouts are `dequantize`'s (`gguf::dequant`).
-    #[inline(always)]
-    fn read(&mut self, kind: TensorType, block: &[u8]) {
-        let half = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
-        match kind {
-            TensorType::Q4K => {
-                (self.d, self.dmin) = (half(0), half(2));
-                for j in 0..8 {
-                    let (sc, m) = scale_min_k4(j, &block[4..16]);
-                    self.scales[2 * j] = i32::from(sc);
-                    self.scales[2 * j + 1] = i32::from(sc);
-                    self.mins[j] = i32::from(m);
-                }
-            }
-            TensorType::Q6K => {
-                self.d = half(208);
-                for (s, &b) in self.scales.iter_mut().zip(&block[192..208]) {
-                    *s = i32::from(b as i8);
-                }
-            }
-            other => unreachable!("{other:?} is not a K-quant type"),
-        }
-    }
-
     /// `Q4_K`'s minimums times the activation's sums of each 32 (`bsums` in pairs), in four
     /// lanes as `_mm_madd_epi16` pairs them: lane `i` holds minimums `2i` and `2i + 1`.
     #[inline(always)]
     fn min_products(&self, bsums: &[i16]) -> [i32; 4] {
         let sum32 = |j: usize| i32::from(bsums[2 * j]) + i32::from(bsums[2 * j + 1]);
-        [0, 1, 2, 3]
-            .map(|i| self.mins[2 * i] * sum32(2 * i) + self.mins[2 * i + 1] * sum32(2 * i + 1))
+        let m = |j: usize| i32::from(self.scales[8 + j]);
+        let pair = |i: usize| m(2 * i) * sum32(2 * i) + m(2 * i + 1) * sum32(2 * i + 1);
+        [pair(0), pair(1), pair(2), pair(3)]
     }
 }
 
@@ -208,7 +250,7 @@ fn block_lanes<const N: usize>(
         // SAFETY: the CPU has AVX2 and FMA, all that the kernels are compiled for.
         return unsafe {
             match kind {
-                TensorType::Q4K => kernels::avx2::q4k_lanes(&block[16..144], &head.scales, acts),
+                TensorType::Q4K => kernels::avx2::q4k_lanes(block, &head.scales, acts),
                 _ => kernels::avx2::q6k_lanes(&block[0..128], &block[128..192], &head.scales, acts),
             }
         };
@@ -219,23 +261,28 @@ fn block_lanes<const N: usize>(
         for (sixteen, (q, a)) in values.chunks_exact(16).zip(act.chunks_exact(16)).enumerate() {
             // Elements 16 * sixteen .. + 16: lanes 0-3 or 4-7 of their 32.
             let first = (sixteen % 2) * 4;
+            // Q4_K has one scale per 32.
+            let scale = match kind {
+                TensorType::Q4K => head.scales[sixteen / 2],
+                _ => head.scales[sixteen],
+            };
             for (k, (q, a)) in q.chunks_exact(4).zip(a.chunks_exact(4)).enumerate() {
                 let sum: i32 = q.iter().zip(a).map(|(&q, &a)| i32::from(q) * i32::from(a)).sum();
-                lanes[first + k] += head.scales[sixteen] * sum;
+                lanes[first + k] += i32::from(scale) * sum;
             }
         }
         lanes
     })
 }
 
-/// Each element's integer quant: 0 to 15 for `Q4_K`, -32 to 31 for `Q6_K` (`dequantize`'s
-/// layouts).
+/// Each element's integer quant from a block's quant bytes: 0 to 15 for `Q4_K`, -32 to 31 for
+/// `Q6_K` (`dequantize`'s layouts).
 #[inline(always)]
 fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
     let mut values = [0i8; QK];
     match kind {
         TensorType::Q4K => {
-            for (q, out) in block[16..144].chunks_exact(32).zip(values.chunks_exact_mut(64)) {
+            for (q, out) in block.chunks_exact(32).zip(values.chunks_exact_mut(64)) {
                 let (low, high) = out.split_at_mut(32);
                 for ((&byte, low), high) in q.iter().zip(low).zip(high) {
                     (*low, *high) = ((byte & 0x0f) as i8, (byte >> 4) as i8);
@@ -256,6 +303,14 @@ fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
         }
     }
     values
+}
+
+/// Bytes of quants a block of `kind` keeps.
+fn quant_bytes(kind: TensorType) -> usize {
+    match kind {
+        TensorType::Q4K => 128,
+        _ => 192,
+    }
 }
 
 /// An activation quantized to 8 bits in blocks of 256 (`block_q8_K`): per block the f32 scale
@@ -324,7 +379,6 @@ fn nearest_int(value: f32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::f32_to_f16;
 
     /// Random bytes of `n` blocks of `kind`, with half-precision scales of sane magnitude (random
     /// bits there would be infinities and NaNs).
@@ -382,6 +436,21 @@ mod tests {
                     "{kind:?} row {r}: {got} against {exact} (magnitude {magnitude})"
                 );
             }
+        }
+    }
+
+    /// A row rebuilt from the kept form dequantizes to the file's values bit for bit (the
+    /// scales' repacking is exact).
+    #[test]
+    fn rows_dequantize_as_the_file_does() {
+        for kind in [TensorType::Q4K, TensorType::Q6K] {
+            let bytes = random_blocks(kind, 6, 5);
+            let w = KBlockRows::from_ggml(kind, 3, 512, &bytes);
+            let mut file = vec![0f32; 3 * 512];
+            dequantize(kind, &bytes, &mut file);
+            let kept: Vec<f32> = (0..3).flat_map(|r| w.row(r)).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&kept), bits(&file), "{kind:?}");
         }
     }
 
