@@ -251,8 +251,7 @@ pub(crate) mod avx2 {
     /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
     /// (256 bytes each), each 32 elements' products times their scale (the first 8 of
     /// `scales`): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
-    /// `ggml_vec_dot_q4_K_q8_K` leaves them. Unsigned nibbles by signed bytes is what `maddubs`
-    /// takes; a pair is at most 2 * 15 * 128, far from saturating.
+    /// `ggml_vec_dot_q4_K_q8_K` leaves them.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     pub(crate) fn q4k_lanes<const N: usize>(
@@ -260,6 +259,39 @@ pub(crate) mod avx2 {
         scales: &[i8; 16],
         acts: [&[i8]; N],
     ) -> [[i32; 8]; N] {
+        ints(q4k_sums(qs, scales, acts))
+    }
+
+    /// What `ggml_gemv_q4_K_8x8_q8_K` takes of one `Q4_K` block against each of `acts`: the
+    /// scaled products summed (`q4k_lanes`' lanes added), and the minimums (the last 8 of
+    /// `scales`) times the activation's sums of each 32 (`sums32`), summed.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn q4k_totals<const N: usize>(
+        qs: &[u8],
+        scales: &[i8; 16],
+        acts: [&[i8]; N],
+        sums32: [&[i16]; N],
+    ) -> [(i32, i32); N] {
+        assert!(sums32.iter().all(|s| s.len() >= 8));
+        let sums = q4k_sums(qs, scales, acts);
+        // SAFETY: `scales` is 16 bytes; the load reads its last 8.
+        let mins = _mm_cvtepi8_epi16(unsafe { _mm_loadl_epi64(scales.as_ptr().add(8).cast()) });
+        let mut out = [(0, 0); N];
+        for ((out, sum), sums32) in out.iter_mut().zip(sums).zip(sums32) {
+            let wide = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            // SAFETY: the assert above puts 8 sums at every `sums32`.
+            let act_sums = unsafe { _mm_loadu_si128(sums32.as_ptr().cast()) };
+            *out = (add4(wide), add4(_mm_madd_epi16(mins, act_sums)));
+        }
+        out
+    }
+
+    /// `q4k_lanes`' sums, in registers. Unsigned nibbles by signed bytes is what `maddubs`
+    /// takes; a pair is at most 2 * 15 * 128, far from saturating.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q4k_sums<const N: usize>(qs: &[u8], scales: &[i8; 16], acts: [&[i8]; N]) -> [__m256i; N] {
         assert!(qs.len() >= 128 && acts.iter().all(|a| a.len() >= 256));
         let low = _mm256_set1_epi8(0x0f);
         let mut sums = [_mm256_setzero_si256(); N];
@@ -281,7 +313,15 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        ints(sums)
+        sums
+    }
+
+    /// The four 32-bit integers of `v` added (exact, so in any order).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn add4(v: __m128i) -> i32 {
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
+        _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0b10_11_00_01)))
     }
 
     /// The integer lanes of one `Q6_K` block (`ql`, 128 bytes of low nibbles, and `qh`, 64 bytes

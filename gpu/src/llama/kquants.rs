@@ -163,42 +163,45 @@ impl KBlockRows {
             heads.iter().zip(quants.chunks_exact(quant_bytes(self.kind))).enumerate()
         {
             let q8: [&[i8]; N] = std::array::from_fn(|n| &acts[n].q[b * QK..(b + 1) * QK]);
+            if repacked {
+                let sums32: [&[i16]; N] =
+                    std::array::from_fn(|n| &acts[n].sums32[b * 8..(b + 1) * 8]);
+                let totals = q4k_totals(block, head, q8, sums32);
+                for ((sum, act), &(scaled, minimum)) in sums.iter_mut().zip(&acts).zip(&totals) {
+                    // `_mm256_mul_ps(col_scale, row_scale)`, then one fused step each.
+                    sum.row = (scaled as f32).mul_add(head.d * act.d[b], sum.row);
+                    sum.min = (minimum as f32).mul_add(head.dmin * act.d[b], sum.min);
+                }
+                continue;
+            }
             let lanes = block_lanes(self.kind, block, head, q8);
             for ((sum, act), lanes) in sums.iter_mut().zip(&acts).zip(&lanes) {
                 let yd = act.d[b];
-                let bsums = &act.bsums[b * 16..(b + 1) * 16];
-                match (self.kind, repacked) {
-                    (TensorType::Q4K, true) => {
-                        let scaled: i32 = lanes.iter().sum();
-                        let minimum: i32 = head.min_products(bsums).iter().sum();
-                        // `_mm256_mul_ps(col_scale, row_scale)`, then one fused step each.
-                        sum.row = (scaled as f32).mul_add(head.d * yd, sum.row);
-                        sum.min = (minimum as f32).mul_add(head.dmin * yd, sum.min);
-                    }
-                    (kind, _) => {
-                        let d = yd * head.d;
-                        for (acc, &lane) in sum.lanes.iter_mut().zip(lanes) {
-                            *acc = d.mul_add(lane as f32, *acc);
-                        }
-                        if kind == TensorType::Q4K {
-                            let dmin = -yd * head.dmin;
-                            for (acc, &m) in sum.mins.iter_mut().zip(&head.min_products(bsums)) {
-                                *acc = dmin.mul_add(m as f32, *acc);
-                            }
-                        }
+                let d = yd * head.d;
+                for (acc, &lane) in sum.lanes.iter_mut().zip(lanes) {
+                    *acc = d.mul_add(lane as f32, *acc);
+                }
+                if self.kind == TensorType::Q4K {
+                    let dmin = -yd * head.dmin;
+                    let sums32 = &act.sums32[b * 8..(b + 1) * 8];
+                    for (acc, &m) in sum.mins.iter_mut().zip(&head.min_products(sums32)) {
+                        *acc = dmin.mul_add(m as f32, *acc);
                     }
                 }
             }
         }
-        sums.map(|sum| match (self.kind, repacked) {
-            (TensorType::Q4K, true) => sum.row - sum.min,
-            // `hsum_float_8`, plus the minimums' lanes as `_mm_movehl_ps` and
-            // `_mm_movehdup_ps` pair them.
-            (TensorType::Q4K, false) => {
-                let m = &sum.mins;
-                hsum8(&sum.lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
+        std::array::from_fn(|n| {
+            let sum = &sums[n];
+            match (self.kind, repacked) {
+                (TensorType::Q4K, true) => sum.row - sum.min,
+                // `hsum_float_8`, plus the minimums' lanes as `_mm_movehl_ps` and
+                // `_mm_movehdup_ps` pair them.
+                (TensorType::Q4K, false) => {
+                    let m = &sum.mins;
+                    hsum8(&sum.lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
+                }
+                _ => hsum8(&sum.lanes),
             }
-            _ => hsum8(&sum.lanes),
         })
     }
 
@@ -220,11 +223,11 @@ struct Sum {
 }
 
 impl Header {
-    /// `Q4_K`'s minimums times the activation's sums of each 32 (`bsums` in pairs), in four
-    /// lanes as `_mm_madd_epi16` pairs them: lane `i` holds minimums `2i` and `2i + 1`.
+    /// `Q4_K`'s minimums times the activation's sums of each 32, in four lanes as
+    /// `_mm_madd_epi16` pairs them: lane `i` holds minimums `2i` and `2i + 1`.
     #[inline(always)]
-    fn min_products(&self, bsums: &[i16]) -> [i32; 4] {
-        let sum32 = |j: usize| i32::from(bsums[2 * j]) + i32::from(bsums[2 * j + 1]);
+    fn min_products(&self, sums32: &[i16]) -> [i32; 4] {
+        let sum32 = |j: usize| i32::from(sums32[j]);
         let m = |j: usize| i32::from(self.scales[8 + j]);
         let pair = |i: usize| m(2 * i) * sum32(2 * i) + m(2 * i + 1) * sum32(2 * i + 1);
         [pair(0), pair(1), pair(2), pair(3)]
@@ -275,6 +278,32 @@ fn block_lanes<const N: usize>(
     })
 }
 
+/// A `Q4_K` block's scaled products with each of `acts` summed, and its minimums' products with
+/// the activation's sums of each 32 summed: what llama.cpp's repacked path scales.
+#[inline(always)]
+fn q4k_totals<const N: usize>(
+    block: &[u8],
+    head: &Header,
+    acts: [&[i8]; N],
+    sums32: [&[i16]; N],
+) -> [(i32, i32); N] {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(
+            unsafe_code,
+            reason = "a function compiled for CPU features detected at run time"
+        )]
+        // SAFETY: the CPU has AVX2 and FMA, all that the kernel is compiled for.
+        return unsafe { kernels::avx2::q4k_totals(block, &head.scales, acts, sums32) };
+    }
+    let lanes = block_lanes(TensorType::Q4K, block, head, acts);
+    let mut out = [(0, 0); N];
+    for ((out, lanes), sums32) in out.iter_mut().zip(&lanes).zip(sums32) {
+        *out = (lanes.iter().sum(), head.min_products(sums32).iter().sum());
+    }
+    out
+}
+
 /// Each element's integer quant from a block's quant bytes: 0 to 15 for `Q4_K`, -32 to 31 for
 /// `Q6_K` (`dequantize`'s layouts).
 #[inline(always)]
@@ -314,12 +343,13 @@ fn quant_bytes(kind: TensorType) -> usize {
 }
 
 /// An activation quantized to 8 bits in blocks of 256 (`block_q8_K`): per block the f32 scale
-/// `d`, the values, and the sum of each 16 values.
+/// `d`, the values, and the sum of each 32 values (ggml keeps each 16's, `bsums`, and the K-quant
+/// products this module computes add them in pairs before they use them).
 #[derive(Clone, Debug)]
 pub struct Q8K {
     d: Vec<f32>,
     q: Vec<i8>,
-    bsums: Vec<i16>,
+    sums32: Vec<i16>,
 }
 
 impl Q8K {
@@ -339,7 +369,7 @@ impl Q8K {
         let mut act = Q8K {
             d: Vec::with_capacity(blocks),
             q: Vec::with_capacity(x.len()),
-            bsums: Vec::with_capacity(blocks * 16),
+            sums32: Vec::with_capacity(blocks * 8),
         };
         for block in x.chunks_exact(QK) {
             let (mut max, mut amax) = (0f32, 0f32);
@@ -352,14 +382,14 @@ impl Q8K {
                 // ggml leaves the sums as they were; with a zero scale they multiply to zero.
                 act.d.push(0.0);
                 act.q.extend([0; QK]);
-                act.bsums.extend([0; 16]);
+                act.sums32.extend([0; 8]);
                 continue;
             }
             let iscale = -127.0 / max;
             let start = act.q.len();
             act.q.extend(block.iter().map(|&v| nearest_int(iscale * v).min(127) as i8));
-            for sixteen in act.q[start..].chunks_exact(16) {
-                act.bsums.push(sixteen.iter().map(|&q| i16::from(q)).sum());
+            for thirty_two in act.q[start..].chunks_exact(32) {
+                act.sums32.push(thirty_two.iter().map(|&q| i16::from(q)).sum());
             }
             act.d.push(1.0 / iscale);
         }
@@ -467,9 +497,9 @@ mod tests {
         // 63.5 rounds to even, 31.75 to 32.
         assert_eq!(&act.q[..3], &[64, -127, 32]);
         assert_eq!(act.q[17], 3);
-        assert_eq!(act.bsums[..2], [64 - 127 + 32, 3]);
+        assert_eq!(act.sums32[..2], [64 - 127 + 32 + 3, 0]);
         let zero = Q8K::quantize(&[0f32; QK]);
-        assert_eq!((zero.d[0], zero.bsums[0]), (0.0, 0));
+        assert_eq!((zero.d[0], zero.sums32[0]), (0.0, 0));
     }
 
     /// The AVX2 build of these loops and the portable one give the same bits.
