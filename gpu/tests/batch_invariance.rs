@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 mod common;
+mod kquant;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -119,11 +120,26 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     let prompt = tokenizer.encode("The capital of France is").unwrap();
+    alone_and_in_a_crowd(&weights, prompt, 4000);
+}
+
+/// The same on the tiny K-quant Llama (`kquant`): its `Q4_K` and `Q6_K` products take four
+/// inputs a pass in a batch and one alone, through llama.cpp's three paths.
+#[test]
+fn a_kquant_request_is_bit_identical_alone_and_in_a_batch_of_32() {
+    let file = kquant::bytes();
+    let gguf = common::parse(&file);
+    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
+    alone_and_in_a_crowd(&weights, vec![1, 300, 72, 101, 108], 280);
+}
+
+/// `prompt` alone and among 31 companions whose prompts hold tokens 100 to `100 + span`.
+fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, prompt: Vec<u32>, span: u32) {
     let watched = request(0, prompt.clone(), 6);
 
     // Alone on one thread; in the crowd on three, which split every product and the KV heads
     // differently: neither may change a bit.
-    let (alone, alone_tokens, _) = run(&weights, vec![watched.clone()], 1);
+    let (alone, alone_tokens, _) = run(weights, vec![watched.clone()], 1);
     assert_eq!((alone.len(), alone_tokens.len()), (6, 6));
 
     // 31 companions with prompts of 3 to 17 tokens: chunked 2 at a time, the long ones keep
@@ -132,10 +148,10 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     for id in 1..32u64 {
         let len = 3 + (id as usize * 7) % 15;
         let companion: Vec<u32> =
-            (0..len).map(|i| 100 + ((id as u32 * 131 + i as u32 * 17) % 4000)).collect();
+            (0..len).map(|i| 100 + ((id as u32 * 131 + i as u32 * 17) % span)).collect();
         crowd.push(request(id, companion, 3 + (id as u32 % 4)));
     }
-    let (in_batch, batch_tokens, mixed) = run(&weights, crowd, 3);
+    let (in_batch, batch_tokens, mixed) = run(weights, crowd, 3);
     assert!(mixed > 0, "no step had 32 rows mixing prefill and decode with the watched request");
     assert_eq!(alone.len(), in_batch.len());
     for (step, (a, b)) in alone.iter().zip(&in_batch).enumerate() {
@@ -148,12 +164,12 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for &t in &prompt {
-        logits = sequence.forward(&weights, t);
+        logits = sequence.forward(weights, t);
     }
     for (step, expected) in alone.iter().enumerate() {
         assert!(&logits == expected, "step {step}: the paged executor differs from the reference");
         let next = sampler.sample(&logits, (prompt.len() + step) as u32);
         assert_eq!(next, alone_tokens[step], "step {step}: the reference samples another token");
-        logits = sequence.forward(&weights, next);
+        logits = sequence.forward(weights, next);
     }
 }

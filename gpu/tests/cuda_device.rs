@@ -18,6 +18,7 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 mod common;
+mod kquant;
 mod tiny;
 
 use std::collections::BTreeMap;
@@ -35,7 +36,7 @@ use lockstep_core::sched::{
 };
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions};
 use lockstep_gpu::cuda::probe;
-use lockstep_gpu::gguf::{TensorType, f32_to_f16};
+use lockstep_gpu::gguf::{Gguf, TensorType, f32_to_f16};
 use lockstep_gpu::llama::{CpuExecutor, Layer, LlamaConfig, LlamaWeights, RopeStyle, Weight};
 use lockstep_gpu::model::Model;
 use lockstep_gpu::sampling::{Sampling, SamplingSpec};
@@ -327,46 +328,51 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
     let mut failures = Vec::new();
     let goldens: Value = serde_json::from_str(include_str!("goldens/hf_tiny.json")).unwrap();
     let tokens: Vec<u32> = serde_json::from_value(goldens["tokens"].clone()).unwrap();
+    let mut check = |name: &str, cpu_weights: &Arc<LlamaWeights>, weights: &Arc<LlamaWeights>| {
+        let prompts = [tokens.clone(), tokens[..3].to_vec()];
+        let Both { cpu, cuda, replayed, cuda_with_options } =
+            both(cpu_weights, weights, &prompts, 24);
+        if replayed == 0 {
+            failures.push(format!("{name}: no decode step replayed a captured graph"));
+        }
+        for (id, run) in &cpu {
+            let c = compare(run, &cuda[id], TINY_TOLERANCE);
+            let options = options_changed(&cuda[id], &cuda_with_options[id]);
+            report(
+                "tiny model vs CPU",
+                json!({"model": name, "prompt": id.0, "widest_logit_gap": c.widest,
+                "prompt_step_gap": c.first_step, "steps_agreeing": c.steps,
+                "steps": run.0.len(), "failure": c.failure, "every_launch_option": options}),
+            );
+            for f in c.failure.iter().chain(&options) {
+                failures.push(format!("{name}, prompt {}: {f}", id.0));
+            }
+        }
+    };
     for variant in tiny::variants() {
         let dir = std::env::temp_dir().join(format!("lockstep-cuda-{}", variant.name));
         let _ = std::fs::remove_dir_all(&dir);
         variant.write(&dir);
         let weights = Model::load(&dir).unwrap().weights;
-        let mut models = vec![(variant.name.to_string(), weights.clone(), weights.clone())];
+        check(variant.name, &weights, &weights);
         let gguf = dir.join("model.gguf");
         let factors = weights.config.rope_freq_factors.clone();
         if variant.write_gguf(&gguf, factors.as_deref()).is_some() {
             let weights = Arc::new(LlamaWeights::load_gguf(&gguf).unwrap());
-            models.push((format!("{} as GGUF", variant.name), weights.clone(), weights));
+            check(&format!("{} as GGUF", variant.name), &weights, &weights);
         }
         if let Some((blocks, kind_of)) = quantized_variant(variant.name) {
             let quantized = Arc::new(quantized(&weights, kind_of));
             let name = format!("{} in {blocks}", variant.name);
-            models.push((name, Arc::new(dequantized(&quantized)), quantized));
-        }
-        for (name, cpu_weights, weights) in models {
-            let prompts = [tokens.clone(), tokens[..3].to_vec()];
-            let Both { cpu, cuda, replayed, cuda_with_options } =
-                both(&cpu_weights, &weights, &prompts, 24);
-            if replayed == 0 {
-                failures.push(format!("{name}: no decode step replayed a captured graph"));
-            }
-            for (id, run) in &cpu {
-                let c = compare(run, &cuda[id], TINY_TOLERANCE);
-                let options = options_changed(&cuda[id], &cuda_with_options[id]);
-                report(
-                    "tiny model vs CPU",
-                    json!({"model": name, "prompt": id.0, "widest_logit_gap": c.widest,
-                    "prompt_step_gap": c.first_step, "steps_agreeing": c.steps,
-                    "steps": run.0.len(), "failure": c.failure, "every_launch_option": options}),
-                );
-                for f in c.failure.iter().chain(&options) {
-                    failures.push(format!("{name}, prompt {}: {f}", id.0));
-                }
-            }
+            check(&name, &Arc::new(dequantized(&quantized)), &quantized);
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+    // The K-quant Llama (`Q4_K` and `Q6_K`, which the device dequantizes at load).
+    let file = kquant::bytes();
+    let gguf = Gguf::parse(&file).unwrap();
+    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
+    check("the K-quant Llama", &Arc::new(dequantized(&weights)), &weights);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
