@@ -37,6 +37,9 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
     unsigned int x, y, z, w;
 };
+struct alignas(8) float2 {
+    float x, y;
+};
 struct alignas(8) uint2 {
     unsigned int x, y;
 };
@@ -93,6 +96,7 @@ inline T __shfl_xor_sync(unsigned int mask, T value, int lane_mask, int width = 
 // -ffp-contract=off, so plain ones are not fused either).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 
 inline float __int_as_float(int i) {
     float f;

@@ -26,13 +26,13 @@
 //!   step's size. RoPE and the KV write folded into attention on steps of one token a row
 //!   (`paged_attention.cu`'s `_rope` entry points, `LaunchOptions::fold_rope`) compute through
 //!   the same prelude functions as `rope_kv_write.cu`, so the bits are the same there too.
-//! - Quantized GGUF types are dequantized at load by the CPU backend's own dequantizer, or, for
-//!   the 32-element block types (`Q4_0`, `Q4_1`, `Q8_0`) with `LaunchOptions::block_weights`,
-//!   kept in their blocks (5 to 8.5 bits a weight instead of 32) and dequantized in the products
-//!   and the embedding (prelude.cu's `q4_0_value` and kin), each value rounded as the CPU's
-//!   dequantizer rounds it. Either way the products multiply the same f32 values in the same
-//!   order, so the two give the same bits, which the emulator's device test requires. `Q4_K` and
-//!   `Q6_K` are always dequantized at load.
+//! - Quantized GGUF types are dequantized at load by the CPU backend's own dequantizer, or, with
+//!   `LaunchOptions::block_weights`, kept in their blocks (5 to 10 bits a weight instead of 32:
+//!   `Q4_0`, `Q4_1` and `Q8_0` with their half-precision scales; `Q4_K` and `Q6_K` with the
+//!   dequantizer's f32 scales and minimums per 32 or 16 elements) and dequantized in the
+//!   products and the embedding (prelude.cu's `q4_0_value` and kin), each value rounded as the
+//!   CPU's dequantizer rounds it. Either way the products multiply the same f32 values in the
+//!   same order, so the two give the same bits, which the emulator's device test requires.
 
 /// One kernel source: a module of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,16 @@ pub const PRELUDE: &str = include_str!("kernels/prelude.cu");
 pub const EMBED: KernelSource = KernelSource {
     name: "embed",
     source: include_str!("kernels/embed.cu"),
-    functions: &["embed_f32", "embed_f16", "embed_bf16", "embed_q4_0", "embed_q4_1", "embed_q8_0"],
+    functions: &[
+        "embed_f32",
+        "embed_f16",
+        "embed_bf16",
+        "embed_q4_0",
+        "embed_q4_1",
+        "embed_q8_0",
+        "embed_q4_k",
+        "embed_q6_k",
+    ],
 };
 pub const RMS_NORM: KernelSource = KernelSource {
     name: "rms_norm",
@@ -66,24 +75,32 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_q4_0",
         "matmul_q4_1",
         "matmul_q8_0",
+        "matmul_q4_k",
+        "matmul_q6_k",
         "matmul_swiglu_f32",
         "matmul_swiglu_f16",
         "matmul_swiglu_bf16",
         "matmul_swiglu_q4_0",
         "matmul_swiglu_q4_1",
         "matmul_swiglu_q8_0",
+        "matmul_swiglu_q4_k",
+        "matmul_swiglu_q6_k",
         "matmul_wide_f32",
         "matmul_wide_f16",
         "matmul_wide_bf16",
         "matmul_wide_q4_0",
         "matmul_wide_q4_1",
         "matmul_wide_q8_0",
+        "matmul_wide_q4_k",
+        "matmul_wide_q6_k",
         "matmul_swiglu_wide_f32",
         "matmul_swiglu_wide_f16",
         "matmul_swiglu_wide_bf16",
         "matmul_swiglu_wide_q4_0",
         "matmul_swiglu_wide_q4_1",
         "matmul_swiglu_wide_q8_0",
+        "matmul_swiglu_wide_q4_k",
+        "matmul_swiglu_wide_q6_k",
     ],
 };
 pub const ROPE_KV_WRITE: KernelSource = KernelSource {

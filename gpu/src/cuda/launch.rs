@@ -32,8 +32,10 @@ use super::nvrtc::{self, Target};
 use super::weights::{BlockKind, DeviceMatrix, DeviceWeights, MatrixData};
 use crate::llama::{LlamaConfig, RopeStyle};
 
-/// A kernel's entry points per storage type: f32, f16, bf16, Q4_0, Q4_1 and Q8_0 blocks.
-type PerStorage = [CudaFunction; 6];
+/// A kernel's entry points per storage type: f32, f16, bf16, and blocks of Q4_0, Q4_1, Q8_0,
+/// Q4_K and Q6_K.
+type PerStorage = [CudaFunction; STORAGE_TYPES];
+const STORAGE_TYPES: usize = 8;
 
 /// Every kernel, loaded.
 #[derive(Debug)]
@@ -99,11 +101,12 @@ impl Kernels {
         let one = |source: &KernelSource| -> Result<CudaFunction, String> {
             module(source)?.pop().ok_or_else(|| format!("{}.cu: no kernel", source.name))
         };
-        // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; six storage types each.
+        // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; every storage type each.
         let mut products = module(&kernels::MATMUL)?.into_iter();
-        let mut next_six = || group(products.by_ref().take(6).collect(), kernels::MATMUL.name);
-        let (matmul, matmul_swiglu) = (next_six()?, next_six()?);
-        let (matmul_wide, matmul_swiglu_wide) = (next_six()?, next_six()?);
+        let mut next =
+            || group(products.by_ref().take(STORAGE_TYPES).collect(), kernels::MATMUL.name);
+        let (matmul, matmul_swiglu) = (next()?, next()?);
+        let (matmul_wide, matmul_swiglu_wide) = (next()?, next()?);
         // paged_attention.cu: plain, then with RoPE folded in; three head sizes each.
         let mut attention = module(&kernels::PAGED_ATTENTION)?.into_iter();
         let mut next_attention =
@@ -331,7 +334,8 @@ fn config(grid_x: u32, grid_y: u32, block: u32) -> LaunchConfig {
 
 /// The entry point for a matrix's storage type, of a kernel's `PerStorage`.
 fn for_type<'k>(kernels: &'k PerStorage, data: &MatrixData) -> &'k CudaFunction {
-    let [f32_kernel, f16_kernel, bf16_kernel, q4_0_kernel, q4_1_kernel, q8_0_kernel] = kernels;
+    let [f32_kernel, f16_kernel, bf16_kernel, q4_0_kernel, q4_1_kernel, q8_0_kernel, q4_k, q6_k] =
+        kernels;
     match data {
         MatrixData::F32(_) => f32_kernel,
         MatrixData::F16(_) => f16_kernel,
@@ -339,6 +343,8 @@ fn for_type<'k>(kernels: &'k PerStorage, data: &MatrixData) -> &'k CudaFunction 
         MatrixData::Blocks { kind: BlockKind::Q4_0, .. } => q4_0_kernel,
         MatrixData::Blocks { kind: BlockKind::Q4_1, .. } => q4_1_kernel,
         MatrixData::Blocks { kind: BlockKind::Q8_0, .. } => q8_0_kernel,
+        MatrixData::Blocks { kind: BlockKind::Q4K, .. } => q4_k,
+        MatrixData::Blocks { kind: BlockKind::Q6K, .. } => q6_k,
     }
 }
 

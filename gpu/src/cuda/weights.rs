@@ -9,10 +9,10 @@
 //! which this backend does not: its logits differ from the CPU's within rounding, see
 //! `tests/cuda_device.rs`). Norm weights and biases are f32.
 //!
-//! With `LaunchOptions::block_weights`, a matrix of GGUF's 32-element block types (`Q4_0`,
-//! `Q4_1`, `Q8_0`; a stack of them if all have one type) goes up in its blocks instead
+//! With `LaunchOptions::block_weights`, a matrix of GGUF's block types (`Q4_0`, `Q4_1`, `Q8_0`,
+//! `Q4_K`, `Q6_K`; a stack of them if all have one type) goes up in its blocks instead
 //! (`DeviceBlocks`: prelude.cu's layout), and the kernels dequantize each value as the CPU's
-//! dequantizer does: the same f32 values, read at 5 to 8.5 bits a weight.
+//! dequantizer does: the same f32 values, read at 5 to 10 bits a weight.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 
 use crate::gguf::{TensorType, f16_to_f32, f32_to_f16};
-use crate::llama::{BlockRows, LlamaWeights, Weight};
+use crate::llama::{KBlockRows, LlamaWeights, Weight};
 
 /// How a matrix is stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +54,8 @@ pub enum BlockKind {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q4K,
+    Q6K,
 }
 
 impl BlockKind {
@@ -62,16 +64,22 @@ impl BlockKind {
             TensorType::Q4_0 => Some(BlockKind::Q4_0),
             TensorType::Q4_1 => Some(BlockKind::Q4_1),
             TensorType::Q8_0 => Some(BlockKind::Q8_0),
+            TensorType::Q4K => Some(BlockKind::Q4K),
+            TensorType::Q6K => Some(BlockKind::Q6K),
             _ => None,
         }
     }
 }
 
 /// Block-typed rows in the layout prelude.cu's `q4_0_blocks` and kin read: per chunk of 8
-/// elements one 32-bit word of quants (element `8c + i`'s nibble at bits `4i`; `Q8_0`: two words,
-/// its 8 bytes in order), and per block of 32 one scale's half-precision bits (`Q4_1`: the scale
-/// and then the minimum). The scales are padded to a multiple of 16 bytes, so that a kernel may
-/// round a row's span of them out to 16 bytes (an L2 prefetch) and stay inside the allocation.
+/// elements the quants, one 32-bit word of 4-bit ones (element `8c + i`'s nibble at bits `4i`:
+/// `Q4_0`, `Q4_1`, `Q4_K`) or two of bytes (its 8 bytes in order: `Q8_0`, and `Q6_K`'s quants
+/// less 32 as signed bytes); then the scales as 16-bit words: per block of 32 one scale's
+/// half-precision bits (`Q4_1`: the scale and then the minimum); for the K-quants the
+/// dequantizer's f32 products, which half precision does not hold: `Q4_K`'s scale and minimum of
+/// each 32, `Q6_K`'s scale of each 16, each f32 as two words, low first. The scales are padded to
+/// a multiple of 16 bytes, so that a kernel may round a row's span of them out to 16 bytes (an
+/// L2 prefetch) and stay inside the allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceBlocks {
     pub kind: BlockKind,
@@ -81,13 +89,27 @@ pub struct DeviceBlocks {
 
 impl DeviceBlocks {
     /// `matrices`' rows one after another, if all are blocks of one type the kernels read.
-    pub fn stack(matrices: &[&BlockRows]) -> Option<DeviceBlocks> {
-        let kind = BlockKind::of(matrices[0].kind())?;
-        if matrices.iter().any(|m| m.kind() != matrices[0].kind()) {
+    pub fn stack(matrices: &[&Weight]) -> Option<DeviceBlocks> {
+        let kind_of = |w: &Weight| match w {
+            Weight::Quantized(b) => Some(b.kind()),
+            Weight::KQuantized(b) => Some(b.kind()),
+            Weight::Dense { .. } => None,
+        };
+        let first = kind_of(matrices[0])?;
+        let kind = BlockKind::of(first)?;
+        if matrices.iter().any(|&m| kind_of(m) != Some(first)) {
             return None;
         }
         let mut out = DeviceBlocks { kind, quants: Vec::new(), scales: Vec::new() };
         for m in matrices {
+            let m = match m {
+                Weight::Quantized(b) => b,
+                Weight::KQuantized(b) => {
+                    out.push_kquant(b);
+                    continue;
+                }
+                Weight::Dense { .. } => unreachable!("every matrix was found quantized"),
+            };
             let (scales, mins, quants) = m.blocks();
             let quant_bytes = if kind == BlockKind::Q8_0 { 32 } else { 16 };
             for (b, q) in quants.chunks_exact(quant_bytes).enumerate() {
@@ -108,11 +130,45 @@ impl DeviceBlocks {
                             (0..4).map(|c| (0..8).fold(0, |w, i| w | nibble(8 * c + i) << (4 * i))),
                         );
                     }
+                    BlockKind::Q4K | BlockKind::Q6K => unreachable!("a K-quant in BlockRows"),
                 }
             }
         }
         out.scales.resize(out.scales.len().next_multiple_of(8), 0);
         Some(out)
+    }
+
+    /// A K-quant matrix's blocks, from the values the CPU's dequantizer computes them from.
+    fn push_kquant(&mut self, m: &KBlockRows) {
+        let push_f32 = |scales: &mut Vec<u16>, v: f32| {
+            let bits = v.to_bits();
+            scales.extend([bits as u16, (bits >> 16) as u16]);
+        };
+        for b in 0..m.rows() * m.cols() / 256 {
+            let g = m.group_values(b);
+            match self.kind {
+                BlockKind::Q4K => {
+                    for (&scale, &min) in g.scales[..8].iter().zip(&g.mins) {
+                        push_f32(&mut self.scales, scale);
+                        push_f32(&mut self.scales, min);
+                    }
+                    self.quants.extend(g.q.chunks_exact(8).map(|c| {
+                        c.iter().enumerate().fold(0u32, |w, (i, &q)| w | (q as u32 & 15) << (4 * i))
+                    }));
+                }
+                _ => {
+                    for &scale in &g.scales {
+                        push_f32(&mut self.scales, scale);
+                    }
+                    self.quants.extend(
+                        g.q.as_chunks::<4>()
+                            .0
+                            .iter()
+                            .map(|w| u32::from_le_bytes(w.map(|q| q as u8))),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -207,14 +263,7 @@ impl Uploader<'_> {
     /// the narrowest type that holds all of them exactly.
     fn stacked(&mut self, weights: &[&Weight]) -> Result<DeviceMatrix, DriverError> {
         let (rows, cols) = (weights.iter().map(|w| w.rows()).sum(), weights[0].cols());
-        let block_rows: Option<Vec<&BlockRows>> = weights
-            .iter()
-            .map(|w| match w {
-                Weight::Quantized(b) if self.blocks => Some(b),
-                _ => None,
-            })
-            .collect();
-        if let Some(blocks) = block_rows.and_then(|b| DeviceBlocks::stack(&b)) {
+        if let Some(blocks) = self.blocks.then(|| DeviceBlocks::stack(weights)).flatten() {
             self.bytes += blocks.quants.len() * 4 + blocks.scales.len() * 2;
             let data = MatrixData::Blocks {
                 kind: blocks.kind,
@@ -244,16 +293,16 @@ impl Uploader<'_> {
 }
 
 /// What to add to `e` when it says device memory ran out and `weights` has block-typed
-/// matrices that went up as f32 (not `blocks`): in their blocks they take 4 to 6 times less.
+/// matrices that went up as f32 (not `blocks`): in their blocks they take 3 to 7 times less.
 pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError) -> &'static str {
-    // Every quantized matrix is of a block type (`BlockRows::holds`).
+    // Every quantized matrix is of a type the kernels read in blocks (`BlockKind::of`).
     let matrices =
         weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
     let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
-    let quantized = matrices.any(|w| matches!(w, Weight::Quantized(_)));
+    let quantized = matrices.any(|w| !matches!(w, Weight::Dense { .. }));
     if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && quantized {
-        "; the model's Q4_0, Q4_1 and Q8_0 matrices went up as f32, and `--cuda-launch \
-         block-weights` keeps them in their blocks, 4 to 6 times smaller"
+        "; the model's quantized matrices went up as f32, and `--cuda-launch block-weights` \
+         keeps them in their blocks, 3 to 7 times smaller"
     } else {
         ""
     }
@@ -315,6 +364,7 @@ pub fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llama::BlockRows;
 
     #[test]
     fn storage_is_the_narrowest_that_holds_every_value_exactly() {
@@ -345,7 +395,21 @@ mod tests {
                 let word = blocks.quants[2 * (i / 8) + (i % 8) / 4];
                 f32::from((word >> (8 * (i % 4))) as u8 as i8) * f16_to_f32(blocks.scales[i / 32])
             }
+            BlockKind::Q4K => {
+                let (d1, m1) =
+                    (scale_word(blocks, 2 * (i / 32)), scale_word(blocks, 2 * (i / 32) + 1));
+                d1 * nibble as f32 - m1
+            }
+            BlockKind::Q6K => {
+                let word = blocks.quants[2 * (i / 8) + (i % 8) / 4];
+                scale_word(blocks, i / 16) * f32::from((word >> (8 * (i % 4))) as u8 as i8)
+            }
         }
+    }
+
+    /// The `n`th f32 of a K-quant stack's scales (two 16-bit words, low first).
+    fn scale_word(blocks: &DeviceBlocks, n: usize) -> f32 {
+        f32::from_bits(u32::from(blocks.scales[2 * n]) | u32::from(blocks.scales[2 * n + 1]) << 16)
     }
 
     /// `rows` rows of `cols` random blocks of `kind` in ggml's layout, scales and minimums of
@@ -378,6 +442,7 @@ mod tests {
     fn block_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
         for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
             let (a, b) = (random_blocks(kind, 3, 64, 1), random_blocks(kind, 2, 64, 2));
+            let (a, b) = (Weight::Quantized(a), Weight::Quantized(b));
             let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();
             let quant_words = if kind == TensorType::Q8_0 { 8 } else { 4 };
             assert_eq!(stacked.quants.len(), 5 * 2 * quant_words, "{kind:?}");
@@ -391,9 +456,43 @@ mod tests {
             }
         }
         let mixed = [
-            &random_blocks(TensorType::Q4_1, 1, 32, 3),
-            &random_blocks(TensorType::Q8_0, 1, 32, 4),
+            &Weight::Quantized(random_blocks(TensorType::Q4_1, 1, 32, 3)),
+            &Weight::Quantized(random_blocks(TensorType::Q8_0, 1, 32, 4)),
         ];
         assert_eq!(DeviceBlocks::stack(&mixed), None, "one type a stack");
+    }
+
+    /// The same for the K-quants, whose scales go up as the dequantizer's f32 products.
+    #[test]
+    fn kquant_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
+        let file = crate::llama::random_kquant_blocks;
+        for kind in [TensorType::Q4K, TensorType::Q6K] {
+            let a = Weight::KQuantized(KBlockRows::from_ggml(kind, 3, 512, &file(kind, 6, 1)));
+            let b = Weight::KQuantized(KBlockRows::from_ggml(kind, 2, 512, &file(kind, 4, 2)));
+            let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();
+            let words_per_block = if kind == TensorType::Q4K { 32 } else { 64 };
+            assert_eq!(stacked.quants.len(), 5 * 2 * words_per_block, "{kind:?}");
+            assert_eq!(stacked.scales.len() % 8, 0, "{kind:?}: padded to 16 bytes");
+            let rows = (0..3).map(|r| a.row(r)).chain((0..2).map(|r| b.row(r)));
+            for (r, row) in rows.enumerate() {
+                for (k, &v) in row.iter().enumerate() {
+                    let got = element(&stacked, r * 512 + k);
+                    assert_eq!(got.to_bits(), v.to_bits(), "{kind:?} row {r} element {k}");
+                }
+            }
+        }
+        let q4k = Weight::KQuantized(KBlockRows::from_ggml(
+            TensorType::Q4K,
+            1,
+            256,
+            &file(TensorType::Q4K, 1, 3),
+        ));
+        let q6k = Weight::KQuantized(KBlockRows::from_ggml(
+            TensorType::Q6K,
+            1,
+            256,
+            &file(TensorType::Q6K, 1, 4),
+        ));
+        assert_eq!(DeviceBlocks::stack(&[&q4k, &q6k]), None, "one type a stack");
     }
 }

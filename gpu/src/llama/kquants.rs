@@ -152,6 +152,32 @@ impl KBlockRows {
         out
     }
 
+    /// Block `b` of the matrix (row after row) as `dequantize` computes its elements, for a
+    /// device that dequantizes in its kernels: element `e` is `scales[g] * q[e] - mins[e / 32]`
+    /// for `Q4_K` (`g = e / 32`) and `scales[e / 16] * q[e]` for `Q6_K`, each operation rounded
+    /// on its own, the scales and minimums being the dequantizer's f32 products
+    /// (`d * sc`, `dmin * m`).
+    pub fn group_values(&self, b: usize) -> GroupValues {
+        let per_block = quant_bytes(self.kind);
+        let (head, quants) = (&self.heads[b], &self.quants[b * per_block..(b + 1) * per_block]);
+        let mut out =
+            GroupValues { scales: [0.0; 16], mins: [0.0; 8], q: unpack(self.kind, quants) };
+        match self.kind {
+            TensorType::Q4K => {
+                for j in 0..8 {
+                    out.scales[j] = head.d * f32::from(head.scales[j] as u8);
+                    out.mins[j] = head.dmin * f32::from(head.scales[8 + j] as u8);
+                }
+            }
+            _ => {
+                for (scale, &sc) in out.scales.iter_mut().zip(&head.scales) {
+                    *scale = head.d * f32::from(sc);
+                }
+            }
+        }
+        out
+    }
+
     /// Row `r` times each of `acts`: one pass over the row's blocks for all of them.
     #[inline(always)]
     pub fn dots<const N: usize>(&self, r: usize, acts: [&Q8K; N]) -> [f32; N] {
@@ -210,6 +236,17 @@ impl KBlockRows {
     pub fn dot(&self, r: usize, act: &Q8K) -> f32 {
         self.dots(r, [act])[0]
     }
+}
+
+/// A K-quant block's elements as scale, minimum and integer quant (`KBlockRows::group_values`).
+#[derive(Clone, Debug)]
+pub struct GroupValues {
+    /// `Q4_K`: the first 8, one per 32 elements. `Q6_K`: one per 16.
+    pub scales: [f32; 16],
+    /// `Q4_K`'s, one per 32 elements (zero for `Q6_K`).
+    pub mins: [f32; 8],
+    /// 0 to 15 (`Q4_K`) or -32 to 31 (`Q6_K`).
+    pub q: [i8; QK],
 }
 
 /// One row's running sums with one input: the lane accumulators (and, for `Q4_K`, the
@@ -407,33 +444,33 @@ fn nearest_int(value: f32) -> i32 {
 }
 
 #[cfg(test)]
+/// Random bytes of `n` blocks of K-quant `kind` (for tests), with half-precision scales of sane magnitude (random
+/// bits there would be infinities and NaNs).
+pub(crate) fn random_kquant_blocks(kind: TensorType, n: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut bytes: Vec<u8> = (0..n * kind.block_bytes() as usize).map(|_| next() as u8).collect();
+    let mut scale = || f32_to_f16(((next() % 1000) as f32 + 1.0) / 64_000.0).to_le_bytes();
+    for block in bytes.chunks_exact_mut(kind.block_bytes() as usize) {
+        match kind {
+            TensorType::Q4K => {
+                block[0..2].copy_from_slice(&scale());
+                block[2..4].copy_from_slice(&scale());
+            }
+            _ => block[208..210].copy_from_slice(&scale()),
+        }
+    }
+    bytes
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Random bytes of `n` blocks of `kind`, with half-precision scales of sane magnitude (random
-    /// bits there would be infinities and NaNs).
-    pub(crate) fn random_blocks(kind: TensorType, n: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        let mut bytes: Vec<u8> =
-            (0..n * kind.block_bytes() as usize).map(|_| next() as u8).collect();
-        let mut scale = || f32_to_f16(((next() % 1000) as f32 + 1.0) / 64_000.0).to_le_bytes();
-        for block in bytes.chunks_exact_mut(kind.block_bytes() as usize) {
-            match kind {
-                TensorType::Q4K => {
-                    block[0..2].copy_from_slice(&scale());
-                    block[2..4].copy_from_slice(&scale());
-                }
-                _ => block[208..210].copy_from_slice(&scale()),
-            }
-        }
-        bytes
-    }
 
     fn random_input(len: usize, seed: u64) -> Vec<f32> {
         let mut state = seed | 1;
@@ -453,7 +490,8 @@ mod tests {
     fn products_approximate_the_dequantized_product() {
         for (kind, rows) in [(TensorType::Q4K, 8), (TensorType::Q4K, 3), (TensorType::Q6K, 3)] {
             let cols = 512;
-            let w = KBlockRows::from_ggml(kind, rows, cols, &random_blocks(kind, rows * 2, 7));
+            let w =
+                KBlockRows::from_ggml(kind, rows, cols, &random_kquant_blocks(kind, rows * 2, 7));
             let x = random_input(cols, 11);
             let act = Q8K::quantize(&x);
             for r in 0..rows {
@@ -474,13 +512,35 @@ mod tests {
     #[test]
     fn rows_dequantize_as_the_file_does() {
         for kind in [TensorType::Q4K, TensorType::Q6K] {
-            let bytes = random_blocks(kind, 6, 5);
+            let bytes = random_kquant_blocks(kind, 6, 5);
             let w = KBlockRows::from_ggml(kind, 3, 512, &bytes);
             let mut file = vec![0f32; 3 * 512];
             dequantize(kind, &bytes, &mut file);
             let kept: Vec<f32> = (0..3).flat_map(|r| w.row(r)).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&kept), bits(&file), "{kind:?}");
+        }
+    }
+
+    /// `group_values` computes the elements `row` gives, bit for bit.
+    #[test]
+    fn group_values_are_the_dequantizer_s() {
+        for kind in [TensorType::Q4K, TensorType::Q6K] {
+            let w = KBlockRows::from_ggml(kind, 2, 512, &random_kquant_blocks(kind, 4, 9));
+            for r in 0..2 {
+                let row = w.row(r);
+                for (i, expected) in row.chunks_exact(QK).enumerate() {
+                    let g = w.group_values(2 * r + i);
+                    for (e, &v) in expected.iter().enumerate() {
+                        let q = f32::from(g.q[e]);
+                        let got = match kind {
+                            TensorType::Q4K => g.scales[e / 32] * q - g.mins[e / 32],
+                            _ => g.scales[e / 16] * q,
+                        };
+                        assert_eq!(got.to_bits(), v.to_bits(), "{kind:?} row {r} element {e}");
+                    }
+                }
+            }
         }
     }
 
@@ -506,7 +566,7 @@ mod tests {
     #[test]
     fn portable_and_detected_products_agree_to_the_bit() {
         for kind in [TensorType::Q4K, TensorType::Q6K] {
-            let w = KBlockRows::from_ggml(kind, 8, 512, &random_blocks(kind, 16, 3));
+            let w = KBlockRows::from_ggml(kind, 8, 512, &random_kquant_blocks(kind, 16, 3));
             let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(512, 100 + i)).collect();
             let detected: Vec<[f32; 4]> = (0..8)
                 .map(|r| {

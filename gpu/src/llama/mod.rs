@@ -19,7 +19,9 @@ pub use blocks::BlockRows;
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use hf_weights::load_hf_dir;
-pub use kquants::KBlockRows;
+#[cfg(test)]
+pub(crate) use kquants::random_kquant_blocks;
+pub use kquants::{GroupValues, KBlockRows};
 pub use matmul::Weight;
 pub use paged::CpuExecutor;
 pub use weights::{Layer, LlamaWeights, LoadError};

@@ -53,3 +53,13 @@ extern "C" __global__ void embed_q8_0(const uint2* q, const f16_bits* d, const i
                                       float* x, int hidden) {
     embed(q8_0_blocks{q, d}, tokens, x, hidden);
 }
+
+extern "C" __global__ void embed_q4_k(const unsigned int* q, const float2* dm, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q4_k_blocks{q, dm}, tokens, x, hidden);
+}
+
+extern "C" __global__ void embed_q6_k(const uint2* q, const float* s, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q6_k_blocks{q, s}, tokens, x, hidden);
+}

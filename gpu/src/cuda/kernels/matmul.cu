@@ -92,6 +92,12 @@ __device__ __forceinline__ q4_1_blocks row_start(q4_1_blocks w, long r, int k_le
 __device__ __forceinline__ q8_0_blocks row_start(q8_0_blocks w, long r, int k_len) {
     return {w.q + r * k_len / 8, w.d + r * k_len / 32};
 }
+__device__ __forceinline__ q4_k_blocks row_start(q4_k_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.dm + r * k_len / 32};
+}
+__device__ __forceinline__ q6_k_blocks row_start(q6_k_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.s + r * k_len / 16};
+}
 
 // Starts a row of `k_len` elements on its way into L2 (the vector path's rows: 16-byte
 // aligned). A block row's scales need not be: their span is rounded out to 16 bytes, which
@@ -115,6 +121,14 @@ __device__ __forceinline__ void prefetch_row(q4_1_blocks row, int k_len) {
 __device__ __forceinline__ void prefetch_row(q8_0_blocks row, int k_len) {
     prefetch_to_l2(row.q, k_len);
     prefetch_span(row.d, row.d + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q4_k_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len / 2);
+    prefetch_span(row.dm, row.dm + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q6_k_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len);
+    prefetch_span(row.s, row.s + k_len / 16);
 }
 
 // Eight weights as loaded (the chunk at element `k` of a row, `k` a multiple of 8; a dense
@@ -148,6 +162,16 @@ struct Chunk<q8_0_blocks> {
     uint2 q;
     f16_bits d;
 };
+template <>
+struct Chunk<q4_k_blocks> {
+    unsigned int q;
+    float2 dm;
+};
+template <>
+struct Chunk<q6_k_blocks> {
+    uint2 q;
+    float s;
+};
 
 // How many of its chunks a lane requests before it uses any (divided among its rows): 8 of a
 // dense row (128 to 256 bytes) or of a Q8_0 row (64 bytes of quants), 16 of a Q4 row (64 bytes
@@ -163,6 +187,10 @@ struct InFlight<q4_0_blocks> {
 };
 template <>
 struct InFlight<q4_1_blocks> {
+    static constexpr int CHUNKS = 16;
+};
+template <>
+struct InFlight<q4_k_blocks> {
     static constexpr int CHUNKS = 16;
 };
 
@@ -185,6 +213,15 @@ __device__ __forceinline__ void load_chunk(q4_1_blocks row, int k, Chunk<q4_1_bl
 __device__ __forceinline__ void load_chunk(q8_0_blocks row, int k, Chunk<q8_0_blocks>& c) {
     c.q = row.q[k / 8];
     c.d = row.d[k / 32];
+}
+__device__ __forceinline__ void load_chunk(q4_k_blocks row, int k, Chunk<q4_k_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.dm = row.dm[k / 32];
+}
+// A chunk of 8 lies inside one 16 (chunks start at multiples of 8).
+__device__ __forceinline__ void load_chunk(q6_k_blocks row, int k, Chunk<q6_k_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.s = row.s[k / 16];
 }
 
 __device__ __forceinline__ void unpack_chunk(const Chunk<const float*>& c, float out[8]) {
@@ -212,6 +249,17 @@ __device__ __forceinline__ void unpack_chunk(const Chunk<q8_0_blocks>& c, float 
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         out[i] = q8_0_value(((i < 4 ? c.q.x : c.q.y) >> (8 * (i % 4))) & 0xffu, d);
+    }
+}
+
+__device__ __forceinline__ void unpack_chunk(const Chunk<q4_k_blocks>& c, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = q4_k_value((c.q >> (4 * i)) & 15u, c.dm);
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q6_k_blocks>& c, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[i] = q6_k_value(((i < 4 ? c.q.x : c.q.y) >> (8 * (i % 4))) & 0xffu, c.s);
     }
 }
 
@@ -505,6 +553,22 @@ extern "C" __global__ void matmul_q8_0(const uint2* q, const f16_bits* d,
     else __trap();
 }
 
+extern "C" __global__ void matmul_q4_k(const unsigned int* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q4_k_blocks, true, 1>(q4_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_q6_k(const uint2* q, const float* s,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q6_k_blocks, true, 1>(q6_k_blocks{q, s},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
 extern "C" __global__ void matmul_wide_q4_0(const unsigned int* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len,
         int tokens, int accumulate) {
@@ -525,6 +589,22 @@ extern "C" __global__ void matmul_wide_q8_0(const uint2* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len,
         int tokens, int accumulate) {
     if (k_len % 32 == 0) matmul<q8_0_blocks, true, WIDE_OUT>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q4_k(const unsigned int* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q4_k_blocks, true, WIDE_OUT>(q4_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q6_k(const uint2* q, const float* s,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q6_k_blocks, true, WIDE_OUT>(q6_k_blocks{q, s},
                                                 x, norm, eps, y, rows, k_len, tokens, accumulate);
     else __trap();
 }
@@ -586,6 +666,20 @@ extern "C" __global__ void matmul_swiglu_q8_0(const uint2* q, const f16_bits* d,
     else __trap();
 }
 
+extern "C" __global__ void matmul_swiglu_q4_k(const unsigned int* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q4_k_blocks, true, 1>(q4_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_q6_k(const uint2* q, const float* s,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q6_k_blocks, true, 1>(q6_k_blocks{q, s},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
 extern "C" __global__ void matmul_swiglu_wide_q4_0(const unsigned int* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
     if (k_len % 32 == 0) matmul_swiglu<q4_0_blocks, true, WIDE_SWIGLU_OUT>(q4_0_blocks{q, d},
@@ -603,6 +697,20 @@ extern "C" __global__ void matmul_swiglu_wide_q4_1(const unsigned int* q, const 
 extern "C" __global__ void matmul_swiglu_wide_q8_0(const uint2* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
     if (k_len % 32 == 0) matmul_swiglu<q8_0_blocks, true, WIDE_SWIGLU_OUT>(q8_0_blocks{q, d},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q4_k(const unsigned int* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q4_k_blocks, true, WIDE_SWIGLU_OUT>(q4_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q6_k(const uint2* q, const float* s,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q6_k_blocks, true, WIDE_SWIGLU_OUT>(q6_k_blocks{q, s},
                                                 x, norm, eps, y, rows, k_len, tokens);
     else __trap();
 }

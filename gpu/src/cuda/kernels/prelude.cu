@@ -64,6 +64,17 @@ struct q8_0_blocks {
     const uint2* q;
     const f16_bits* d;
 };
+// The K-quants with their scales as the CPU's dequantizer computes them (f32 products, which half
+// precision does not hold): `Q4_K`'s scale and minimum of each 32 (`dm`), `Q6_K`'s scale of each
+// 16 (`s`, its quants stored less 32 as signed bytes).
+struct q4_k_blocks {
+    const unsigned int* q;
+    const float2* dm;
+};
+struct q6_k_blocks {
+    const uint2* q;
+    const float* s;
+};
 
 // An element from its quant, as the CPU's dequantizer (`gguf/dequant.rs`): `(q - 8) * d`,
 // `q * d + m` and `q * d`, each operation rounded on its own (never fused: the CPU rounds the
@@ -76,6 +87,13 @@ __device__ __forceinline__ float q4_1_value(unsigned int nibble, float d, float 
 }
 __device__ __forceinline__ float q8_0_value(unsigned int byte, float d) {
     return __fmul_rn((float)(signed char)byte, d);
+}
+// `d1 * q - m1` and `s * q` (`gguf/dequant.rs`'s `q4_k`, `q6_k`).
+__device__ __forceinline__ float q4_k_value(unsigned int nibble, float2 dm) {
+    return __fsub_rn(__fmul_rn(dm.x, (float)nibble), dm.y);
+}
+__device__ __forceinline__ float q6_k_value(unsigned int byte, float s) {
+    return __fmul_rn(s, (float)(signed char)byte);
 }
 
 __device__ __forceinline__ float load1(q4_0_blocks w, long i) {
@@ -90,6 +108,15 @@ __device__ __forceinline__ float load1(q8_0_blocks w, long i) {
     const uint2 chunk = w.q[i / 8];
     const unsigned int word = i % 8 < 4 ? chunk.x : chunk.y;
     return q8_0_value((word >> (8 * (i % 4))) & 0xffu, half_to_float(w.d[i / 32]));
+}
+
+__device__ __forceinline__ float load1(q4_k_blocks w, long i) {
+    return q4_k_value((w.q[i / 8] >> (4 * (i % 8))) & 15u, w.dm[i / 32]);
+}
+__device__ __forceinline__ float load1(q6_k_blocks w, long i) {
+    const uint2 chunk = w.q[i / 8];
+    const unsigned int word = i % 8 < 4 ? chunk.x : chunk.y;
+    return q6_k_value((word >> (8 * (i % 4))) & 0xffu, w.s[i / 16]);
 }
 
 // Eight consecutive weight elements from `w + i`, `i` a multiple of 8 and the row 16-byte
