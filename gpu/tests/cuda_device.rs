@@ -735,9 +735,11 @@ fn small_llama(vocab: usize) -> LlamaConfig {
 }
 
 /// A Llama of `config`'s shape (tied embedding) with random weights of `kind`: `F16`, values
-/// `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as f16; or
+/// `k / 2^15` for integers `|k| <= 1024`, exact in f16, so the executor stores them as f16;
 /// `Q4_1`, random nibbles under scales `2^-12` and minimums `-2^-9` (the same range), 5 bits a
-/// weight, which the executor stores as f32 or in its blocks by `block_weights`.
+/// weight; or `Q4_K`, random nibbles and 6-bit scales and minimums under block scales `2^-15`
+/// (weights within about ±0.03), 4.5 bits a weight. The executor stores the quantized ones as f32
+/// or in their blocks by `block_weights`.
 fn random_llama(kind: TensorType, config: LlamaConfig) -> LlamaWeights {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -760,6 +762,18 @@ fn random_llama(kind: TensorType, config: LlamaConfig) -> LlamaWeights {
                 bytes.extend(f32_to_f16(-1.0 / 512.0).to_le_bytes());
                 bytes.extend(next().to_le_bytes());
                 bytes.extend(next().to_le_bytes());
+            }
+            Weight::new(kind, rows, cols, &bytes)
+        }
+        TensorType::Q4K => {
+            let mut bytes = Vec::with_capacity(rows * cols / 256 * 144);
+            for _ in 0..rows * cols / 256 {
+                bytes.extend(f32_to_f16(1.0 / 32768.0).to_le_bytes());
+                bytes.extend(f32_to_f16(1.0 / 32768.0).to_le_bytes());
+                // Any 12 bytes are valid 6-bit scales and minimums, any 128 valid nibbles.
+                bytes.extend(&next().to_le_bytes()[..8]);
+                bytes.extend(&next().to_le_bytes()[..4]);
+                (0..16).for_each(|_| bytes.extend(next().to_le_bytes()));
             }
             Weight::new(kind, rows, cols, &bytes)
         }
@@ -875,7 +889,7 @@ fn decode_throughput_against_the_hbm_roofline() {
         return;
     }
     // `LOCKSTEP_BENCH_BATCHES=1` (a comma-separated list): fewer sizes, for a profiler's run;
-    // `LOCKSTEP_BENCH_WEIGHTS=q4_1`: one of the two models (f16, q4_1).
+    // `LOCKSTEP_BENCH_WEIGHTS=q4_1`: one of the two models (f16, q4_1), or `q4_k`, a third.
     let batches: Vec<u32> = match std::env::var("LOCKSTEP_BENCH_BATCHES") {
         Ok(list) => list.split(',').map(|b| b.trim().parse().unwrap()).collect(),
         Err(_) => vec![1, 32, 256],
@@ -890,22 +904,23 @@ fn decode_throughput_against_the_hbm_roofline() {
     }
 }
 
-/// A benchmark model's weight type (`f16` or `q4_1`), and the launch options its second run
-/// takes: for f16 programmatic dependent launches against plain ones, for Q4_1 its blocks
-/// against f32 dequantized at load.
+/// A benchmark model's weight type (`f16`, `q4_1` or `q4_k`), and the launch options its second
+/// run takes: for f16 programmatic dependent launches against plain ones, for the quantized ones
+/// their blocks against f32 dequantized at load.
 fn bench_model(name: &str) -> (TensorType, LaunchOptions) {
     match name {
         "f16" => {
             (TensorType::F16, LaunchOptions { dependent_launches: true, ..Default::default() })
         }
         "q4_1" => (TensorType::Q4_1, LaunchOptions { block_weights: true, ..Default::default() }),
-        other => panic!("LOCKSTEP_BENCH_WEIGHTS: {other:?} is not f16 or q4_1"),
+        "q4_k" => (TensorType::Q4K, LaunchOptions { block_weights: true, ..Default::default() }),
+        other => panic!("LOCKSTEP_BENCH_WEIGHTS: {other:?} is not f16, q4_1 or q4_k"),
     }
 }
 
-/// The benchmark's harness on a small model (the emulator stands in for a device in CI): the Q4_1
-/// model, whose variants upload the weights again, with its timed steps and graph replays, so
-/// that a device run's minutes go to measuring.
+/// The benchmark's harness on small models (the emulator stands in for a device in CI): the Q4_1
+/// and Q4_K models, whose variants upload the weights again, with their timed steps and graph
+/// replays, so that a device run's minutes go to measuring.
 #[test]
 fn the_throughput_benchmark_runs_on_a_small_model() {
     if !device_or_skip() {
@@ -913,6 +928,10 @@ fn the_throughput_benchmark_runs_on_a_small_model() {
     }
     let (kind, alternative) = bench_model("q4_1");
     decode_throughput(&Arc::new(random_llama(kind, small_llama(512))), "q4_1", 2, alternative);
+    // K-quant rows are whole blocks of 256.
+    let shape = LlamaConfig { hidden: 256, head_dim: 64, ffn: 512, ..small_llama(512) };
+    let (kind, alternative) = bench_model("q4_k");
+    decode_throughput(&Arc::new(random_llama(kind, shape)), "q4_k", 2, alternative);
 }
 
 /// Decode tokens/s of `weights` at `batch` rows, plain, with `alternative`, and with every
