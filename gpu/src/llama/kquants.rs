@@ -3,7 +3,7 @@
 //! computes them, so that a K-quant model's logits are llama.cpp's to the bit:
 //!
 //! - The activation is quantized per 256 values to `Q8_K` (`quantize_row_q8_K_ref`): an f32 scale,
-//!   256 signed bytes and the sums of each 16.
+//!   256 signed bytes and their sums (ggml keeps each 16's; both K types use them in pairs).
 //! - A block's integer products are exact, so only the floating-point steps must follow
 //!   llama.cpp, and they differ by path. `Q6_K` (`ggml_vec_dot_q6_K_q8_K`) and a `Q4_K` matrix
 //!   whose row count is not a multiple of 8 (`ggml_vec_dot_q4_K_q8_K`) sum each block into eight
@@ -13,8 +13,9 @@
 //!   multiplies with `ggml_gemv_q4_K_8x8_q8_K`: one fused accumulator a row for the scaled sums
 //!   and one for the minimums, subtracted at the end.
 //!
-//! The blocks are kept as the file has them (4.5 and 6.56 bits a weight) and unpacked one block
-//! at a time in the product, which serves every input of a batch before the next block.
+//! The quants are kept as the file has them and each block's scales as the products read them
+//! (4.75 and 6.75 bits a weight; the file's 4.5 and 6.56), unpacked one block at a time in the
+//! product, which serves every input of a batch before the next block.
 
 use super::kernels;
 use super::numerics::hsum8;
@@ -153,10 +154,10 @@ impl KBlockRows {
     }
 
     /// Block `b` of the matrix (row after row) as `dequantize` computes its elements, for a
-    /// device that dequantizes in its kernels: element `e` is `scales[g] * q[e] - mins[e / 32]`
-    /// for `Q4_K` (`g = e / 32`) and `scales[e / 16] * q[e]` for `Q6_K`, each operation rounded
-    /// on its own, the scales and minimums being the dequantizer's f32 products
-    /// (`d * sc`, `dmin * m`).
+    /// device that dequantizes in its kernels: element `e` is `scales[e / 32] * q[e] -
+    /// mins[e / 32]` for `Q4_K` and `scales[e / 16] * q[e]` for `Q6_K`, each operation rounded
+    /// on its own, the scales and minimums being the dequantizer's f32 products (`d * sc`,
+    /// `dmin * m`).
     pub fn group_values(&self, b: usize) -> GroupValues {
         let per_block = quant_bytes(self.kind);
         let (head, quants) = (&self.heads[b], &self.quants[b * per_block..(b + 1) * per_block]);
