@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 mod common;
-mod kquant;
+mod quantized;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -123,11 +123,11 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     alone_and_in_a_crowd(&weights, prompt, 4000);
 }
 
-/// The same on the tiny K-quant Llama (`kquant`): its `Q4_K` and `Q6_K` products take four
+/// The same on the tiny K-quant Llama (`quantized`): its `Q4_K` and `Q6_K` products take four
 /// inputs a pass in a batch and one alone, through llama.cpp's three paths.
 #[test]
 fn a_kquant_request_is_bit_identical_alone_and_in_a_batch_of_32() {
-    let file = kquant::bytes();
+    let file = quantized::bytes();
     let gguf = common::parse(&file);
     let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     alone_and_in_a_crowd(&weights, vec![1, 300, 72, 101, 108], 280);

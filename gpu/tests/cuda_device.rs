@@ -18,7 +18,7 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
 mod common;
-mod kquant;
+mod quantized;
 mod tiny;
 
 use std::collections::BTreeMap;
@@ -369,7 +369,7 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
     // The K-quant Llama (`Q4_K` and `Q6_K`, which the device dequantizes at load).
-    let file = kquant::bytes();
+    let file = quantized::bytes();
     let gguf = Gguf::parse(&file).unwrap();
     let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     check("the K-quant Llama", &Arc::new(dequantized(&weights)), &weights);

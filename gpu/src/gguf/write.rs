@@ -1,6 +1,6 @@
 //! Writing GGUF v3 files, field by field as the format says (layout in the module's docs). The
 //! parser's tests write what they parse with it, and the tests and examples that need a model
-//! llama.cpp can also load (tiny K-quant models, `gpu/tests/kquant`) write theirs with it.
+//! llama.cpp can also load (tiny K-quant models, `gpu/tests/quantized`) write theirs with it.
 
 use super::TensorType;
 

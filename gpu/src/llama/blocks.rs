@@ -3,6 +3,10 @@
 //! per block (`Q8_0`, or `Q8_1` with its block sum for `Q4_1`), each block's product is an
 //! integer sum in eight lanes of four consecutive products, scaled once into eight fused lane
 //! accumulators, and the lanes are reduced with `hsum8` (`ggml_vec_dot_q4_1_q8_1` and kin).
+//! Except for a `Q4_0` matrix whose row count is a multiple of 8, which llama.cpp's x86 build
+//! repacks eight rows together (`block_q4_0x8`) and multiplies with
+//! `gemv_q4_b32_8x8_q8_0_lut_avx`: each block's products summed in integers, then one fused
+//! chain a row (`repacked_dot`).
 //!
 //! At load the half-precision block scales are widened to f32 (exactly) and stored apart from
 //! the quants, so that a product reads each row as two plain arrays.
@@ -95,6 +99,10 @@ impl BlockRows {
     /// Row `r` times the activation `act`.
     #[inline(always)]
     pub fn dot(&self, r: usize, act: &Q8) -> f32 {
+        if self.repacked() {
+            let (scales, _, quants) = self.row_parts(r);
+            return repacked_dots(scales, quants, [act])[0];
+        }
         let (scales, mins, quants) = self.row_parts(r);
         let (lanes, summs) = match self.kind {
             TensorType::Q8_0 => (q8_lanes(scales, quants, act), 0.0),
@@ -106,6 +114,10 @@ impl BlockRows {
     /// Row `r` times four activations: `dot` four times over, faster (the row is unpacked once).
     #[inline(always)]
     pub fn dot4(&self, r: usize, acts: [&Q8; 4]) -> [f32; 4] {
+        if self.repacked() {
+            let (scales, _, quants) = self.row_parts(r);
+            return repacked_dots(scales, quants, acts);
+        }
         #[cfg(target_arch = "x86_64")]
         if kernels::has_avx2_fma() {
             let (scales, mins, quants) = self.row_parts(r);
@@ -136,6 +148,12 @@ impl BlockRows {
             return out;
         }
         acts.map(|act| self.dot(r, act))
+    }
+
+    /// Whether llama.cpp multiplies this matrix repacked (the module's docs).
+    #[inline(always)]
+    fn repacked(&self) -> bool {
+        self.kind == TensorType::Q4_0 && self.rows.is_multiple_of(8)
     }
 
     /// Row `r`'s block scales, minimums (empty unless `Q4_1`) and quants.
@@ -278,6 +296,42 @@ fn q8_lanes(scales: &[f32], quants: &[u8], act: &Q8) -> [f32; 8] {
     acc
 }
 
+/// A `Q4_0` row (its scales and quants) times each of `acts` as llama.cpp's repacked path
+/// computes it: per block the integer sum of `(q - 8) * a`, then `acc = fma(sum, d * act_d,
+/// acc)` in block order, one chain a row. Integer sums are exact, so the AVX2 kernel and the
+/// loop below agree.
+#[inline(always)]
+fn repacked_dots<const N: usize>(scales: &[f32], quants: &[u8], acts: [&Q8; N]) -> [f32; N] {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(
+            unsafe_code,
+            reason = "a function compiled for CPU features detected at run time"
+        )]
+        // SAFETY: the CPU has AVX2 and FMA, all that `q4_0_repacked` is compiled for.
+        return unsafe {
+            kernels::avx2::q4_0_repacked(
+                scales,
+                quants,
+                acts.map(|a| (a.d.as_slice(), a.q.as_slice())),
+            )
+        };
+    }
+    let mut acc = [0f32; N];
+    for (b, packed) in quants.chunks_exact(16).enumerate() {
+        for (acc, act) in acc.iter_mut().zip(&acts) {
+            let q = &act.q[32 * b..32 * b + 32];
+            let mut sum = 0i32;
+            for (j, &byte) in packed.iter().enumerate() {
+                sum += (i32::from(byte & 0x0f) - 8) * i32::from(q[j]);
+                sum += (i32::from(byte >> 4) - 8) * i32::from(q[j + 16]);
+            }
+            *acc = (sum as f32).mul_add(scales[b] * act.d[b], *acc);
+        }
+    }
+    acc
+}
+
 /// Lane `j` of eight: `acc[j] += scale * lanes[j]`, fused as one rounding.
 #[inline(always)]
 fn accumulate(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
@@ -303,61 +357,77 @@ mod tests {
         };
         for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
             let (header, quant_bytes) = layout(kind);
-            let (rows, cols) = (5, 256);
-            let mut bytes = Vec::new();
-            for _ in 0..rows * cols / 32 {
-                let scale = f32_to_f16((next() % 1000) as f32 / 1e4 + 1e-3).to_le_bytes();
-                bytes.extend_from_slice(&scale);
-                if header == 4 {
-                    bytes.extend_from_slice(&f32_to_f16(-0.05).to_le_bytes());
+            // 8 rows: Q4_0 takes llama.cpp's repacked path; 5: the lanes.
+            for rows in [5, 8] {
+                let cols = 256;
+                let mut bytes = Vec::new();
+                for _ in 0..rows * cols / 32 {
+                    let scale = f32_to_f16((next() % 1000) as f32 / 1e4 + 1e-3).to_le_bytes();
+                    bytes.extend_from_slice(&scale);
+                    if header == 4 {
+                        bytes.extend_from_slice(&f32_to_f16(-0.05).to_le_bytes());
+                    }
+                    for _ in 0..quant_bytes {
+                        bytes.push(next() as u8);
+                    }
                 }
-                for _ in 0..quant_bytes {
-                    bytes.push(next() as u8);
+                let weights = BlockRows::from_ggml(kind, rows, cols, &bytes);
+                let x: Vec<f32> =
+                    (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                let act = Q8::quantize(&x);
+                for r in 0..rows {
+                    let (scales, mins, q) = weights.row_parts(r);
+                    let both = || match kind {
+                        TensorType::Q8_0 => (q8_lanes(scales, q, &act), 0.0),
+                        _ => q4_lanes(scales, mins, q, &act, kind == TensorType::Q4_0),
+                    };
+                    let portable = kernels::force_portable(both);
+                    let detected = both();
+                    assert_eq!(
+                        portable.0.map(f32::to_bits),
+                        detected.0.map(f32::to_bits),
+                        "{kind:?}"
+                    );
+                    assert_eq!(portable.1.to_bits(), detected.1.to_bits(), "{kind:?}");
+                    // Against the f32 product: the activation's rounding moves each element by at
+                    // most half a step (amax / 254 of its block) plus the half-precision scale's
+                    // relative 2^-11, and that is all the error there may be.
+                    let w = weights.row(r);
+                    let exact: f32 = w.iter().zip(&x).map(|(w, x)| w * x).sum();
+                    let bound: f32 = w
+                        .chunks_exact(32)
+                        .zip(x.chunks_exact(32))
+                        .map(|(w, x)| {
+                            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                            w.iter().map(|w| w.abs() * (amax / 254.0 + amax / 2048.0)).sum::<f32>()
+                        })
+                        .sum();
+                    let ours = weights.dot(r, &act);
+                    assert!((ours - exact).abs() <= bound * 1.01 + 1e-4, "{kind:?} {ours} {exact}");
                 }
-            }
-            let weights = BlockRows::from_ggml(kind, rows, cols, &bytes);
-            let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-            let act = Q8::quantize(&x);
-            for r in 0..rows {
-                let (scales, mins, q) = weights.row_parts(r);
-                let both = || match kind {
-                    TensorType::Q8_0 => (q8_lanes(scales, q, &act), 0.0),
-                    _ => q4_lanes(scales, mins, q, &act, kind == TensorType::Q4_0),
-                };
-                let portable = kernels::force_portable(both);
-                let detected = both();
-                assert_eq!(portable.0.map(f32::to_bits), detected.0.map(f32::to_bits), "{kind:?}");
-                assert_eq!(portable.1.to_bits(), detected.1.to_bits(), "{kind:?}");
-                // Against the f32 product: the activation's rounding moves each element by at
-                // most half a step (amax / 254 of its block) plus the half-precision scale's
-                // relative 2^-11, and that is all the error there may be.
-                let w = weights.row(r);
-                let exact: f32 = w.iter().zip(&x).map(|(w, x)| w * x).sum();
-                let bound: f32 = w
-                    .chunks_exact(32)
-                    .zip(x.chunks_exact(32))
-                    .map(|(w, x)| {
-                        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        w.iter().map(|w| w.abs() * (amax / 254.0 + amax / 2048.0)).sum::<f32>()
+                // Four inputs at once give each one's product, bit for bit.
+                let acts: Vec<Q8> = (0..4)
+                    .map(|k| {
+                        Q8::quantize(&x.iter().map(|v| v * (k as f32 - 1.5)).collect::<Vec<_>>())
                     })
-                    .sum();
-                let ours = weights.dot(r, &act);
-                assert!((ours - exact).abs() <= bound * 1.01 + 1e-4, "{kind:?} {ours} {exact}");
+                    .collect();
+                for r in 0..rows {
+                    let four = weights.dot4(r, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                    let one_by_one: Vec<u32> =
+                        acts.iter().map(|a| weights.dot(r, a).to_bits()).collect();
+                    assert_eq!(four.map(f32::to_bits).to_vec(), one_by_one, "{kind:?} row {r}");
+                }
+                // The rebuilt row equals the file's dequantization.
+                let mut direct = vec![0f32; rows * cols];
+                dequantize(kind, &bytes, &mut direct);
+                assert_eq!(weights.row(3), direct[3 * cols..4 * cols]);
+                // The repacked path's AVX2 kernel and its loop agree.
+                for r in 0..rows {
+                    let acts = [&acts[0], &acts[1], &acts[2], &acts[3]];
+                    let portable = kernels::force_portable(|| weights.dot4(r, acts));
+                    assert_eq!(portable.map(f32::to_bits), weights.dot4(r, acts).map(f32::to_bits));
+                }
             }
-            // Four inputs at once give each one's product, bit for bit.
-            let acts: Vec<Q8> = (0..4)
-                .map(|k| Q8::quantize(&x.iter().map(|v| v * (k as f32 - 1.5)).collect::<Vec<_>>()))
-                .collect();
-            for r in 0..rows {
-                let four = weights.dot4(r, [&acts[0], &acts[1], &acts[2], &acts[3]]);
-                let one_by_one: Vec<u32> =
-                    acts.iter().map(|a| weights.dot(r, a).to_bits()).collect();
-                assert_eq!(four.map(f32::to_bits).to_vec(), one_by_one, "{kind:?} row {r}");
-            }
-            // The rebuilt row equals the file's dequantization.
-            let mut direct = vec![0f32; rows * cols];
-            dequantize(kind, &bytes, &mut direct);
-            assert_eq!(weights.row(3), direct[3 * cols..4 * cols]);
         }
     }
 }

@@ -188,6 +188,47 @@ pub(crate) mod avx2 {
         ]
     }
 
+    /// A `Q4_0` row against each of `acts` (scales, values) as llama.cpp's repacked path
+    /// computes it (`blocks::repacked_dots`): each block's products summed in integers, then
+    /// `acc = fma(sum, scales[b] * act_scales[b], acc)` in block order.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q4_0_repacked<const N: usize>(
+        scales: &[f32],
+        quants: &[u8],
+        acts: [(&[f32], &[i8]); N],
+    ) -> [f32; N] {
+        let n = scales.len();
+        assert!(quants.len() >= 16 * n);
+        for (act_scales, act) in acts {
+            assert!(act.len() >= 32 * n && act_scales.len() >= n);
+        }
+        let low = _mm256_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [0f32; N];
+        for b in 0..n {
+            // SAFETY: the assert above puts 16 bytes of `quants` at block `b`.
+            let packed = unsafe { _mm_loadu_si128(quants.as_ptr().add(16 * b).cast()) };
+            let nibbles =
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+            let x = _mm256_sub_epi8(nibbles, eight);
+            let ax = _mm256_sign_epi8(x, x);
+            for (acc, (act_scales, act)) in acc.iter_mut().zip(acts) {
+                // SAFETY: the asserts above put 32 bytes of every `act` at block `b`.
+                let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
+                let lanes =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(q, x)), ones);
+                let half = _mm_add_epi32(
+                    _mm256_castsi256_si128(lanes),
+                    _mm256_extracti128_si256(lanes, 1),
+                );
+                let sum = add4(half);
+                *acc = (sum as f32).mul_add(scales[b] * act_scales[b], *acc);
+            }
+        }
+        acc
+    }
+
     /// `q8_lanes` of one weight row against four activations at once (see `q4_lanes4`).
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn q8_lanes4(

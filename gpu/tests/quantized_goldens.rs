@@ -1,12 +1,13 @@
-//! The CPU backend's `Q4_K` and `Q6_K` products against llama.cpp, a reference we did not write:
-//! a tiny K-quant Llama our own code generates (`kquant`) computes, one token at a time, the
-//! logits llama.cpp computed on the same file (`goldens/kquant.json`, from
-//! `goldens/make_kquant_goldens.py`) at every position, and the same greedy tokens after them.
-//! The model makes llama.cpp take each of its K-quant paths (the fixture's docs list them).
+//! The CPU backend's quantized products against llama.cpp, a reference we did not write: tiny
+//! Llamas our own code generates (`quantized`) compute, one token at a time, the logits llama.cpp
+//! computed on the same files at every position (`goldens/llamacpp_*.json`, from
+//! `goldens/make_quantized_goldens.py`), and the same greedy tokens after them. One model is in
+//! `Q4_K` and `Q6_K`, one in `Q4_0` and `Q8_0`; each makes llama.cpp take each of its paths for
+//! its types (the fixture's docs list them).
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-mod kquant;
+mod quantized;
 
 use lockstep_gpu::gguf::{Gguf, TensorType};
 use lockstep_gpu::llama::{LlamaWeights, Sequence, Weight};
@@ -23,16 +24,34 @@ const LOGIT_TOLERANCE: f32 = 1e-3;
 
 #[test]
 fn kquant_products_compute_what_llama_cpp_computes() {
-    let goldens: Value = serde_json::from_str(include_str!("goldens/kquant.json")).unwrap();
-    let file = kquant::bytes();
+    let goldens: Value =
+        serde_json::from_str(include_str!("goldens/llamacpp_kquant.json")).unwrap();
+    let file = quantized::bytes();
+    let kinds = holds_to_goldens(&file, &goldens);
+    assert!(kinds.contains(&TensorType::Q4K) && kinds.contains(&TensorType::Q6K));
+}
+
+/// The same for the 32-element block types on the same shape (`quantized::LEGACY`): `Q4_0`, which
+/// llama.cpp repacks eight rows together, and `Q8_0`.
+#[test]
+fn block_products_compute_what_llama_cpp_computes() {
+    let goldens: Value =
+        serde_json::from_str(include_str!("goldens/llamacpp_q4_0_q8_0.json")).unwrap();
+    let file = quantized::bytes_of(&quantized::LEGACY);
+    let kinds = holds_to_goldens(&file, &goldens);
+    assert!(kinds.contains(&TensorType::Q4_0) && kinds.contains(&TensorType::Q8_0));
+}
+
+/// `file`'s logits and greedy tokens against llama.cpp's in `goldens`; the types its matrices
+/// were kept in (every matrix must stay quantized: the products are what is under test).
+fn holds_to_goldens(file: &[u8], goldens: &Value) -> Vec<TensorType> {
     assert_eq!(
-        fnv1a64(&file),
+        fnv1a64(file),
         goldens["model_fnv1a64"].as_str().unwrap(),
         "the generated model is not the one the goldens were recorded on: regenerate them"
     );
-    let gguf = Gguf::parse(&file).unwrap();
-    let weights = LlamaWeights::from_gguf(&gguf, &file).unwrap();
-    // Every matrix stays in its blocks (the products under test), both types present.
+    let gguf = Gguf::parse(file).unwrap();
+    let weights = LlamaWeights::from_gguf(&gguf, file).unwrap();
     let kinds: Vec<TensorType> = weights
         .layers
         .iter()
@@ -40,10 +59,10 @@ fn kquant_products_compute_what_llama_cpp_computes() {
         .chain([&weights.embed, weights.output()])
         .map(|w| match w {
             Weight::KQuantized(blocks) => blocks.kind(),
+            Weight::Quantized(blocks) => blocks.kind(),
             other => panic!("a matrix left its blocks: {} rows", other.rows()),
         })
         .collect();
-    assert!(kinds.contains(&TensorType::Q4K) && kinds.contains(&TensorType::Q6K));
 
     let tokens: Vec<u32> = serde_json::from_value(goldens["tokens"].clone()).unwrap();
     let expected: Vec<Vec<f32>> = serde_json::from_value(goldens["logits"].clone()).unwrap();
@@ -70,6 +89,7 @@ fn kquant_products_compute_what_llama_cpp_computes() {
     }
     assert_eq!(ours, greedy, "greedy tokens part from llama.cpp's");
     eprintln!("widest logit gap to llama.cpp over {} positions: {widest}", tokens.len());
+    kinds
 }
 
 /// The file's 64-bit FNV-1a hash in hex, as the goldens' script computes it: a fingerprint of the

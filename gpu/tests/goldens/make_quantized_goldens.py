@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Regenerates gpu/tests/goldens/kquant.json: what llama.cpp computes on the tiny K-quant Llama our
-own code generates (gpu/tests/kquant), the reference gpu/tests/kquant_goldens.rs holds the CPU
-backend's Q4_K and Q6_K products to: the logits at every position of a fixed token sequence,
-evaluated one token at a time (llama.cpp's decode path), and 8 greedy tokens after it.
+"""Regenerates the goldens gpu/tests/quantized_goldens.rs holds the CPU backend's quantized products
+to: what llama.cpp computes on the tiny quantized Llamas our own code generates (gpu/tests/quantized):
+the logits at every position of a fixed token sequence, evaluated one token at a time (llama.cpp's
+decode path), and 8 greedy tokens after it.
 
 Run: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
      python3 -m pip install llama-cpp-python==0.3.16 numpy && \
-     cargo run -p lockstep-gpu --example write_kquant_model -- /tmp/kquant.gguf && \
-     python3 gpu/tests/goldens/make_kquant_goldens.py /tmp/kquant.gguf
-(An AVX2 build is the reference: llama.cpp repacks Q4_K matrices for AVX2, and lockstep computes
-what that build computes.)
+     cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/kquant.gguf && \
+     python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/kquant.gguf gpu/tests/goldens/llamacpp_kquant.json && \
+     cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/q4_0.gguf --legacy && \
+     python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/q4_0.gguf gpu/tests/goldens/llamacpp_q4_0_q8_0.json
+(An AVX2 build is the reference: llama.cpp repacks Q4_0 and Q4_K matrices for AVX2, and lockstep
+computes what that build computes.)
 """
 import json
 import sys
@@ -48,7 +50,7 @@ def main():
         "logits": logits,
         "greedy": greedy,
     }
-    json.dump(out, open("gpu/tests/goldens/kquant.json", "w"))
+    json.dump(out, open(sys.argv[2], "w"))
 
 
 if __name__ == "__main__":
