@@ -23,6 +23,9 @@ fn kind(name: &str) -> TensorType {
         "Q8_0" => TensorType::Q8_0,
         "Q4_K" => TensorType::Q4K,
         "Q6_K" => TensorType::Q6K,
+        "Q5_0" => TensorType::Q5_0,
+        "Q5_1" => TensorType::Q5_1,
+        "Q5_K" => TensorType::Q5K,
         other => panic!("unknown type {other} in the goldens"),
     }
 }

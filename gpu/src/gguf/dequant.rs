@@ -28,8 +28,11 @@ pub fn dequantize(kind: TensorType, bytes: &[u8], out: &mut [f32]) {
             TensorType::BF16 => y[0] = bf16_to_f32(u16::from_le_bytes([block[0], block[1]])),
             TensorType::Q4_0 => q4_0(block, y),
             TensorType::Q4_1 => q4_1(block, y),
+            TensorType::Q5_0 => q5_0(block, y),
+            TensorType::Q5_1 => q5_1(block, y),
             TensorType::Q8_0 => q8_0(block, y),
             TensorType::Q4K => q4_k(block, y),
+            TensorType::Q5K => q5_k(block, y),
             TensorType::Q6K => q6_k(block, y),
         }
     }
@@ -54,6 +57,29 @@ fn q4_1(block: &[u8], y: &mut [f32]) {
     for j in 0..16 {
         y[j] = f32::from(qs[j] & 0x0f) * d + m;
         y[j + 16] = f32::from(qs[j] >> 4) * d + m;
+    }
+}
+
+/// Element `j`'s fifth bit is bit `j` of the 32-bit word `qh` (`dequantize_row_q5_0`'s `xh_0` and
+/// `xh_1`); its low four bits are `q4_0`'s nibble.
+fn five_bits(qh: u32, qs: &[u8], j: usize) -> i32 {
+    let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+    i32::from(nibble) | (((qh >> j) & 1) << 4) as i32
+}
+
+fn q5_0(block: &[u8], y: &mut [f32]) {
+    let d = half(block, 0);
+    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+    for (j, y) in y.iter_mut().enumerate() {
+        *y = (five_bits(qh, &block[6..22], j) - 16) as f32 * d;
+    }
+}
+
+fn q5_1(block: &[u8], y: &mut [f32]) {
+    let (d, m) = (half(block, 0), half(block, 2));
+    let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+    for (j, y) in y.iter_mut().enumerate() {
+        *y = five_bits(qh, &block[8..24], j) as f32 * d + m;
     }
 }
 
@@ -85,6 +111,26 @@ fn q4_k(block: &[u8], y: &mut [f32]) {
         for l in 0..32 {
             y[l] = d1 * f32::from(q[l] & 0x0f) - min1;
             y[l + 32] = d2 * f32::from(q[l] >> 4) - min2;
+        }
+    }
+}
+
+fn q5_k(block: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half(block, 0), half(block, 2));
+    let scales = &block[4..16];
+    let (qh, qs) = (&block[16..48], &block[48..176]);
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+        // The fifth bits of this chunk's two halves: bits `2 * chunk` and `2 * chunk + 1` of
+        // `qh[l]`.
+        for l in 0..32 {
+            let high1 = (qh[l] >> (2 * chunk)) & 1;
+            let high2 = (qh[l] >> (2 * chunk + 1)) & 1;
+            y[l] = d1 * f32::from((q[l] & 0x0f) + 16 * high1) - min1;
+            y[l + 32] = d2 * f32::from((q[l] >> 4) + 16 * high2) - min2;
         }
     }
 }
