@@ -1,8 +1,7 @@
-//! `cargo run -p lockstep-gpu --example write_quantized_model -- FILE [--bench|--legacy]`: writes
-//! the tiny K-quant Llama of `gpu/tests/quantized` to FILE, for
-//! `gpu/tests/goldens/make_quantized_goldens.py`; with `--legacy` the same shape in the 32-element
-//! block types (its goldens: the script's second argument); with `--bench` the K-quant model's
-//! 151M-parameter shape, for the decode benchmark.
+//! `cargo run -p lockstep-gpu --example write_quantized_model -- FILE [--legacy|--q5_k_m|--bench]`:
+//! writes one of the generated Llamas of `gpu/tests/quantized` to FILE: the tiny K-quant one
+//! (`TINY`), or `LEGACY` or `Q5_K_M`, for `gpu/tests/goldens/make_quantized_goldens.py`; or with
+//! `--bench` the K-quant mix at 151M parameters, for the decode benchmark.
 
 #[path = "../tests/quantized/mod.rs"]
 mod quantized;
@@ -16,9 +15,10 @@ fn main() {
         None => &quantized::TINY,
         Some("--bench") => &quantized::BENCH,
         Some("--legacy") => &quantized::LEGACY,
+        Some("--q5_k_m") => &quantized::Q5_K_M,
         Some(other) => {
             eprintln!(
-                "unknown option {other:?}: usage: write_quantized_model FILE [--bench|--legacy]"
+                "unknown option {other:?}: usage: write_quantized_model FILE [--bench|--legacy|--q5_k_m]"
             );
             std::process::exit(2);
         }

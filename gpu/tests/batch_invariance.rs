@@ -123,14 +123,16 @@ fn a_request_is_bit_identical_alone_and_in_a_batch_of_32() {
     alone_and_in_a_crowd(&weights, prompt, 4000);
 }
 
-/// The same on the tiny K-quant Llama (`quantized`): its `Q4_K` and `Q6_K` products take four
-/// inputs a pass in a batch and one alone, through llama.cpp's three paths.
+/// The same on the generated quantized Llamas (`quantized`): every block type's products take
+/// four inputs a pass in a batch and one alone, through each of llama.cpp's paths.
 #[test]
-fn a_kquant_request_is_bit_identical_alone_and_in_a_batch_of_32() {
-    let file = quantized::bytes();
-    let gguf = common::parse(&file);
-    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
-    alone_and_in_a_crowd(&weights, vec![1, 300, 72, 101, 108], 280);
+fn a_quantized_request_is_bit_identical_alone_and_in_a_batch_of_32() {
+    for shape in [&quantized::TINY, &quantized::LEGACY, &quantized::Q5_K_M] {
+        let file = quantized::bytes_of(shape);
+        let gguf = common::parse(&file);
+        let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
+        alone_and_in_a_crowd(&weights, vec![1, 300, 72, 101, 108], 280);
+    }
 }
 
 /// `prompt` alone and among 31 companions whose prompts hold tokens 100 to `100 + span`.

@@ -368,11 +368,18 @@ fn cuda_greedy_tokens_and_logits_equal_the_cpu_backend_s_on_the_tiny_models() {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
-    // The K-quant Llama (`Q4_K` and `Q6_K`, which the device dequantizes at load).
-    let file = quantized::bytes();
-    let gguf = Gguf::parse(&file).unwrap();
-    let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
-    check("the K-quant Llama", &Arc::new(dequantized(&weights)), &weights);
+    // The generated quantized Llamas: Q4_K and Q6_K, the 32-element types, Q5_K and Q6_K (with
+    // every option the K-quants, Q4_0 and Q8_0 go up in their blocks, Q5_0, Q5_1 and Q5_K as f32).
+    for (name, shape) in [
+        ("the K-quant Llama", &quantized::TINY),
+        ("the 32-element-block Llama", &quantized::LEGACY),
+        ("the Q5_K_M Llama", &quantized::Q5_K_M),
+    ] {
+        let file = quantized::bytes_of(shape);
+        let gguf = Gguf::parse(&file).unwrap();
+        let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
+        check(name, &Arc::new(dequantized(&weights)), &weights);
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -1,9 +1,9 @@
 //! The CPU backend's quantized products against llama.cpp, a reference we did not write: tiny
 //! Llamas our own code generates (`quantized`) compute, one token at a time, the logits llama.cpp
 //! computed on the same files at every position (`goldens/llamacpp_*.json`, from
-//! `goldens/make_quantized_goldens.py`), and the same greedy tokens after them. One model is in
-//! `Q4_K` and `Q6_K`, one in `Q4_0` and `Q8_0`; each makes llama.cpp take each of its paths for
-//! its types (the fixture's docs list them).
+//! `goldens/make_quantized_goldens.py`), and the same greedy tokens after them. One model mixes
+//! `Q4_K` and `Q6_K`, one `Q5_K` and `Q6_K`, one the 32-element types; each makes llama.cpp take
+//! each of its paths for its types (the fixture's docs list them).
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
@@ -31,15 +31,27 @@ fn kquant_products_compute_what_llama_cpp_computes() {
     assert!(kinds.contains(&TensorType::Q4K) && kinds.contains(&TensorType::Q6K));
 }
 
-/// The same for the 32-element block types on the same shape (`quantized::LEGACY`): `Q4_0`, which
-/// llama.cpp repacks eight rows together, and `Q8_0`.
+/// The same for the 32-element block types on the same shape (`quantized::LEGACY`): `Q4_0`
+/// (repacked by llama.cpp, and not), `Q5_0`, `Q5_1`, `Q8_0`.
 #[test]
 fn block_products_compute_what_llama_cpp_computes() {
     let goldens: Value =
-        serde_json::from_str(include_str!("goldens/llamacpp_q4_0_q8_0.json")).unwrap();
+        serde_json::from_str(include_str!("goldens/llamacpp_legacy.json")).unwrap();
     let file = quantized::bytes_of(&quantized::LEGACY);
     let kinds = holds_to_goldens(&file, &goldens);
-    assert!(kinds.contains(&TensorType::Q4_0) && kinds.contains(&TensorType::Q8_0));
+    for kind in [TensorType::Q4_0, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0] {
+        assert!(kinds.contains(&kind), "{kind:?}");
+    }
+}
+
+/// And for `Q5_K` (with `Q6_K`, as a `Q5_K_M` file mixes them).
+#[test]
+fn q5_k_products_compute_what_llama_cpp_computes() {
+    let goldens: Value =
+        serde_json::from_str(include_str!("goldens/llamacpp_q5_k_m.json")).unwrap();
+    let file = quantized::bytes_of(&quantized::Q5_K_M);
+    let kinds = holds_to_goldens(&file, &goldens);
+    assert!(kinds.contains(&TensorType::Q5K) && kinds.contains(&TensorType::Q6K));
 }
 
 /// `file`'s logits and greedy tokens against llama.cpp's in `goldens`; the types its matrices

@@ -1,6 +1,7 @@
-//! Weights of the 32-element block types (`Q4_0`, `Q4_1`, `Q8_0`) kept quantized, and their
-//! products with 8-bit activations the way llama.cpp computes them: the activation is quantized
-//! per block (`Q8_0`, or `Q8_1` with its block sum for `Q4_1`), each block's product is an
+//! Weights of the 32-element block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`) kept quantized,
+//! and their products with 8-bit activations the way llama.cpp computes them: the activation is
+//! quantized per block (`Q8_0`, or `Q8_1` with its block sum for `Q4_1` and `Q5_1`), each block's
+//! product is an
 //! integer sum in eight lanes of four consecutive products, scaled once into eight fused lane
 //! accumulators, and the lanes are reduced with `hsum8` (`ggml_vec_dot_q4_1_q8_1` and kin).
 //! Except for a `Q4_0` matrix whose row count is a multiple of 8, which llama.cpp's x86 build
@@ -9,7 +10,8 @@
 //! chain a row (`repacked_dot`).
 //!
 //! At load the half-precision block scales are widened to f32 (exactly) and stored apart from
-//! the quants, so that a product reads each row as two plain arrays.
+//! the quants, so that a product reads each row as two plain arrays; the 5-bit types' values are
+//! unpacked to a byte each (less 16 for `Q5_0`), so they multiply as `Q8_0`'s do.
 
 use super::kernels;
 use super::numerics::hsum8;
@@ -23,37 +25,58 @@ pub struct BlockRows {
     cols: usize,
     /// Per block, `rows * cols / 32` of them.
     scales: Vec<f32>,
-    /// Per block for `Q4_1`; empty otherwise.
+    /// Per block for `Q4_1` and `Q5_1`; empty otherwise.
     mins: Vec<f32>,
-    /// Per block, 16 bytes of nibbles (`Q4_0`, `Q4_1`) or 32 signed bytes (`Q8_0`).
+    /// Per block, 16 bytes of nibbles (`Q4_0`, `Q4_1`), or 32 bytes: signed (`Q8_0`, and
+    /// `Q5_0`'s values less 16) or not (`Q5_1`'s values).
     quants: Vec<u8>,
 }
 
 impl BlockRows {
     /// Whether `kind` is kept quantized.
     pub fn holds(kind: TensorType) -> bool {
-        matches!(kind, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0)
+        matches!(
+            kind,
+            TensorType::Q4_0
+                | TensorType::Q4_1
+                | TensorType::Q5_0
+                | TensorType::Q5_1
+                | TensorType::Q8_0
+        )
     }
 
     /// From ggml's block layout. `bytes` must be `rows * cols / 32` blocks of `kind`, which the
     /// loader checked.
     pub fn from_ggml(kind: TensorType, rows: usize, cols: usize, bytes: &[u8]) -> BlockRows {
         let blocks = rows * cols / 32;
-        let (header, quant_bytes) = layout(kind);
         let mut out = BlockRows {
             kind,
             rows,
             cols,
             scales: Vec::with_capacity(blocks),
             mins: Vec::new(),
-            quants: Vec::with_capacity(blocks * quant_bytes),
+            quants: Vec::with_capacity(blocks * quant_bytes(kind)),
         };
-        for block in bytes.chunks_exact(header + quant_bytes) {
+        let mut values = [0f32; 32];
+        for block in bytes.chunks_exact(kind.block_bytes() as usize) {
             out.scales.push(half(block, 0));
-            if kind == TensorType::Q4_1 {
+            if has_mins(kind) {
                 out.mins.push(half(block, 2));
             }
-            out.quants.extend_from_slice(&block[header..]);
+            match kind {
+                TensorType::Q5_0 | TensorType::Q5_1 => {
+                    // The integer values, read back from the dequantizer's: with the scale 1 and
+                    // minimum 0 each element is its integer exactly.
+                    let mut unit = block.to_vec();
+                    unit[0..2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
+                    if kind == TensorType::Q5_1 {
+                        unit[2..4].copy_from_slice(&f32_to_f16(0.0).to_le_bytes());
+                    }
+                    dequantize(kind, &unit, &mut values);
+                    out.quants.extend(values.iter().map(|&v| v as i8 as u8));
+                }
+                _ => out.quants.extend_from_slice(&block[block.len() - quant_bytes(kind)..]),
+            }
         }
         out
     }
@@ -79,11 +102,26 @@ impl BlockRows {
     }
 
     /// Row `r` as f32 (an embedding lookup): the blocks rebuilt in ggml's layout (the scales
-    /// came from half precision, so they narrow back exactly) and dequantized as the file's.
+    /// came from half precision, so they narrow back exactly) and dequantized as the file's; the
+    /// 5-bit types' values computed as their dequantizer computes them.
     pub fn row(&self, r: usize) -> Vec<f32> {
         let per_row = self.cols / 32;
-        let (header, quant_bytes) = layout(self.kind);
-        let mut bytes = Vec::with_capacity(per_row * (header + quant_bytes));
+        if matches!(self.kind, TensorType::Q5_0 | TensorType::Q5_1) {
+            let blocks = r * per_row..(r + 1) * per_row;
+            let quants = &self.quants[blocks.start * 32..blocks.end * 32];
+            return quants
+                .chunks_exact(32)
+                .zip(blocks)
+                .flat_map(|(q, b)| {
+                    q.iter().map(move |&q| match self.kind {
+                        TensorType::Q5_0 => f32::from(q as i8) * self.scales[b],
+                        _ => f32::from(q) * self.scales[b] + self.mins[b],
+                    })
+                })
+                .collect();
+        }
+        let quant_bytes = quant_bytes(self.kind);
+        let mut bytes = Vec::with_capacity(per_row * self.kind.block_bytes() as usize);
         for b in r * per_row..(r + 1) * per_row {
             bytes.extend_from_slice(&f32_to_f16(self.scales[b]).to_le_bytes());
             if self.kind == TensorType::Q4_1 {
@@ -105,7 +143,8 @@ impl BlockRows {
         }
         let (scales, mins, quants) = self.row_parts(r);
         let (lanes, summs) = match self.kind {
-            TensorType::Q8_0 => (q8_lanes(scales, quants, act), 0.0),
+            TensorType::Q8_0 | TensorType::Q5_0 => (q8_lanes(scales, quants, act), 0.0),
+            TensorType::Q5_1 => (q8_lanes(scales, quants, act), min_sums(mins, act)),
             kind => q4_lanes(scales, mins, quants, act, kind == TensorType::Q4_0),
         };
         self.finish(&lanes, summs)
@@ -128,11 +167,11 @@ impl BlockRows {
             )]
             // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
             match self.kind {
-                TensorType::Q8_0 => {
+                TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q5_1 => {
                     let inputs = acts.map(|a| (a.d.as_slice(), a.q.as_slice()));
                     let lanes = unsafe { kernels::avx2::q8_lanes4(scales, quants, inputs) };
-                    for (o, lanes) in out.iter_mut().zip(&lanes) {
-                        *o = self.finish(lanes, 0.0);
+                    for ((o, lanes), act) in out.iter_mut().zip(&lanes).zip(acts) {
+                        *o = self.finish(lanes, min_sums(mins, act));
                     }
                 }
                 kind => {
@@ -156,32 +195,43 @@ impl BlockRows {
         self.kind == TensorType::Q4_0 && self.rows.is_multiple_of(8)
     }
 
-    /// Row `r`'s block scales, minimums (empty unless `Q4_1`) and quants.
+    /// Row `r`'s block scales, minimums (empty unless `Q4_1` or `Q5_1`) and quants.
     #[inline(always)]
     fn row_parts(&self, r: usize) -> (&[f32], &[f32], &[u8]) {
         let per_row = self.cols / 32;
         let blocks = r * per_row..(r + 1) * per_row;
-        let quant_bytes = layout(self.kind).1;
+        let quant_bytes = quant_bytes(self.kind);
         let quants = &self.quants[blocks.start * quant_bytes..blocks.end * quant_bytes];
         let mins = if self.mins.is_empty() { &[][..] } else { &self.mins[blocks.clone()] };
         (&self.scales[blocks], mins, quants)
     }
 
-    /// The lanes reduced, plus for `Q4_1` the minimum's share (`summs`).
+    /// The lanes reduced, plus for `Q4_1` and `Q5_1` the minimums' share (`summs`).
     #[inline(always)]
     fn finish(&self, lanes: &[f32; 8], summs: f32) -> f32 {
-        if self.kind == TensorType::Q4_1 { hsum8(lanes) + summs } else { hsum8(lanes) }
+        if has_mins(self.kind) { hsum8(lanes) + summs } else { hsum8(lanes) }
     }
 }
 
-/// Header bytes (scale, and minimum for `Q4_1`) and quant bytes of a block of `kind`.
-fn layout(kind: TensorType) -> (usize, usize) {
+/// Whether blocks of `kind` carry a minimum.
+fn has_mins(kind: TensorType) -> bool {
+    matches!(kind, TensorType::Q4_1 | TensorType::Q5_1)
+}
+
+/// Quant bytes a block of `kind` keeps (the 5-bit types unpacked to a byte a value).
+fn quant_bytes(kind: TensorType) -> usize {
     match kind {
-        TensorType::Q4_0 => (2, 16),
-        TensorType::Q4_1 => (4, 16),
-        TensorType::Q8_0 => (2, 32),
+        TensorType::Q4_0 | TensorType::Q4_1 => 16,
+        TensorType::Q5_0 | TensorType::Q5_1 | TensorType::Q8_0 => 32,
         other => unreachable!("{other:?} is not kept in blocks"),
     }
+}
+
+/// `Q5_1`'s minimums times the activation's block sums, as `ggml_vec_dot_q5_1_q8_1`'s `summs`
+/// (one fused step a block, in block order); zero without minimums.
+#[inline(always)]
+fn min_sums(mins: &[f32], act: &Q8) -> f32 {
+    mins.iter().zip(&act.s).fold(0.0, |summs, (&m, &s)| m.mul_add(s, summs))
 }
 
 fn half(bytes: &[u8], at: usize) -> f32 {
@@ -355,8 +405,14 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
-            let (header, quant_bytes) = layout(kind);
+        let kinds = [
+            TensorType::Q4_0,
+            TensorType::Q4_1,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+            TensorType::Q8_0,
+        ];
+        for kind in kinds {
             // 8 rows: Q4_0 takes llama.cpp's repacked path; 5: the lanes.
             for rows in [5, 8] {
                 let cols = 256;
@@ -364,10 +420,10 @@ mod tests {
                 for _ in 0..rows * cols / 32 {
                     let scale = f32_to_f16((next() % 1000) as f32 / 1e4 + 1e-3).to_le_bytes();
                     bytes.extend_from_slice(&scale);
-                    if header == 4 {
+                    if has_mins(kind) {
                         bytes.extend_from_slice(&f32_to_f16(-0.05).to_le_bytes());
                     }
-                    for _ in 0..quant_bytes {
+                    while bytes.len() % kind.block_bytes() as usize != 0 {
                         bytes.push(next() as u8);
                     }
                 }
@@ -378,7 +434,9 @@ mod tests {
                 for r in 0..rows {
                     let (scales, mins, q) = weights.row_parts(r);
                     let both = || match kind {
-                        TensorType::Q8_0 => (q8_lanes(scales, q, &act), 0.0),
+                        TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q5_1 => {
+                            (q8_lanes(scales, q, &act), min_sums(mins, &act))
+                        }
                         _ => q4_lanes(scales, mins, q, &act, kind == TensorType::Q4_0),
                     };
                     let portable = kernels::force_portable(both);

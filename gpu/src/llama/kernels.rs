@@ -328,6 +328,53 @@ pub(crate) mod avx2 {
         out
     }
 
+    /// `q4k_lanes` for a `Q5_K` block: element `64c + l`'s fifth bit is bit `2c` of `qh[l]`,
+    /// element `64c + 32 + l`'s bit `2c + 1` (`ggml_vec_dot_q5_K_q8_K`'s `hmask`). Values to 31
+    /// by bytes to 128, pairs far from saturating.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn q5k_lanes<const N: usize>(
+        qh: &[u8],
+        qs: &[u8],
+        scales: &[i8; 16],
+        acts: [&[i8]; N],
+    ) -> [[i32; 8]; N] {
+        assert!(qh.len() >= 32 && qs.len() >= 128 && acts.iter().all(|a| a.len() >= 256));
+        let low = _mm256_set1_epi8(0x0f);
+        let one = _mm256_set1_epi8(1);
+        // SAFETY: the assert above puts 32 bytes at `qh`.
+        let high = unsafe { _mm256_loadu_si256(qh.as_ptr().cast()) };
+        let mut sums = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // SAFETY: the assert above puts 128 bytes at `qs`.
+            let packed = unsafe { _mm256_loadu_si256(qs.as_ptr().add(32 * c).cast()) };
+            // Bit `b` of each byte to bit 4: shifting 16-bit lanes moves the high byte's bits
+            // into the low byte's top, which the mask then drops.
+            let fifth = |b: i32| {
+                let bit = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(b)), one);
+                _mm256_slli_epi16(bit, 4)
+            };
+            let values = [
+                _mm256_or_si256(_mm256_and_si256(packed, low), fifth(2 * c as i32)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(packed, 4), low),
+                    fifth(2 * c as i32 + 1),
+                ),
+            ];
+            for (sum, act) in sums.iter_mut().zip(acts) {
+                for (half, &q5) in values.iter().enumerate() {
+                    let scale = _mm256_set1_epi16(i16::from(scales[2 * c + half]));
+                    // SAFETY: the assert above puts 256 bytes at every `act`.
+                    let q8 =
+                        unsafe { _mm256_loadu_si256(act.as_ptr().add(64 * c + 32 * half).cast()) };
+                    let scaled = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q5, q8));
+                    *sum = _mm256_add_epi32(*sum, scaled);
+                }
+            }
+        }
+        ints(sums)
+    }
+
     /// `q4k_lanes`' sums, in registers. Unsigned nibbles by signed bytes is what `maddubs`
     /// takes; a pair is at most 2 * 15 * 128, far from saturating.
     #[target_feature(enable = "avx2,fma")]

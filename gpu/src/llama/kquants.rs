@@ -53,7 +53,7 @@ struct Header {
 impl KBlockRows {
     /// Whether `kind` is a K-quant type kept in its blocks.
     pub fn holds(kind: TensorType) -> bool {
-        matches!(kind, TensorType::Q4K | TensorType::Q6K)
+        matches!(kind, TensorType::Q4K | TensorType::Q5K | TensorType::Q6K)
     }
 
     /// `bytes` must be `rows * cols / 256` blocks of `kind`, which the loader checked.
@@ -74,13 +74,13 @@ impl KBlockRows {
             let half = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
             let mut head = Header::default();
             match kind {
-                TensorType::Q4K => {
+                TensorType::Q4K | TensorType::Q5K => {
                     (head.d, head.dmin) = (half(0), half(2));
                     for j in 0..8 {
                         let (sc, m) = scale_min_k4(j, &block[4..16]);
                         (head.scales[j], head.scales[8 + j]) = (sc as i8, m as i8);
                     }
-                    out.quants.extend_from_slice(&block[16..144]);
+                    out.quants.extend_from_slice(&block[16..]);
                 }
                 _ => {
                     head.d = half(208);
@@ -126,7 +126,7 @@ impl KBlockRows {
         let mut bytes = Vec::with_capacity(heads.len() * self.kind.block_bytes() as usize);
         for (head, q) in heads.iter().zip(quants.chunks_exact(quant_bytes(self.kind))) {
             match self.kind {
-                TensorType::Q4K => {
+                TensorType::Q4K | TensorType::Q5K => {
                     bytes.extend_from_slice(&f32_to_f16(head.d).to_le_bytes());
                     bytes.extend_from_slice(&f32_to_f16(head.dmin).to_le_bytes());
                     let (sc, m) = head.scales.split_at(8);
@@ -164,7 +164,7 @@ impl KBlockRows {
         let mut out =
             GroupValues { scales: [0.0; 16], mins: [0.0; 8], q: unpack(self.kind, quants) };
         match self.kind {
-            TensorType::Q4K => {
+            TensorType::Q4K | TensorType::Q5K => {
                 for j in 0..8 {
                     out.scales[j] = head.d * f32::from(head.scales[j] as u8);
                     out.mins[j] = head.dmin * f32::from(head.scales[8 + j] as u8);
@@ -208,12 +208,20 @@ impl KBlockRows {
                 for (acc, &lane) in sum.lanes.iter_mut().zip(lanes) {
                     *acc = d.mul_add(lane as f32, *acc);
                 }
-                if self.kind == TensorType::Q4K {
-                    let dmin = -yd * head.dmin;
-                    let sums32 = &act.sums32[b * 8..(b + 1) * 8];
-                    for (acc, &m) in sum.mins.iter_mut().zip(&head.min_products(sums32)) {
-                        *acc = dmin.mul_add(m as f32, *acc);
+                let dmin = -yd * head.dmin;
+                let sums32 = &act.sums32[b * 8..(b + 1) * 8];
+                match self.kind {
+                    TensorType::Q4K => {
+                        for (acc, &m) in sum.mins.iter_mut().zip(&head.min_products(sums32)) {
+                            *acc = dmin.mul_add(m as f32, *acc);
+                        }
                     }
+                    // `summs += dmin * hsum`: the minimums' products added in integers first.
+                    TensorType::Q5K => {
+                        let minimum: i32 = head.min_products(sums32).iter().sum();
+                        sum.min = dmin.mul_add(minimum as f32, sum.min);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -227,6 +235,7 @@ impl KBlockRows {
                     let m = &sum.mins;
                     hsum8(&sum.lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
                 }
+                (TensorType::Q5K, _) => hsum8(&sum.lanes) + sum.min,
                 _ => hsum8(&sum.lanes),
             }
         })
@@ -292,6 +301,9 @@ fn block_lanes<const N: usize>(
         return unsafe {
             match kind {
                 TensorType::Q4K => kernels::avx2::q4k_lanes(block, &head.scales, acts),
+                TensorType::Q5K => {
+                    kernels::avx2::q5k_lanes(&block[0..32], &block[32..160], &head.scales, acts)
+                }
                 _ => kernels::avx2::q6k_lanes(&block[0..128], &block[128..192], &head.scales, acts),
             }
         };
@@ -302,9 +314,9 @@ fn block_lanes<const N: usize>(
         for (sixteen, (q, a)) in values.chunks_exact(16).zip(act.chunks_exact(16)).enumerate() {
             // Elements 16 * sixteen .. + 16: lanes 0-3 or 4-7 of their 32.
             let first = (sixteen % 2) * 4;
-            // Q4_K has one scale per 32.
+            // Q4_K and Q5_K have one scale per 32.
             let scale = match kind {
-                TensorType::Q4K => head.scales[sixteen / 2],
+                TensorType::Q4K | TensorType::Q5K => head.scales[sixteen / 2],
                 _ => head.scales[sixteen],
             };
             for (k, (q, a)) in q.chunks_exact(4).zip(a.chunks_exact(4)).enumerate() {
@@ -342,8 +354,8 @@ fn q4k_totals<const N: usize>(
     out
 }
 
-/// Each element's integer quant from a block's quant bytes: 0 to 15 for `Q4_K`, -32 to 31 for
-/// `Q6_K` (`dequantize`'s layouts).
+/// Each element's integer quant from a block's quant bytes: 0 to 15 for `Q4_K`, 0 to 31 for
+/// `Q5_K`, -32 to 31 for `Q6_K` (`dequantize`'s layouts).
 #[inline(always)]
 fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
     let mut values = [0i8; QK];
@@ -353,6 +365,18 @@ fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
                 let (low, high) = out.split_at_mut(32);
                 for ((&byte, low), high) in q.iter().zip(low).zip(high) {
                     (*low, *high) = ((byte & 0x0f) as i8, (byte >> 4) as i8);
+                }
+            }
+        }
+        TensorType::Q5K => {
+            let (qh, qs) = (&block[0..32], &block[32..160]);
+            for (chunk, (q, out)) in
+                qs.chunks_exact(32).zip(values.chunks_exact_mut(64)).enumerate()
+            {
+                for l in 0..32 {
+                    let high = |half: usize| ((qh[l] >> (2 * chunk + half)) & 1) << 4;
+                    out[l] = ((q[l] & 0x0f) | high(0)) as i8;
+                    out[l + 32] = ((q[l] >> 4) | high(1)) as i8;
                 }
             }
         }
@@ -376,6 +400,8 @@ fn unpack(kind: TensorType, block: &[u8]) -> [i8; QK] {
 fn quant_bytes(kind: TensorType) -> usize {
     match kind {
         TensorType::Q4K => 128,
+        // The fifth bits (32 bytes), then the nibbles.
+        TensorType::Q5K => 160,
         _ => 192,
     }
 }
@@ -459,7 +485,7 @@ pub(crate) fn random_kquant_blocks(kind: TensorType, n: usize, seed: u64) -> Vec
     let mut scale = || f32_to_f16(((next() % 1000) as f32 + 1.0) / 64_000.0).to_le_bytes();
     for block in bytes.chunks_exact_mut(kind.block_bytes() as usize) {
         match kind {
-            TensorType::Q4K => {
+            TensorType::Q4K | TensorType::Q5K => {
                 block[0..2].copy_from_slice(&scale());
                 block[2..4].copy_from_slice(&scale());
             }
@@ -489,7 +515,13 @@ mod tests {
     /// unpacking is `dequantize`'s, whatever the lane bookkeeping does.
     #[test]
     fn products_approximate_the_dequantized_product() {
-        for (kind, rows) in [(TensorType::Q4K, 8), (TensorType::Q4K, 3), (TensorType::Q6K, 3)] {
+        let cases = [
+            (TensorType::Q4K, 8),
+            (TensorType::Q4K, 3),
+            (TensorType::Q5K, 3),
+            (TensorType::Q6K, 3),
+        ];
+        for (kind, rows) in cases {
             let cols = 512;
             let w =
                 KBlockRows::from_ggml(kind, rows, cols, &random_kquant_blocks(kind, rows * 2, 7));
@@ -512,7 +544,7 @@ mod tests {
     /// scales' repacking is exact).
     #[test]
     fn rows_dequantize_as_the_file_does() {
-        for kind in [TensorType::Q4K, TensorType::Q6K] {
+        for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
             let bytes = random_kquant_blocks(kind, 6, 5);
             let w = KBlockRows::from_ggml(kind, 3, 512, &bytes);
             let mut file = vec![0f32; 3 * 512];
@@ -526,7 +558,7 @@ mod tests {
     /// `group_values` computes the elements `row` gives, bit for bit.
     #[test]
     fn group_values_are_the_dequantizer_s() {
-        for kind in [TensorType::Q4K, TensorType::Q6K] {
+        for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
             let w = KBlockRows::from_ggml(kind, 2, 512, &random_kquant_blocks(kind, 4, 9));
             for r in 0..2 {
                 let row = w.row(r);
@@ -535,7 +567,9 @@ mod tests {
                     for (e, &v) in expected.iter().enumerate() {
                         let q = f32::from(g.q[e]);
                         let got = match kind {
-                            TensorType::Q4K => g.scales[e / 32] * q - g.mins[e / 32],
+                            TensorType::Q4K | TensorType::Q5K => {
+                                g.scales[e / 32] * q - g.mins[e / 32]
+                            }
                             _ => g.scales[e / 16] * q,
                         };
                         assert_eq!(got.to_bits(), v.to_bits(), "{kind:?} row {r} element {e}");
@@ -566,7 +600,7 @@ mod tests {
     /// The AVX2 build of these loops and the portable one give the same bits.
     #[test]
     fn portable_and_detected_products_agree_to_the_bit() {
-        for kind in [TensorType::Q4K, TensorType::Q6K] {
+        for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
             let w = KBlockRows::from_ggml(kind, 8, 512, &random_kquant_blocks(kind, 16, 3));
             let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(512, 100 + i)).collect();
             let detected: Vec<[f32; 4]> = (0..8)

@@ -19,7 +19,7 @@ pub use blocks::BlockRows;
 pub use config::{LlamaConfig, RopeStyle};
 pub use forward::Sequence;
 pub use hf_weights::load_hf_dir;
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 pub(crate) use kquants::random_kquant_blocks;
 pub use kquants::{GroupValues, KBlockRows};
 pub use matmul::Weight;

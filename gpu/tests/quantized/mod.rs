@@ -8,8 +8,10 @@
 //! `ggml_gemv_q4_K_8x8_q8_K`), a `Q4_K` output projection of 388 rows (not:
 //! `ggml_vec_dot_q4_K_q8_K`), `Q6_K` in one layer's V and down projections
 //! (`ggml_vec_dot_q6_K_q8_K`), and a `Q6_K` embedding (dequantized rows). `LEGACY` is the same
-//! shape in `Q4_0` (repacked: `gemv_q4_b32_8x8_q8_0_lut_avx`) and `Q8_0` (`vec_dot`). `BENCH`
-//! is `TINY`'s mix at 151M parameters, for the decode benchmark.
+//! shape in the 32-element types: `Q4_0` (repacked: `gemv_q4_b32_8x8_q8_0_lut_avx`, and the
+//! output projection's 388 rows through `vec_dot`), `Q5_0`, `Q5_1`, `Q8_0`, and a `Q5_1`
+//! embedding. `Q5_K_M` is `TINY` with `Q5_K` for `Q4_K`. `BENCH` is `TINY`'s mix at 151M
+//! parameters, for the decode benchmark.
 
 #![allow(dead_code, reason = "the test and the example each use part")]
 
@@ -69,14 +71,26 @@ pub const BENCH: Shape = Shape {
     matrices: q4_k_m,
 };
 
-/// The 32-element block types on the same tiny shape: `Q4_0` (which llama.cpp repacks eight rows
-/// together where the rows allow) and `Q8_0`.
+/// The 32-element block types on the same tiny shape.
 pub const LEGACY: Shape = Shape {
-    embed: TensorType::Q8_0,
-    output: TensorType::Q8_0,
+    embed: TensorType::Q5_1,
+    output: TensorType::Q4_0,
     matrices: |_, _, role| match role {
+        "attn_k" | "ffn_gate" => TensorType::Q5_0,
+        "attn_v" | "ffn_up" => TensorType::Q5_1,
         "ffn_down" => TensorType::Q8_0,
         _ => TensorType::Q4_0,
+    },
+    ..TINY
+};
+
+/// `Q5_K_M`'s mix on the same tiny shape: `Q5_K`, and `Q6_K` where `Q4_K_M` has it.
+pub const Q5_K_M: Shape = Shape {
+    embed: TensorType::Q6K,
+    output: TensorType::Q5K,
+    matrices: |layer, layers, role| match q4_k_m(layer, layers, role) {
+        TensorType::Q4K => TensorType::Q5K,
+        more_bits => more_bits,
     },
     ..TINY
 };
@@ -126,14 +140,33 @@ fn blocks(random: &mut Random, kind: TensorType, rows: usize, cols: usize) -> Ve
                 let d = spread / 1300.0;
                 block[208..210].copy_from_slice(&random.half(0.5 * d, 1.5 * d));
             }
-            // Weight `d * (q - 8)` and `d * q` (a random signed byte).
+            TensorType::Q5K => {
+                // Weight `d * sc * q - dmin * m`, `q` 0 to 31: scales 1 to 4 and minimums of
+                // `15.5 * sc` (at most 62).
+                let d = spread / 23.0;
+                block[0..2].copy_from_slice(&random.half(0.5 * d, 1.5 * d));
+                block[2..4].copy_from_slice(&random.half(0.5 * d, 1.5 * d));
+                let scales: Vec<u8> = (0..8).map(|_| 1 + (random.next() % 4) as u8).collect();
+                let mins: Vec<u8> = scales.iter().map(|&s| (s as f32 * 15.5) as u8).collect();
+                pack_scales_mins(&scales, &mins, &mut block[4..16]);
+            }
+            // Weight `d * (q - 8)`, `d * (q - 16)` and `d * q` (a random signed byte).
             TensorType::Q4_0 => {
                 block[0..2].copy_from_slice(&random.half(spread / 6.0, spread / 3.0))
+            }
+            TensorType::Q5_0 => {
+                block[0..2].copy_from_slice(&random.half(spread / 12.0, spread / 6.0))
             }
             TensorType::Q8_0 => {
                 block[0..2].copy_from_slice(&random.half(spread / 100.0, spread / 50.0))
             }
-            other => unreachable!("{other:?} is not a K-quant type"),
+            // Weight `d * q + m`, `q` 0 to 31, `m` about `-15.5 d`.
+            TensorType::Q5_1 => {
+                let d = random.uniform(spread / 12.0, spread / 6.0);
+                block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                block[2..4].copy_from_slice(&f32_to_f16(-15.5 * d).to_le_bytes());
+            }
+            other => unreachable!("{other:?}: no generator"),
         }
         out.extend_from_slice(&block);
     }
