@@ -48,7 +48,8 @@ pub enum MatrixData {
     Blocks { kind: BlockKind, quants: CudaSlice<u32>, scales: CudaSlice<u16> },
 }
 
-/// GGUF's block types the kernels read in their blocks.
+/// GGUF's block types the kernels read in their blocks (the 5-bit ones not yet: they go up as
+/// f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockKind {
     Q4_0,
@@ -292,15 +293,21 @@ impl Uploader<'_> {
     }
 }
 
-/// What to add to `e` when it says device memory ran out and `weights` has block-typed
-/// matrices that went up as f32 (not `blocks`): in their blocks they take 3 to 7 times less.
+/// What to add to `e` when it says device memory ran out and `weights` has matrices of a type
+/// the kernels read in blocks that went up as f32 (not `blocks`): in their blocks they take 3 to
+/// 7 times less.
 pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError) -> &'static str {
-    // Every quantized matrix is of a type the kernels read in blocks (`BlockKind::of`).
     let matrices =
         weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
     let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
-    let quantized = matrices.any(|w| !matches!(w, Weight::Dense { .. }));
-    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && quantized {
+    // Whether any matrix is of a type the kernels read in blocks (Q5_0, Q5_1 and Q5_K go up as
+    // f32 either way).
+    let in_blocks = |w: &Weight| match w {
+        Weight::Quantized(b) => BlockKind::of(b.kind()).is_some(),
+        Weight::KQuantized(b) => BlockKind::of(b.kind()).is_some(),
+        Weight::Dense { .. } => false,
+    };
+    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY && !blocks && matrices.any(in_blocks) {
         "; the model's quantized matrices went up as f32, and `--cuda-launch block-weights` \
          keeps them in their blocks, 3 to 7 times smaller"
     } else {
