@@ -48,8 +48,8 @@ pub enum MatrixData {
     Blocks { kind: BlockKind, quants: CudaSlice<u32>, scales: CudaSlice<u16> },
 }
 
-/// GGUF's block types the kernels read in their blocks (the 5-bit ones not yet: they go up as
-/// f32).
+/// GGUF's block types the kernels read in their blocks (`Q5_1` and `Q5_K` not yet: they go up
+/// as f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockKind {
     Q4_0,
@@ -64,7 +64,9 @@ impl BlockKind {
         match kind {
             TensorType::Q4_0 => Some(BlockKind::Q4_0),
             TensorType::Q4_1 => Some(BlockKind::Q4_1),
-            TensorType::Q8_0 => Some(BlockKind::Q8_0),
+            // `Q5_0`'s values less 16 are signed bytes under a half-precision scale: `Q8_0`'s
+            // layout and formula (`BlockRows` keeps them so).
+            TensorType::Q8_0 | TensorType::Q5_0 => Some(BlockKind::Q8_0),
             TensorType::Q4K => Some(BlockKind::Q4K),
             TensorType::Q6K => Some(BlockKind::Q6K),
             _ => None,
@@ -300,8 +302,8 @@ pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError)
     let matrices =
         weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
     let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
-    // Whether any matrix is of a type the kernels read in blocks (Q5_0, Q5_1 and Q5_K go up as
-    // f32 either way).
+    // Whether any matrix is of a type the kernels read in blocks (Q5_1 and Q5_K go up as f32
+    // either way).
     let in_blocks = |w: &Weight| match w {
         Weight::Quantized(b) => BlockKind::of(b.kind()).is_some(),
         Weight::KQuantized(b) => BlockKind::of(b.kind()).is_some(),
@@ -439,19 +441,21 @@ mod tests {
             if kind == TensorType::Q4_1 {
                 bytes.extend(half(&mut next));
             }
-            let quant_bytes = if kind == TensorType::Q8_0 { 32 } else { 16 };
-            bytes.extend((0..quant_bytes).map(|_| next() as u8));
+            while bytes.len() % kind.block_bytes() as usize != 0 {
+                bytes.push(next() as u8);
+            }
         }
         BlockRows::from_ggml(kind, rows, cols, &bytes)
     }
 
     #[test]
     fn block_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
-        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
+        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0] {
             let (a, b) = (random_blocks(kind, 3, 64, 1), random_blocks(kind, 2, 64, 2));
             let (a, b) = (Weight::Quantized(a), Weight::Quantized(b));
             let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();
-            let quant_words = if kind == TensorType::Q8_0 { 8 } else { 4 };
+            let quant_words =
+                if matches!(kind, TensorType::Q8_0 | TensorType::Q5_0) { 8 } else { 4 };
             assert_eq!(stacked.quants.len(), 5 * 2 * quant_words, "{kind:?}");
             assert_eq!(stacked.scales.len() % 8, 0, "{kind:?}: padded to 16 bytes");
             let rows = (0..3).map(|r| a.row(r)).chain((0..2).map(|r| b.row(r)));

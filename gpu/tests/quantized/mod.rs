@@ -76,7 +76,9 @@ pub const LEGACY: Shape = Shape {
     embed: TensorType::Q5_1,
     output: TensorType::Q4_0,
     matrices: |_, _, role| match role {
-        "attn_k" | "ffn_gate" => TensorType::Q5_0,
+        // The output projection stands alone (Q, K, V and gate, up go up stacked, as f32 where
+        // their types differ): the device reads it in blocks.
+        "attn_k" | "attn_output" | "ffn_gate" => TensorType::Q5_0,
         "attn_v" | "ffn_up" => TensorType::Q5_1,
         "ffn_down" => TensorType::Q8_0,
         _ => TensorType::Q4_0,
