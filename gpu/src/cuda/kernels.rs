@@ -28,8 +28,9 @@
 //!   the same prelude functions as `rope_kv_write.cu`, so the bits are the same there too.
 //! - Quantized GGUF types are dequantized at load by the CPU backend's own dequantizer, or, with
 //!   `LaunchOptions::block_weights`, kept in their blocks (5 to 10 bits a weight instead of 32:
-//!   `Q4_0`, `Q4_1` and `Q8_0` with their half-precision scales; `Q4_K` and `Q6_K` with the
-//!   dequantizer's f32 scales and minimums per 32 or 16 elements) and dequantized in the
+//!   `Q4_0`, `Q4_1` and `Q8_0`, and `Q5_0` as `Q8_0`, with their half-precision scales; `Q4_K`
+//!   and `Q6_K` with the dequantizer's f32 scales and minimums per 32 or 16 elements; `Q5_1`
+//!   and `Q5_K` not yet) and dequantized in the
 //!   products and the embedding (prelude.cu's `q4_0_value` and kin), each value rounded as the
 //!   CPU's dequantizer rounds it. Either way the products multiply the same f32 values in the
 //!   same order, so the two give the same bits, which the emulator's device test requires.
