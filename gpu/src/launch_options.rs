@@ -22,8 +22,8 @@ pub struct LaunchOptions {
     /// RoPE and the KV write folded into attention on steps of one token a row (every decode
     /// step): a launch a layer fewer, each attention block rotating its own heads.
     pub fold_rope: bool,
-    /// Matrices of GGUF's block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q8_0`, `Q4_K`, `Q6_K`; not yet
-    /// `Q5_1` and `Q5_K`) kept in their blocks on the device and dequantized in the kernels that read them, instead of
+    /// Matrices of GGUF's block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K`,
+    /// `Q6_K`) kept in their blocks on the device and dequantized in the kernels that read them, instead of
     /// dequantized to f32 at load: 5 to 10 bits a weight read instead of 32. Switching it
     /// uploads the weights again.
     pub block_weights: bool,

@@ -55,8 +55,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          device N (default 0; needs the NVIDIA driver and NVRTC at run time)
   --cuda-launch OPTIONS  how CUDA launches a step and stores the weights, none of which changes an
                          output bit: none (the default), all, or a list of dependent-launches,
-                         fold-norms, wide-products, fold-rope, block-weights (GGUF Q4_0, Q4_1,
-                         Q5_0, Q8_0, Q4_K and Q6_K matrices kept in their blocks instead of f32)
+                         fold-norms, wide-products, fold-rope, block-weights (GGUF block-typed
+                         matrices, Q4_0 to Q8_0 and Q4_K to Q6_K, kept in their blocks, not f32)
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for
                          `sim replay` (traces/README.md); the file is truncated at start
 

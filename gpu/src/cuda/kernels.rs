@@ -28,9 +28,9 @@
 //!   the same prelude functions as `rope_kv_write.cu`, so the bits are the same there too.
 //! - Quantized GGUF types are dequantized at load by the CPU backend's own dequantizer, or, with
 //!   `LaunchOptions::block_weights`, kept in their blocks (5 to 10 bits a weight instead of 32:
-//!   `Q4_0`, `Q4_1` and `Q8_0`, and `Q5_0` as `Q8_0`, with their half-precision scales; `Q4_K`
-//!   and `Q6_K` with the dequantizer's f32 scales and minimums per 32 or 16 elements; `Q5_1`
-//!   and `Q5_K` not yet) and dequantized in the
+//!   `Q4_0`, `Q4_1`, `Q5_1` and `Q8_0`, and `Q5_0` as `Q8_0`, with their half-precision
+//!   scales; `Q4_K`, `Q5_K` and `Q6_K` with the dequantizer's f32 scales and minimums per 32 or
+//!   16 elements) and dequantized in the
 //!   products and the embedding (prelude.cu's `q4_0_value` and kin), each value rounded as the
 //!   CPU's dequantizer rounds it. Either way the products multiply the same f32 values in the
 //!   same order, so the two give the same bits, which the emulator's device test requires.
@@ -59,6 +59,8 @@ pub const EMBED: KernelSource = KernelSource {
         "embed_q8_0",
         "embed_q4_k",
         "embed_q6_k",
+        "embed_q5_1",
+        "embed_q5_k",
     ],
 };
 pub const RMS_NORM: KernelSource = KernelSource {
@@ -78,6 +80,8 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_q8_0",
         "matmul_q4_k",
         "matmul_q6_k",
+        "matmul_q5_1",
+        "matmul_q5_k",
         "matmul_swiglu_f32",
         "matmul_swiglu_f16",
         "matmul_swiglu_bf16",
@@ -86,6 +90,8 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_swiglu_q8_0",
         "matmul_swiglu_q4_k",
         "matmul_swiglu_q6_k",
+        "matmul_swiglu_q5_1",
+        "matmul_swiglu_q5_k",
         "matmul_wide_f32",
         "matmul_wide_f16",
         "matmul_wide_bf16",
@@ -94,6 +100,8 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_wide_q8_0",
         "matmul_wide_q4_k",
         "matmul_wide_q6_k",
+        "matmul_wide_q5_1",
+        "matmul_wide_q5_k",
         "matmul_swiglu_wide_f32",
         "matmul_swiglu_wide_f16",
         "matmul_swiglu_wide_bf16",
@@ -102,6 +110,8 @@ pub const MATMUL: KernelSource = KernelSource {
         "matmul_swiglu_wide_q8_0",
         "matmul_swiglu_wide_q4_k",
         "matmul_swiglu_wide_q6_k",
+        "matmul_swiglu_wide_q5_1",
+        "matmul_swiglu_wide_q5_k",
     ],
 };
 pub const ROPE_KV_WRITE: KernelSource = KernelSource {

@@ -33,9 +33,9 @@ use super::weights::{BlockKind, DeviceMatrix, DeviceWeights, MatrixData};
 use crate::llama::{LlamaConfig, RopeStyle};
 
 /// A kernel's entry points per storage type: f32, f16, bf16, and blocks of Q4_0, Q4_1, Q8_0,
-/// Q4_K and Q6_K.
+/// Q4_K, Q6_K, Q5_1 and Q5_K.
 type PerStorage = [CudaFunction; STORAGE_TYPES];
-const STORAGE_TYPES: usize = 8;
+const STORAGE_TYPES: usize = 10;
 
 /// Every kernel, loaded.
 #[derive(Debug)]
@@ -334,17 +334,18 @@ fn config(grid_x: u32, grid_y: u32, block: u32) -> LaunchConfig {
 
 /// The entry point for a matrix's storage type, of a kernel's `PerStorage`.
 fn for_type<'k>(kernels: &'k PerStorage, data: &MatrixData) -> &'k CudaFunction {
-    let [f32_kernel, f16_kernel, bf16_kernel, q4_0_kernel, q4_1_kernel, q8_0_kernel, q4_k, q6_k] =
-        kernels;
+    let [f32_kernel, f16_kernel, bf16_kernel, q4_0, q4_1, q8_0, q4_k, q6_k, q5_1, q5_k] = kernels;
     match data {
         MatrixData::F32(_) => f32_kernel,
         MatrixData::F16(_) => f16_kernel,
         MatrixData::Bf16(_) => bf16_kernel,
-        MatrixData::Blocks { kind: BlockKind::Q4_0, .. } => q4_0_kernel,
-        MatrixData::Blocks { kind: BlockKind::Q4_1, .. } => q4_1_kernel,
-        MatrixData::Blocks { kind: BlockKind::Q8_0, .. } => q8_0_kernel,
+        MatrixData::Blocks { kind: BlockKind::Q4_0, .. } => q4_0,
+        MatrixData::Blocks { kind: BlockKind::Q4_1, .. } => q4_1,
+        MatrixData::Blocks { kind: BlockKind::Q8_0, .. } => q8_0,
         MatrixData::Blocks { kind: BlockKind::Q4K, .. } => q4_k,
         MatrixData::Blocks { kind: BlockKind::Q6K, .. } => q6_k,
+        MatrixData::Blocks { kind: BlockKind::Q5_1, .. } => q5_1,
+        MatrixData::Blocks { kind: BlockKind::Q5K, .. } => q5_k,
     }
 }
 

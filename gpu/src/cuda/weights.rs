@@ -48,8 +48,7 @@ pub enum MatrixData {
     Blocks { kind: BlockKind, quants: CudaSlice<u32>, scales: CudaSlice<u16> },
 }
 
-/// GGUF's block types the kernels read in their blocks (`Q5_1` and `Q5_K` not yet: they go up
-/// as f32).
+/// GGUF's block types the kernels read in their blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockKind {
     Q4_0,
@@ -57,6 +56,8 @@ pub enum BlockKind {
     Q8_0,
     Q4K,
     Q6K,
+    Q5_1,
+    Q5K,
 }
 
 impl BlockKind {
@@ -69,6 +70,8 @@ impl BlockKind {
             TensorType::Q8_0 | TensorType::Q5_0 => Some(BlockKind::Q8_0),
             TensorType::Q4K => Some(BlockKind::Q4K),
             TensorType::Q6K => Some(BlockKind::Q6K),
+            TensorType::Q5_1 => Some(BlockKind::Q5_1),
+            TensorType::Q5K => Some(BlockKind::Q5K),
             _ => None,
         }
     }
@@ -114,15 +117,16 @@ impl DeviceBlocks {
                 Weight::Dense { .. } => unreachable!("every matrix was found quantized"),
             };
             let (scales, mins, quants) = m.blocks();
-            let quant_bytes = if kind == BlockKind::Q8_0 { 32 } else { 16 };
+            let quant_bytes = quants.len() / scales.len();
             for (b, q) in quants.chunks_exact(quant_bytes).enumerate() {
                 // Exact: the scales were widened from these half-precision values.
                 out.scales.push(f32_to_f16(scales[b]));
-                if kind == BlockKind::Q4_1 {
+                if !mins.is_empty() {
                     out.scales.push(f32_to_f16(mins[b]));
                 }
                 match kind {
-                    BlockKind::Q8_0 => out.quants.extend(
+                    // A byte a value (`Q5_0`'s and `Q5_1`'s as `BlockRows` unpacked them).
+                    BlockKind::Q8_0 | BlockKind::Q5_1 => out.quants.extend(
                         q.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
                     ),
                     BlockKind::Q4_0 | BlockKind::Q4_1 => {
@@ -133,7 +137,9 @@ impl DeviceBlocks {
                             (0..4).map(|c| (0..8).fold(0, |w, i| w | nibble(8 * c + i) << (4 * i))),
                         );
                     }
-                    BlockKind::Q4K | BlockKind::Q6K => unreachable!("a K-quant in BlockRows"),
+                    BlockKind::Q4K | BlockKind::Q5K | BlockKind::Q6K => {
+                        unreachable!("a K-quant in BlockRows")
+                    }
                 }
             }
         }
@@ -149,20 +155,24 @@ impl DeviceBlocks {
         };
         for b in 0..m.rows() * m.cols() / 256 {
             let g = m.group_values(b);
+            if matches!(self.kind, BlockKind::Q4K | BlockKind::Q5K) {
+                for (&scale, &min) in g.scales[..8].iter().zip(&g.mins) {
+                    push_f32(&mut self.scales, scale);
+                    push_f32(&mut self.scales, min);
+                }
+            } else {
+                for &scale in &g.scales {
+                    push_f32(&mut self.scales, scale);
+                }
+            }
             match self.kind {
                 BlockKind::Q4K => {
-                    for (&scale, &min) in g.scales[..8].iter().zip(&g.mins) {
-                        push_f32(&mut self.scales, scale);
-                        push_f32(&mut self.scales, min);
-                    }
                     self.quants.extend(g.q.chunks_exact(8).map(|c| {
                         c.iter().enumerate().fold(0u32, |w, (i, &q)| w | (q as u32 & 15) << (4 * i))
                     }));
                 }
+                // A byte a value: `Q5_K`'s 0 to 31, `Q6_K`'s -32 to 31.
                 _ => {
-                    for &scale in &g.scales {
-                        push_f32(&mut self.scales, scale);
-                    }
                     self.quants.extend(
                         g.q.as_chunks::<4>()
                             .0
@@ -302,8 +312,7 @@ pub fn out_of_memory_hint(weights: &LlamaWeights, blocks: bool, e: &DriverError)
     let matrices =
         weights.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
     let mut matrices = matrices.chain([&weights.embed]).chain(&weights.output);
-    // Whether any matrix is of a type the kernels read in blocks (Q5_1 and Q5_K go up as f32
-    // either way).
+    // Whether any matrix is of a type the kernels read in blocks.
     let in_blocks = |w: &Weight| match w {
         Weight::Quantized(b) => BlockKind::of(b.kind()).is_some(),
         Weight::KQuantized(b) => BlockKind::of(b.kind()).is_some(),
@@ -413,6 +422,17 @@ mod tests {
                 let word = blocks.quants[2 * (i / 8) + (i % 8) / 4];
                 scale_word(blocks, i / 16) * f32::from((word >> (8 * (i % 4))) as u8 as i8)
             }
+            BlockKind::Q5_1 => {
+                let byte = (blocks.quants[2 * (i / 8) + (i % 8) / 4] >> (8 * (i % 4))) as u8;
+                let (d, m) = (blocks.scales[2 * (i / 32)], blocks.scales[2 * (i / 32) + 1]);
+                f32::from(byte) * f16_to_f32(d) + f16_to_f32(m)
+            }
+            BlockKind::Q5K => {
+                let byte = (blocks.quants[2 * (i / 8) + (i % 8) / 4] >> (8 * (i % 4))) as u8;
+                let (d1, m1) =
+                    (scale_word(blocks, 2 * (i / 32)), scale_word(blocks, 2 * (i / 32) + 1));
+                d1 * f32::from(byte) - m1
+            }
         }
     }
 
@@ -450,12 +470,19 @@ mod tests {
 
     #[test]
     fn block_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
-        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0] {
+        let kinds = [
+            TensorType::Q4_0,
+            TensorType::Q4_1,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+            TensorType::Q8_0,
+        ];
+        for kind in kinds {
             let (a, b) = (random_blocks(kind, 3, 64, 1), random_blocks(kind, 2, 64, 2));
             let (a, b) = (Weight::Quantized(a), Weight::Quantized(b));
             let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();
             let quant_words =
-                if matches!(kind, TensorType::Q8_0 | TensorType::Q5_0) { 8 } else { 4 };
+                if matches!(kind, TensorType::Q4_0 | TensorType::Q4_1) { 4 } else { 8 };
             assert_eq!(stacked.quants.len(), 5 * 2 * quant_words, "{kind:?}");
             assert_eq!(stacked.scales.len() % 8, 0, "{kind:?}: padded to 16 bytes");
             let rows = (0..3).map(|r| a.row(r)).chain((0..2).map(|r| b.row(r)));
@@ -477,7 +504,7 @@ mod tests {
     #[test]
     fn kquant_rows_go_up_in_the_layout_the_kernels_read_with_the_cpu_s_values() {
         let file = crate::llama::random_kquant_blocks;
-        for kind in [TensorType::Q4K, TensorType::Q6K] {
+        for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
             let a = Weight::KQuantized(KBlockRows::from_ggml(kind, 3, 512, &file(kind, 6, 1)));
             let b = Weight::KQuantized(KBlockRows::from_ggml(kind, 2, 512, &file(kind, 4, 2)));
             let stacked = DeviceBlocks::stack(&[&a, &b]).unwrap();

@@ -63,3 +63,13 @@ extern "C" __global__ void embed_q6_k(const uint2* q, const float* s, const int*
                                       float* x, int hidden) {
     embed(q6_k_blocks{q, s}, tokens, x, hidden);
 }
+
+extern "C" __global__ void embed_q5_1(const uint2* q, const unsigned int* dm, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q5_1_blocks{q, dm}, tokens, x, hidden);
+}
+
+extern "C" __global__ void embed_q5_k(const uint2* q, const float2* dm, const int* tokens,
+                                      float* x, int hidden) {
+    embed(q5_k_blocks{q, dm}, tokens, x, hidden);
+}

@@ -95,6 +95,12 @@ __device__ __forceinline__ q8_0_blocks row_start(q8_0_blocks w, long r, int k_le
 __device__ __forceinline__ q4_k_blocks row_start(q4_k_blocks w, long r, int k_len) {
     return {w.q + r * k_len / 8, w.dm + r * k_len / 32};
 }
+__device__ __forceinline__ q5_1_blocks row_start(q5_1_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.dm + r * k_len / 32};
+}
+__device__ __forceinline__ q5_k_blocks row_start(q5_k_blocks w, long r, int k_len) {
+    return {w.q + r * k_len / 8, w.dm + r * k_len / 32};
+}
 __device__ __forceinline__ q6_k_blocks row_start(q6_k_blocks w, long r, int k_len) {
     return {w.q + r * k_len / 8, w.s + r * k_len / 16};
 }
@@ -124,6 +130,14 @@ __device__ __forceinline__ void prefetch_row(q8_0_blocks row, int k_len) {
 }
 __device__ __forceinline__ void prefetch_row(q4_k_blocks row, int k_len) {
     prefetch_to_l2(row.q, k_len / 2);
+    prefetch_span(row.dm, row.dm + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q5_1_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len);
+    prefetch_span(row.dm, row.dm + k_len / 32);
+}
+__device__ __forceinline__ void prefetch_row(q5_k_blocks row, int k_len) {
+    prefetch_to_l2(row.q, k_len);
     prefetch_span(row.dm, row.dm + k_len / 32);
 }
 __device__ __forceinline__ void prefetch_row(q6_k_blocks row, int k_len) {
@@ -165,6 +179,16 @@ struct Chunk<q8_0_blocks> {
 template <>
 struct Chunk<q4_k_blocks> {
     unsigned int q;
+    float2 dm;
+};
+template <>
+struct Chunk<q5_1_blocks> {
+    uint2 q;
+    unsigned int dm;
+};
+template <>
+struct Chunk<q5_k_blocks> {
+    uint2 q;
     float2 dm;
 };
 template <>
@@ -218,6 +242,14 @@ __device__ __forceinline__ void load_chunk(q4_k_blocks row, int k, Chunk<q4_k_bl
     c.q = row.q[k / 8];
     c.dm = row.dm[k / 32];
 }
+__device__ __forceinline__ void load_chunk(q5_1_blocks row, int k, Chunk<q5_1_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.dm = row.dm[k / 32];
+}
+__device__ __forceinline__ void load_chunk(q5_k_blocks row, int k, Chunk<q5_k_blocks>& c) {
+    c.q = row.q[k / 8];
+    c.dm = row.dm[k / 32];
+}
 // A chunk of 8 lies inside one 16 (chunks start at multiples of 8).
 __device__ __forceinline__ void load_chunk(q6_k_blocks row, int k, Chunk<q6_k_blocks>& c) {
     c.q = row.q[k / 8];
@@ -255,6 +287,19 @@ __device__ __forceinline__ void unpack_chunk(const Chunk<q8_0_blocks>& c, float 
 __device__ __forceinline__ void unpack_chunk(const Chunk<q4_k_blocks>& c, float out[8]) {
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = q4_k_value((c.q >> (4 * i)) & 15u, c.dm);
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q5_1_blocks>& c, float out[8]) {
+    const float d = half_to_float(c.dm & 0xffffu), m = half_to_float(c.dm >> 16);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[i] = q4_1_value(((i < 4 ? c.q.x : c.q.y) >> (8 * (i % 4))) & 0xffu, d, m);
+    }
+}
+__device__ __forceinline__ void unpack_chunk(const Chunk<q5_k_blocks>& c, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[i] = q4_k_value(((i < 4 ? c.q.x : c.q.y) >> (8 * (i % 4))) & 0xffu, c.dm);
+    }
 }
 __device__ __forceinline__ void unpack_chunk(const Chunk<q6_k_blocks>& c, float out[8]) {
 #pragma unroll
@@ -569,6 +614,22 @@ extern "C" __global__ void matmul_q6_k(const uint2* q, const float* s,
     else __trap();
 }
 
+extern "C" __global__ void matmul_q5_1(const uint2* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q5_1_blocks, true, 1>(q5_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_q5_k(const uint2* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q5_k_blocks, true, 1>(q5_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
 extern "C" __global__ void matmul_wide_q4_0(const unsigned int* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len,
         int tokens, int accumulate) {
@@ -605,6 +666,22 @@ extern "C" __global__ void matmul_wide_q6_k(const uint2* q, const float* s,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len,
         int tokens, int accumulate) {
     if (k_len % 256 == 0) matmul<q6_k_blocks, true, WIDE_OUT>(q6_k_blocks{q, s},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q5_1(const uint2* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 32 == 0) matmul<q5_1_blocks, true, WIDE_OUT>(q5_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens, accumulate);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_wide_q5_k(const uint2* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len,
+        int tokens, int accumulate) {
+    if (k_len % 256 == 0) matmul<q5_k_blocks, true, WIDE_OUT>(q5_k_blocks{q, dm},
                                                 x, norm, eps, y, rows, k_len, tokens, accumulate);
     else __trap();
 }
@@ -680,6 +757,20 @@ extern "C" __global__ void matmul_swiglu_q6_k(const uint2* q, const float* s,
     else __trap();
 }
 
+extern "C" __global__ void matmul_swiglu_q5_1(const uint2* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q5_1_blocks, true, 1>(q5_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_q5_k(const uint2* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q5_k_blocks, true, 1>(q5_k_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
 extern "C" __global__ void matmul_swiglu_wide_q4_0(const unsigned int* q, const f16_bits* d,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
     if (k_len % 32 == 0) matmul_swiglu<q4_0_blocks, true, WIDE_SWIGLU_OUT>(q4_0_blocks{q, d},
@@ -711,6 +802,20 @@ extern "C" __global__ void matmul_swiglu_wide_q4_k(const unsigned int* q, const 
 extern "C" __global__ void matmul_swiglu_wide_q6_k(const uint2* q, const float* s,
         const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
     if (k_len % 256 == 0) matmul_swiglu<q6_k_blocks, true, WIDE_SWIGLU_OUT>(q6_k_blocks{q, s},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q5_1(const uint2* q, const unsigned int* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 32 == 0) matmul_swiglu<q5_1_blocks, true, WIDE_SWIGLU_OUT>(q5_1_blocks{q, dm},
+                                                x, norm, eps, y, rows, k_len, tokens);
+    else __trap();
+}
+
+extern "C" __global__ void matmul_swiglu_wide_q5_k(const uint2* q, const float2* dm,
+        const float* x, const float* norm, float eps, float* y, int rows, int k_len, int tokens) {
+    if (k_len % 256 == 0) matmul_swiglu<q5_k_blocks, true, WIDE_SWIGLU_OUT>(q5_k_blocks{q, dm},
                                                 x, norm, eps, y, rows, k_len, tokens);
     else __trap();
 }

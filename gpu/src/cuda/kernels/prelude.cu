@@ -75,6 +75,16 @@ struct q6_k_blocks {
     const uint2* q;
     const float* s;
 };
+// The 5-bit types with minimums, a byte a value: `Q5_1` under `Q4_1`'s scale and minimum pairs,
+// `Q5_K` under `Q4_K`'s f32 ones.
+struct q5_1_blocks {
+    const uint2* q;
+    const unsigned int* dm;
+};
+struct q5_k_blocks {
+    const uint2* q;
+    const float2* dm;
+};
 
 // An element from its quant, as the CPU's dequantizer (`gguf/dequant.rs`): `(q - 8) * d`,
 // `q * d + m` and `q * d`, each operation rounded on its own (never fused: the CPU rounds the
@@ -112,6 +122,17 @@ __device__ __forceinline__ float load1(q8_0_blocks w, long i) {
 
 __device__ __forceinline__ float load1(q4_k_blocks w, long i) {
     return q4_k_value((w.q[i / 8] >> (4 * (i % 8))) & 15u, w.dm[i / 32]);
+}
+__device__ __forceinline__ unsigned int byte_at(const uint2* q, long i) {
+    const uint2 chunk = q[i / 8];
+    return ((i % 8 < 4 ? chunk.x : chunk.y) >> (8 * (i % 4))) & 0xffu;
+}
+__device__ __forceinline__ float load1(q5_1_blocks w, long i) {
+    const unsigned int dm = w.dm[i / 32];
+    return q4_1_value(byte_at(w.q, i), half_to_float(dm & 0xffffu), half_to_float(dm >> 16));
+}
+__device__ __forceinline__ float load1(q5_k_blocks w, long i) {
+    return q4_k_value(byte_at(w.q, i), w.dm[i / 32]);
 }
 __device__ __forceinline__ float load1(q6_k_blocks w, long i) {
     const uint2 chunk = w.q[i / 8];
