@@ -100,37 +100,29 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 }
 
 fn q4_k(block: &[u8], y: &mut [f32]) {
-    let (d, dmin) = (half(block, 0), half(block, 2));
-    let scales = &block[4..16];
-    let qs = &block[16..144];
-    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
-        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
-        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
-        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
-        for l in 0..32 {
-            y[l] = d1 * f32::from(q[l] & 0x0f) - min1;
-            y[l + 32] = d2 * f32::from(q[l] >> 4) - min2;
-        }
-    }
+    scaled_with_mins(block, None, &block[16..144], y);
 }
 
 fn q5_k(block: &[u8], y: &mut [f32]) {
+    scaled_with_mins(block, Some(&block[16..48]), &block[48..176], y);
+}
+
+/// `Q4_K` and `Q5_K`: per 32 elements `d * sc * q - dmin * m`, the 6-bit `sc` and `m` packed in
+/// bytes 4 to 16; `q` a nibble of `qs` (element `64c + l` low in byte `32c + l`, `64c + 32 + l`
+/// high) and, for `Q5_K`, a fifth bit from `qh[l]`: bit `2c` for the low nibble, `2c + 1` for
+/// the high.
+fn scaled_with_mins(block: &[u8], qh: Option<&[u8]>, qs: &[u8], y: &mut [f32]) {
     let (d, dmin) = (half(block, 0), half(block, 2));
     let scales = &block[4..16];
-    let (qh, qs) = (&block[16..48], &block[48..176]);
     for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
         let (sc1, m1) = scale_min_k4(2 * chunk, scales);
         let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
         let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
         let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
-        // The fifth bits of this chunk's two halves: bits `2 * chunk` and `2 * chunk + 1` of
-        // `qh[l]`.
         for l in 0..32 {
-            let high1 = (qh[l] >> (2 * chunk)) & 1;
-            let high2 = (qh[l] >> (2 * chunk + 1)) & 1;
-            y[l] = d1 * f32::from((q[l] & 0x0f) + 16 * high1) - min1;
-            y[l + 32] = d2 * f32::from((q[l] >> 4) + 16 * high2) - min2;
+            let fifth = |bit: usize| qh.map_or(0, |qh| 16 * ((qh[l] >> bit) & 1));
+            y[l] = d1 * f32::from((q[l] & 0x0f) + fifth(2 * chunk)) - min1;
+            y[l + 32] = d2 * f32::from((q[l] >> 4) + fifth(2 * chunk + 1)) - min2;
         }
     }
 }
