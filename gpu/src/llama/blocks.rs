@@ -1,13 +1,11 @@
 //! Weights of the 32-element block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`) kept quantized,
 //! and their products with 8-bit activations the way llama.cpp computes them: the activation is
 //! quantized per block (`Q8_0`, or `Q8_1` with its block sum for `Q4_1` and `Q5_1`), each block's
-//! product is an
-//! integer sum in eight lanes of four consecutive products, scaled once into eight fused lane
-//! accumulators, and the lanes are reduced with `hsum8` (`ggml_vec_dot_q4_1_q8_1` and kin).
-//! Except for a `Q4_0` matrix whose row count is a multiple of 8, which llama.cpp's x86 build
-//! repacks eight rows together (`block_q4_0x8`) and multiplies with
-//! `gemv_q4_b32_8x8_q8_0_lut_avx`: each block's products summed in integers, then one fused
-//! chain a row (`repacked_dot`).
+//! product is an integer sum in eight lanes of four consecutive products, scaled once into eight
+//! fused lane accumulators, and the lanes are reduced with `hsum8` (`ggml_vec_dot_q4_1_q8_1` and
+//! kin). Except for a `Q4_0` matrix whose row count is a multiple of 8, which llama.cpp's x86 build
+//! repacks eight rows together (`block_q4_0x8`) and multiplies with `gemv_q4_b32_8x8_q8_0_lut_avx`:
+//! each block's products summed in integers, then one fused chain a row (`repacked_dots`).
 //!
 //! At load the half-precision block scales are widened to f32 (exactly) and stored apart from
 //! the quants, so that a product reads each row as two plain arrays; the 5-bit types' values are
@@ -93,10 +91,10 @@ impl BlockRows {
         self.kind
     }
 
-    /// Every block, row after row: its scale and (`Q4_1`; else empty) minimum, the file's half
-    /// precision values widened to f32 (so they narrow back exactly), and its quants in ggml's
-    /// order (16 bytes of nibbles, element `j` low and `j + 16` high in byte `j`, or 32 signed
-    /// bytes).
+    /// Every block, row after row: its scale and (`Q4_1`, `Q5_1`; else empty) minimum, the
+    /// file's half precision values widened to f32 (so they narrow back exactly), and its quants
+    /// (16 bytes of nibbles in ggml's order, element `j` low and `j + 16` high in byte `j`; or 32
+    /// bytes, a value each: signed for `Q8_0` and `Q5_0` (less 16), unsigned for `Q5_1`).
     pub fn blocks(&self) -> (&[f32], &[f32], &[u8]) {
         (&self.scales, &self.mins, &self.quants)
     }
