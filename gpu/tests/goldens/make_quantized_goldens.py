@@ -8,8 +8,10 @@ Run: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -D
      python3 -m pip install llama-cpp-python==0.3.16 numpy && \
      cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/kquant.gguf && \
      python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/kquant.gguf gpu/tests/goldens/llamacpp_kquant.json && \
-     cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/q4_0.gguf --legacy && \
-     python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/q4_0.gguf gpu/tests/goldens/llamacpp_q4_0_q8_0.json
+     cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/legacy.gguf legacy && \
+     python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/legacy.gguf gpu/tests/goldens/llamacpp_legacy.json && \
+     cargo run -p lockstep-gpu --example write_quantized_model -- /tmp/q5_k_m.gguf q5_k_m && \
+     python3 gpu/tests/goldens/make_quantized_goldens.py /tmp/q5_k_m.gguf gpu/tests/goldens/llamacpp_q5_k_m.json
 (An AVX2 build is the reference: llama.cpp repacks Q4_0 and Q4_K matrices for AVX2, and lockstep
 computes what that build computes.)
 """

@@ -18,6 +18,7 @@
 use lockstep_gpu::gguf::{GgufWriter, TensorType, f32_to_f16};
 
 /// A model's dimensions and the types of its embedding and output projection.
+#[derive(Clone, Copy)]
 pub struct Shape {
     pub vocab: usize,
     pub hidden: usize,
@@ -70,6 +71,11 @@ pub const BENCH: Shape = Shape {
     output: TensorType::Q6K,
     matrices: q4_k_m,
 };
+
+/// `shape`'s types at `BENCH`'s size.
+pub fn at_bench_size(shape: &Shape) -> Shape {
+    Shape { embed: shape.embed, output: shape.output, matrices: shape.matrices, ..BENCH }
+}
 
 /// The 32-element block types on the same tiny shape.
 pub const LEGACY: Shape = Shape {
