@@ -288,6 +288,119 @@ pub(crate) mod avx2 {
         to_array(acc)
     }
 
+    /// `q4_0_repacked` for eight consecutive rows against one activation, as llama.cpp's
+    /// repacked gemv runs them: the rows' chains side by side in one vector, lane `j` the chain
+    /// of row `j` (each lane's fused step is the scalar one, so the bits are). `scales` and
+    /// `quants` hold the eight rows one after another, `n` blocks each.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn q4_0_repacked8(
+        scales: &[f32],
+        quants: &[u8],
+        act_scales: &[f32],
+        act: &[i8],
+    ) -> [f32; 8] {
+        let n = act_scales.len();
+        assert!(scales.len() >= 8 * n && quants.len() >= 8 * 16 * n && act.len() >= 32 * n);
+        let low = _mm256_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..n {
+            // SAFETY: the assert above puts 32 bytes of `act` at block `b`.
+            let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
+            let mut lanes = [_mm256_setzero_si256(); 8];
+            for (j, lanes) in lanes.iter_mut().enumerate() {
+                // SAFETY: the assert above puts 16 bytes of `quants` at row `j`'s block `b`.
+                let packed =
+                    unsafe { _mm_loadu_si128(quants.as_ptr().add(16 * (j * n + b)).cast()) };
+                let nibbles =
+                    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+                let x = _mm256_sub_epi8(nibbles, eight);
+                let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));
+                *lanes = _mm256_madd_epi16(pairs, ones);
+            }
+            let d = _mm256_set_ps(
+                scales[7 * n + b],
+                scales[6 * n + b],
+                scales[5 * n + b],
+                scales[4 * n + b],
+                scales[3 * n + b],
+                scales[2 * n + b],
+                scales[n + b],
+                scales[b],
+            );
+            let d = _mm256_mul_ps(d, _mm256_set1_ps(act_scales[b]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_totals(lanes)), d, acc);
+        }
+        to_array(acc)
+    }
+
+    /// The repacked `Q4_K` path's two chains (scaled sums, minimums) for eight rows, lane `j`
+    /// row `j`'s.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Chains8(__m256, __m256);
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn chains8() -> Chains8 {
+        Chains8(_mm256_setzero_ps(), _mm256_setzero_ps())
+    }
+
+    /// Each row's scaled sums less its minimums, as the scalar path ends.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn finish_chains8(acc: Chains8) -> [f32; 8] {
+        to_array(_mm256_sub_ps(acc.0, acc.1))
+    }
+
+    /// `q4k_totals` for eight consecutive rows against one activation, each row's two chains
+    /// taken one block further in vectors (each lane's fused step the scalar one): `rows[j]` is
+    /// row `j`'s block (quants, scales), `d` and `dmin` the eight rows' block scales times the
+    /// activation's.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn q4k_repacked8_step(
+        rows: [(&[u8], &[i8; 16]); 8],
+        act: &[i8],
+        sums32: &[i16],
+        d: [f32; 8],
+        dmin: [f32; 8],
+        acc: &mut Chains8,
+    ) {
+        assert!(sums32.len() >= 8);
+        // SAFETY: the assert above puts 8 sums at `sums32`.
+        let act_sums = unsafe { _mm_loadu_si128(sums32.as_ptr().cast()) };
+        let mut scaled = [_mm256_setzero_si256(); 8];
+        let mut mins = [_mm256_setzero_si256(); 8];
+        for ((scaled, mins), (qs, scales)) in scaled.iter_mut().zip(&mut mins).zip(rows) {
+            *scaled = q4k_sums(qs, scales, [act])[0];
+            // SAFETY: `scales` is 16 bytes; the load reads its last 8.
+            let m = _mm_cvtepi8_epi16(unsafe { _mm_loadl_epi64(scales.as_ptr().add(8).cast()) });
+            *mins = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(m, act_sums));
+        }
+        // SAFETY: `d` and `dmin` are eight f32s, what the unaligned loads read.
+        let (d, dmin) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(dmin.as_ptr())) };
+        acc.0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_totals(scaled)), d, acc.0);
+        acc.1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_totals(mins)), dmin, acc.1);
+    }
+
+    /// Lane `j`: the sum of the eight 32-bit integers of `v[j]` (exact, so in any order).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn row_totals(v: [__m256i; 8]) -> __m256i {
+        let pairs = [
+            _mm256_hadd_epi32(v[0], v[1]),
+            _mm256_hadd_epi32(v[2], v[3]),
+            _mm256_hadd_epi32(v[4], v[5]),
+            _mm256_hadd_epi32(v[6], v[7]),
+        ];
+        // Each 128-bit half: rows 0-3 (and 4-7), that half's lanes summed.
+        let low = _mm256_hadd_epi32(pairs[0], pairs[1]);
+        let high = _mm256_hadd_epi32(pairs[2], pairs[3]);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(low, high, 0x20),
+            _mm256_permute2x128_si256(low, high, 0x31),
+        )
+    }
+
     /// The integer lanes of one `Q4_K` block's quants (128 bytes: element `64c + l` is the low
     /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
     /// (256 bytes each), each 32 elements' products times their scale (the first 8 of
@@ -488,7 +601,7 @@ pub(crate) mod avx2 {
 
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn to_array(v: __m256) -> [f32; 8] {
+    pub(crate) fn to_array(v: __m256) -> [f32; 8] {
         let mut out = [0f32; 8];
         // SAFETY: `out` is eight f32s, what the unaligned store writes.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };

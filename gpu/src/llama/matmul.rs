@@ -130,6 +130,27 @@ impl Weight {
         kernels::run(
             #[inline(always)]
             || {
+                // Eight rows a pass over each input where llama.cpp repacks the matrix.
+                let mut rows = rows;
+                if self.repacked() {
+                    while rows.len() >= 8 {
+                        for (i, act) in acts.iter().enumerate() {
+                            let products = match (self, act) {
+                                (Weight::Quantized(b), Activation::Q8(act)) => {
+                                    b.dot8(rows.start, act)
+                                }
+                                (Weight::KQuantized(b), Activation::Q8K(act)) => {
+                                    b.dot8(rows.start, act)
+                                }
+                                _ => unreachable!("an activation prepared for another weight"),
+                            };
+                            for (j, y) in products.into_iter().enumerate() {
+                                store(i, rows.start + j, y);
+                            }
+                        }
+                        rows.start += 8;
+                    }
+                }
                 for r in rows {
                     let mut i = 0;
                     // Four inputs at a time share one pass over a quantized row.
@@ -162,6 +183,15 @@ impl Weight {
                 }
             },
         );
+    }
+
+    /// Whether llama.cpp repacks this matrix eight rows together (`Q4_0`, `Q4_K`).
+    fn repacked(&self) -> bool {
+        match self {
+            Weight::Dense { .. } => false,
+            Weight::Quantized(blocks) => blocks.repacked(),
+            Weight::KQuantized(blocks) => blocks.repacked(),
+        }
     }
 
     fn activation<'a>(&self, x: &'a [f32]) -> Activation<'a> {
