@@ -335,53 +335,6 @@ pub(crate) mod avx2 {
         to_array(acc)
     }
 
-    /// The repacked `Q4_K` path's two chains (scaled sums, minimums) for eight rows, lane `j`
-    /// row `j`'s.
-    #[derive(Clone, Copy)]
-    pub(crate) struct Chains8(__m256, __m256);
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn chains8() -> Chains8 {
-        Chains8(_mm256_setzero_ps(), _mm256_setzero_ps())
-    }
-
-    /// Each row's scaled sums less its minimums, as the scalar path ends.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn finish_chains8(acc: Chains8) -> [f32; 8] {
-        to_array(_mm256_sub_ps(acc.0, acc.1))
-    }
-
-    /// `q4k_totals` for eight consecutive rows against one activation, each row's two chains
-    /// taken one block further in vectors (each lane's fused step the scalar one): `rows[j]` is
-    /// row `j`'s block (quants, scales), `d` and `dmin` the eight rows' block scales times the
-    /// activation's.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(crate) fn q4k_repacked8_step(
-        rows: [(&[u8], &[i8; 16]); 8],
-        act: &[i8],
-        sums32: &[i16],
-        d: [f32; 8],
-        dmin: [f32; 8],
-        acc: &mut Chains8,
-    ) {
-        assert!(sums32.len() >= 8);
-        // SAFETY: the assert above puts 8 sums at `sums32`.
-        let act_sums = unsafe { _mm_loadu_si128(sums32.as_ptr().cast()) };
-        let mut scaled = [_mm256_setzero_si256(); 8];
-        let mut mins = [_mm256_setzero_si256(); 8];
-        for ((scaled, mins), (qs, scales)) in scaled.iter_mut().zip(&mut mins).zip(rows) {
-            *scaled = q4k_sums(qs, scales, [act])[0];
-            // SAFETY: `scales` is 16 bytes; the load reads its last 8.
-            let m = _mm_cvtepi8_epi16(unsafe { _mm_loadl_epi64(scales.as_ptr().add(8).cast()) });
-            *mins = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(m, act_sums));
-        }
-        // SAFETY: `d` and `dmin` are eight f32s, what the unaligned loads read.
-        let (d, dmin) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(dmin.as_ptr())) };
-        acc.0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_totals(scaled)), d, acc.0);
-        acc.1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_totals(mins)), dmin, acc.1);
-    }
-
     /// Lane `j`: the sum of the eight 32-bit integers of `v[j]` (exact, so in any order).
     #[target_feature(enable = "avx2")]
     #[inline]
@@ -601,7 +554,7 @@ pub(crate) mod avx2 {
 
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(crate) fn to_array(v: __m256) -> [f32; 8] {
+    fn to_array(v: __m256) -> [f32; 8] {
         let mut out = [0f32; 8];
         // SAFETY: `out` is eight f32s, what the unaligned store writes.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };

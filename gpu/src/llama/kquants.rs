@@ -247,39 +247,9 @@ impl KBlockRows {
     }
 
     /// Whether llama.cpp multiplies this matrix repacked, eight rows together (the module's
-    /// docs): then `dot8` takes eight rows a pass as it does.
+    /// docs).
     pub fn repacked(&self) -> bool {
         self.kind == TensorType::Q4K && self.rows.is_multiple_of(8)
-    }
-
-    /// Rows `r0..r0 + 8` times `act`: `dot` of each, the same bits; for a repacked matrix with
-    /// AVX2, the eight rows' chains side by side in vectors, as llama.cpp's gemv keeps them.
-    #[inline(always)]
-    pub fn dot8(&self, r0: usize, act: &Q8K) -> [f32; 8] {
-        #[cfg(target_arch = "x86_64")]
-        if self.repacked() && kernels::has_avx2_fma() {
-            let per_row = self.cols / QK;
-            let rows: [(&[Header], &[u8]); 8] = std::array::from_fn(|j| self.row_parts(r0 + j));
-            #[allow(
-                unsafe_code,
-                reason = "functions compiled for CPU features detected at run time"
-            )]
-            // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
-            unsafe {
-                let mut acc = kernels::avx2::chains8();
-                for b in 0..per_row {
-                    let yd = act.d[b];
-                    let blocks = rows
-                        .map(|(heads, quants)| (&quants[b * 128..(b + 1) * 128], &heads[b].scales));
-                    let d = rows.map(|(heads, _)| heads[b].d * yd);
-                    let dmin = rows.map(|(heads, _)| heads[b].dmin * yd);
-                    let (q, sums32) = (&act.q[b * QK..(b + 1) * QK], &act.sums32[b * 8..b * 8 + 8]);
-                    kernels::avx2::q4k_repacked8_step(blocks, q, sums32, d, dmin, &mut acc);
-                }
-                return kernels::avx2::finish_chains8(acc);
-            }
-        }
-        std::array::from_fn(|j| self.dot(r0 + j, act))
     }
 }
 
@@ -654,13 +624,8 @@ mod tests {
             });
             let bits = |v: &[[f32; 4]]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&detected), bits(&portable), "{kind:?}");
-            // Four inputs at once are each input alone, and eight rows at once each row alone.
+            // Four inputs at once are each input alone.
             let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
-            for act in &acts {
-                let eight = w.dot8(0, act).map(f32::to_bits);
-                let alone: [u32; 8] = std::array::from_fn(|r| w.dot(r, act).to_bits());
-                assert_eq!(eight, alone, "{kind:?}");
-            }
             for (r, row) in detected.iter().enumerate() {
                 for (act, product) in acts.iter().zip(row) {
                     assert_eq!(w.dot(r, act).to_bits(), product.to_bits());

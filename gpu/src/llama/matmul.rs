@@ -130,21 +130,18 @@ impl Weight {
         kernels::run(
             #[inline(always)]
             || {
-                // Eight rows a pass over each input where llama.cpp repacks the matrix.
+                // Eight rows a pass over each input where llama.cpp repacks a Q4_0 matrix. (A
+                // repacked Q4_K matrix so took twice as long at batch 1: BENCHMARKS.md.)
                 let mut rows = rows;
-                if self.repacked() {
+                if let Weight::Quantized(blocks) = self
+                    && blocks.repacked()
+                {
                     while rows.len() >= 8 {
                         for (i, act) in acts.iter().enumerate() {
-                            let products = match (self, act) {
-                                (Weight::Quantized(b), Activation::Q8(act)) => {
-                                    b.dot8(rows.start, act)
-                                }
-                                (Weight::KQuantized(b), Activation::Q8K(act)) => {
-                                    b.dot8(rows.start, act)
-                                }
-                                _ => unreachable!("an activation prepared for another weight"),
+                            let Activation::Q8(act) = act else {
+                                unreachable!("an activation prepared for another weight")
                             };
-                            for (j, y) in products.into_iter().enumerate() {
+                            for (j, y) in blocks.dot8(rows.start, act).into_iter().enumerate() {
                                 store(i, rows.start + j, y);
                             }
                         }
@@ -183,15 +180,6 @@ impl Weight {
                 }
             },
         );
-    }
-
-    /// Whether llama.cpp repacks this matrix eight rows together (`Q4_0`, `Q4_K`).
-    fn repacked(&self) -> bool {
-        match self {
-            Weight::Dense { .. } => false,
-            Weight::Quantized(blocks) => blocks.repacked(),
-            Weight::KQuantized(blocks) => blocks.repacked(),
-        }
     }
 
     fn activation<'a>(&self, x: &'a [f32]) -> Activation<'a> {
