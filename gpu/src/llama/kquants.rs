@@ -1,21 +1,22 @@
-//! Weights of the 256-element K-quant types (`Q4_K`, `Q6_K`: most GGUF files in the wild) kept in
-//! their blocks, and their products with 8-bit activations the way llama.cpp's x86 CPU backend
-//! computes them, so that a K-quant model's logits are llama.cpp's to the bit:
+//! Weights of the 256-element K-quant types (`Q4_K`, `Q5_K`, `Q6_K`: most GGUF files in the
+//! wild) kept in their blocks, and their products with 8-bit activations the way llama.cpp's x86
+//! CPU backend computes them, so that a K-quant model's logits are llama.cpp's to the bit:
 //!
 //! - The activation is quantized per 256 values to `Q8_K` (`quantize_row_q8_K_ref`): an f32 scale,
-//!   256 signed bytes and their sums (ggml keeps each 16's; both K types use them in pairs).
+//!   256 signed bytes and their sums (ggml keeps each 16's; the K types use them in pairs).
 //! - A block's integer products are exact, so only the floating-point steps must follow
-//!   llama.cpp, and they differ by path. `Q6_K` (`ggml_vec_dot_q6_K_q8_K`) and a `Q4_K` matrix
-//!   whose row count is not a multiple of 8 (`ggml_vec_dot_q4_K_q8_K`) sum each block into eight
-//!   integer lanes (element `e` in lane `(e % 32) / 4`), scale them into eight fused lane
-//!   accumulators and reduce them with `hsum8`; `Q4_K` adds its minimums' share in four lanes.
-//!   Every other `Q4_K` matrix llama.cpp repacks eight rows together (`block_q4_Kx8`) and
-//!   multiplies with `ggml_gemv_q4_K_8x8_q8_K`: one fused accumulator a row for the scaled sums
-//!   and one for the minimums, subtracted at the end.
+//!   llama.cpp, and they differ by path. `Q5_K` and `Q6_K` (`ggml_vec_dot_q5_K_q8_K`,
+//!   `ggml_vec_dot_q6_K_q8_K`) and a `Q4_K` matrix whose row count is not a multiple of 8
+//!   (`ggml_vec_dot_q4_K_q8_K`) sum each block into eight integer lanes (element `e` in lane
+//!   `(e % 32) / 4`), scale them into eight fused lane accumulators and reduce them with `hsum8`;
+//!   `Q4_K` adds its minimums' share in four lanes, `Q5_K` in one chain of integer sums. Every
+//!   other `Q4_K` matrix llama.cpp repacks eight rows together (`block_q4_Kx8`) and multiplies
+//!   with `ggml_gemv_q4_K_8x8_q8_K`: one fused accumulator a row for the scaled sums and one for
+//!   the minimums, subtracted at the end.
 //!
 //! The quants are kept as the file has them and each block's scales as the products read them
-//! (4.75 and 6.75 bits a weight; the file's 4.5 and 6.56), unpacked one block at a time in the
-//! product, which serves every input of a batch before the next block.
+//! (4.75, 5.75 and 6.75 bits a weight; the file's 4.5, 5.5 and 6.56), unpacked one block at a
+//! time in the product, which serves every input of a batch before the next block.
 
 use super::kernels;
 use super::numerics::hsum8;
@@ -256,16 +257,16 @@ impl KBlockRows {
 /// A K-quant block's elements as scale, minimum and integer quant (`KBlockRows::group_values`).
 #[derive(Clone, Debug)]
 pub struct GroupValues {
-    /// `Q4_K`: the first 8, one per 32 elements. `Q6_K`: one per 16.
+    /// `Q4_K`, `Q5_K`: the first 8, one per 32 elements. `Q6_K`: one per 16.
     pub scales: [f32; 16],
-    /// `Q4_K`'s, one per 32 elements (zero for `Q6_K`).
+    /// `Q4_K`'s and `Q5_K`'s, one per 32 elements (zero for `Q6_K`).
     pub mins: [f32; 8],
-    /// 0 to 15 (`Q4_K`) or -32 to 31 (`Q6_K`).
+    /// 0 to 15 (`Q4_K`), 0 to 31 (`Q5_K`) or -32 to 31 (`Q6_K`).
     pub q: [i8; QK],
 }
 
-/// One row's running sums with one input: the lane accumulators (and, for `Q4_K`, the
-/// minimums'), or the repacked path's two.
+/// One row's running sums with one input: the lane accumulators (and the minimums': `Q4_K`'s in
+/// four lanes, `Q5_K`'s in `min`), or the repacked path's two.
 #[derive(Clone, Copy, Default)]
 struct Sum {
     lanes: [f32; 8],
