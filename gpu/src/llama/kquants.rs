@@ -476,9 +476,9 @@ fn nearest_int(value: f32) -> i32 {
     (shifted & 0x007f_ffff) - 0x0040_0000
 }
 
+/// Random bytes of `n` blocks of K-quant `kind` (for tests), with half-precision scales of sane
+/// magnitude (random bits there would be infinities and NaNs).
 #[cfg(test)]
-/// Random bytes of `n` blocks of K-quant `kind` (for tests), with half-precision scales of sane magnitude (random
-/// bits there would be infinities and NaNs).
 pub(crate) fn random_kquant_blocks(kind: TensorType, n: usize, seed: u64) -> Vec<u8> {
     let mut state = seed | 1;
     let mut next = move || {

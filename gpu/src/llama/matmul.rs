@@ -1,6 +1,7 @@
 //! Weight matrices and their batched products. Weights of the 32-element block types and of the
 //! K-quant types stay quantized and multiply as llama.cpp's do (`blocks`, `kquants`); other types
-//! are dequantized at load and multiplied in f32. Every row's reduction runs in one fixed order, whatever else is computed.
+//! are dequantized at load and multiplied in f32. Every row's reduction runs in one fixed order,
+//! whatever else is computed.
 
 use rayon::prelude::*;
 
@@ -17,9 +18,9 @@ pub enum Weight {
         cols: usize,
         data: Vec<f32>,
     },
-    /// Rows of `Q4_0`, `Q4_1` or `Q8_0` blocks.
+    /// Rows of `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` or `Q8_0` blocks.
     Quantized(BlockRows),
-    /// Rows of `Q4_K` or `Q6_K` blocks.
+    /// Rows of `Q4_K`, `Q5_K` or `Q6_K` blocks.
     KQuantized(KBlockRows),
 }
 

@@ -1,7 +1,7 @@
 //! A Llama-family model's weights, from a GGUF file or a Hugging Face safetensors directory.
 //! GGUF's block types stay quantized (multiplied as llama.cpp does, see `blocks` and `kquants`);
-//! the others are widened to f32 at load. Every tensor's shape is checked against the config, and an error
-//! names the file and the tensor.
+//! the others are widened to f32 at load. Every tensor's shape is checked against the config,
+//! and an error names the file and the tensor.
 
 use std::fmt;
 use std::path::Path;
