@@ -60,26 +60,30 @@ fn q4_1(block: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Element `j`'s fifth bit is bit `j` of the 32-bit word `qh` (`dequantize_row_q5_0`'s `xh_0` and
-/// `xh_1`); its low four bits are `q4_0`'s nibble.
-fn five_bits(qh: u32, qs: &[u8], j: usize) -> i32 {
-    let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
-    i32::from(nibble) | (((qh >> j) & 1) << 4) as i32
+/// A `Q5_0` or `Q5_1` block's 32 integer values, 0 to 31: element `j`'s low four bits are
+/// `q4_0`'s nibble, its fifth bit is bit `j` of the 32-bit word `qh` (`dequantize_row_q5_0`'s
+/// `xh_0` and `xh_1`).
+pub(crate) fn five_bit_values(kind: TensorType, block: &[u8]) -> [i32; 32] {
+    let at = if kind == TensorType::Q5_0 { 2 } else { 4 };
+    let qh = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+    let qs = &block[at + 4..at + 20];
+    std::array::from_fn(|j| {
+        let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+        i32::from(nibble) | (((qh >> j) & 1) << 4) as i32
+    })
 }
 
 fn q5_0(block: &[u8], y: &mut [f32]) {
     let d = half(block, 0);
-    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-    for (j, y) in y.iter_mut().enumerate() {
-        *y = (five_bits(qh, &block[6..22], j) - 16) as f32 * d;
+    for (y, q) in y.iter_mut().zip(five_bit_values(TensorType::Q5_0, block)) {
+        *y = (q - 16) as f32 * d;
     }
 }
 
 fn q5_1(block: &[u8], y: &mut [f32]) {
     let (d, m) = (half(block, 0), half(block, 2));
-    let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
-    for (j, y) in y.iter_mut().enumerate() {
-        *y = five_bits(qh, &block[8..24], j) as f32 * d + m;
+    for (y, q) in y.iter_mut().zip(five_bit_values(TensorType::Q5_1, block)) {
+        *y = q as f32 * d + m;
     }
 }
 

@@ -13,8 +13,8 @@ mod parse;
 mod types;
 mod write;
 
-pub(crate) use dequant::scale_min_k4;
 pub use dequant::{bf16_to_f32, dequantize, f16_to_f32, f32_to_f16, round_to_f16};
+pub(crate) use dequant::{five_bit_values, scale_min_k4};
 pub use parse::{Gguf, GgufError, MetadataValue, TensorInfo};
 pub use types::TensorType;
 pub use write::GgufWriter;

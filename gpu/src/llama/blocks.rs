@@ -13,7 +13,7 @@
 
 use super::kernels;
 use super::numerics::hsum8;
-use crate::gguf::{TensorType, dequantize, f16_to_f32, f32_to_f16, round_to_f16};
+use crate::gguf::{TensorType, dequantize, f16_to_f32, f32_to_f16, five_bit_values, round_to_f16};
 
 /// Rows of quantized blocks.
 #[derive(Clone, Debug)]
@@ -55,7 +55,6 @@ impl BlockRows {
             mins: Vec::new(),
             quants: Vec::with_capacity(blocks * quant_bytes(kind)),
         };
-        let mut values = [0f32; 32];
         for block in bytes.chunks_exact(kind.block_bytes() as usize) {
             out.scales.push(half(block, 0));
             if has_mins(kind) {
@@ -63,15 +62,10 @@ impl BlockRows {
             }
             match kind {
                 TensorType::Q5_0 | TensorType::Q5_1 => {
-                    // The integer values, read back from the dequantizer's: with the scale 1 and
-                    // minimum 0 each element is its integer exactly.
-                    let mut unit = block.to_vec();
-                    unit[0..2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
-                    if kind == TensorType::Q5_1 {
-                        unit[2..4].copy_from_slice(&f32_to_f16(0.0).to_le_bytes());
-                    }
-                    dequantize(kind, &unit, &mut values);
-                    out.quants.extend(values.iter().map(|&v| v as i8 as u8));
+                    // `Q5_0`'s values are centred on 16: less 16, they are signed bytes.
+                    let offset = if kind == TensorType::Q5_0 { 16 } else { 0 };
+                    let values = five_bit_values(kind, block);
+                    out.quants.extend(values.map(|v| (v - offset) as i8 as u8));
                 }
                 _ => out.quants.extend_from_slice(&block[block.len() - quant_bytes(kind)..]),
             }
