@@ -9,8 +9,8 @@
 //! which this backend does not: its logits differ from the CPU's within rounding, see
 //! `tests/cuda_device.rs`). Norm weights and biases are f32.
 //!
-//! With `LaunchOptions::block_weights`, a matrix of GGUF's block types (`Q4_0`, `Q4_1`, `Q8_0`,
-//! `Q4_K`, `Q6_K`; a stack of them if all have one type) goes up in its blocks instead
+//! With `LaunchOptions::block_weights`, a matrix of GGUF's block types (`Q4_0` to `Q8_0`, `Q4_K`
+//! to `Q6_K`; a stack of them if all have one type) goes up in its blocks instead
 //! (`DeviceBlocks`: prelude.cu's layout), and the kernels dequantize each value as the CPU's
 //! dequantizer does: the same f32 values, read at 5 to 10 bits a weight.
 
@@ -79,11 +79,12 @@ impl BlockKind {
 
 /// Block-typed rows in the layout prelude.cu's `q4_0_blocks` and kin read: per chunk of 8
 /// elements the quants, one 32-bit word of 4-bit ones (element `8c + i`'s nibble at bits `4i`:
-/// `Q4_0`, `Q4_1`, `Q4_K`) or two of bytes (its 8 bytes in order: `Q8_0`, and `Q6_K`'s quants
-/// less 32 as signed bytes); then the scales as 16-bit words: per block of 32 one scale's
-/// half-precision bits (`Q4_1`: the scale and then the minimum); for the K-quants the
-/// dequantizer's f32 products, which half precision does not hold: `Q4_K`'s scale and minimum of
-/// each 32, `Q6_K`'s scale of each 16, each f32 as two words, low first. The scales are padded to
+/// `Q4_0`, `Q4_1`, `Q4_K`) or two of bytes (its 8 bytes in order: `Q8_0` and `Q5_0`'s less 16,
+/// `Q6_K`'s less 32 as signed bytes, `Q5_1`'s and `Q5_K`'s unsigned); then the scales as 16-bit
+/// words: per block of 32 one scale's half-precision bits (`Q4_1`, `Q5_1`: the scale and then the
+/// minimum); for the K-quants the dequantizer's f32 products, which half precision does not
+/// hold: `Q4_K`'s and `Q5_K`'s scale and minimum of each 32, `Q6_K`'s scale of each 16, each f32
+/// as two words, low first. The scales are padded to
 /// a multiple of 16 bytes, so that a kernel may round a row's span of them out to 16 bytes (an
 /// L2 prefetch) and stay inside the allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
