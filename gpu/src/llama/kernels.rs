@@ -150,34 +150,66 @@ pub(crate) mod avx2 {
             assert!(act.len() >= 32 * n && act_scales.len() >= n);
             assert!(!with_mins || act_sums.len() >= n);
         }
+        // The block loop is the products' whole cost at large batches: with `centered` and the
+        // minimums as run-time flags and each access bounds-checked it ran twice the
+        // instructions (a branch and a check per input per block). Compiled once per kind
+        // instead, with the bounds asserted above.
+        // SAFETY: the asserts above are what `q4_lanes4_body` requires.
+        unsafe {
+            match (centered, with_mins) {
+                (true, false) => q4_lanes4_body::<true, false>(scales, mins, quants, acts),
+                (true, true) => q4_lanes4_body::<true, true>(scales, mins, quants, acts),
+                (false, false) => q4_lanes4_body::<false, false>(scales, mins, quants, acts),
+                (false, true) => q4_lanes4_body::<false, true>(scales, mins, quants, acts),
+            }
+        }
+    }
+
+    /// `q4_lanes4`'s loop for one kind of block.
+    ///
+    /// # Safety
+    /// `quants` holds 16 bytes and every activation 32 values and one scale for each of the
+    /// `scales.len()` blocks; with `MINS`, `mins` and every activation's sums one value each.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q4_lanes4_body<const CENTERED: bool, const MINS: bool>(
+        scales: &[f32],
+        mins: &[f32],
+        quants: &[u8],
+        acts: [(&[f32], &[f32], &[i8]); 4],
+    ) -> [([f32; 8], f32); 4] {
         let low = _mm256_set1_epi8(0x0f);
         let eight = _mm256_set1_epi8(8);
         let ones = _mm256_set1_epi16(1);
+        let act_scales = acts.map(|(d, _, _)| d.as_ptr());
+        let act_sums = acts.map(|(_, s, _)| s.as_ptr());
+        let act_values = acts.map(|(_, _, q)| q.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut summs = [0f32; 4];
-        for b in 0..n {
-            if with_mins {
-                for (summs, (_, act_sums, _)) in summs.iter_mut().zip(acts) {
-                    *summs = mins[b].mul_add(act_sums[b], *summs);
+        for b in 0..scales.len() {
+            // SAFETY (every access below): the caller's bounds, block `b` < `scales.len()`.
+            if MINS {
+                let min = unsafe { *mins.get_unchecked(b) };
+                for (summs, sums) in summs.iter_mut().zip(act_sums) {
+                    *summs = min.mul_add(unsafe { *sums.add(b) }, *summs);
                 }
             }
-            // SAFETY: the assert above puts 16 bytes of `quants` at block `b`.
             let packed = unsafe { _mm_loadu_si128(quants.as_ptr().add(16 * b).cast()) };
             let nibbles =
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-            let (x, ax) = if centered {
+            let (x, ax) = if CENTERED {
                 let x = _mm256_sub_epi8(nibbles, eight);
                 (x, _mm256_sign_epi8(x, x))
             } else {
                 (nibbles, nibbles)
             };
-            for (acc, (act_scales, _, act)) in acc.iter_mut().zip(acts) {
-                // SAFETY: the asserts above put 32 bytes of every `act` at block `b`.
-                let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
-                let q = if centered { _mm256_sign_epi8(q, x) } else { q };
+            let scale = unsafe { *scales.get_unchecked(b) };
+            for i in 0..4 {
+                let q = unsafe { _mm256_loadu_si256(act_values[i].add(32 * b).cast()) };
+                let q = if CENTERED { _mm256_sign_epi8(q, x) } else { q };
                 let lanes =
                     _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, q), ones));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, *acc);
+                let d = scale * unsafe { *act_scales[i].add(b) };
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[i]);
             }
         }
         [
@@ -242,17 +274,21 @@ pub(crate) mod avx2 {
             assert!(act.len() >= 32 * n && act_scales.len() >= n);
         }
         let ones = _mm256_set1_epi16(1);
+        // Pointers, as in `q4_lanes4_body`: no check or branch per input per block.
+        let act_scales = acts.map(|(d, _)| d.as_ptr());
+        let act_values = acts.map(|(_, q)| q.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
-        for b in 0..n {
-            // SAFETY: the assert above puts 32 bytes of `quants` at block `b`.
+        for (b, &scale) in scales.iter().enumerate() {
+            // SAFETY (every access below): the asserts above put 32 bytes of `quants` and of
+            // every activation, and one scale of every activation, at block `b`.
             let x = unsafe { _mm256_loadu_si256(quants.as_ptr().add(32 * b).cast()) };
             let ax = _mm256_sign_epi8(x, x);
-            for (acc, (act_scales, act)) in acc.iter_mut().zip(acts) {
-                // SAFETY: the asserts above put 32 bytes of every `act` at block `b`.
-                let q = unsafe { _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()) };
+            for i in 0..4 {
+                let q = unsafe { _mm256_loadu_si256(act_values[i].add(32 * b).cast()) };
                 let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(q, x));
                 let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, *acc);
+                let d = scale * unsafe { *act_scales[i].add(b) };
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[i]);
             }
         }
         [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]

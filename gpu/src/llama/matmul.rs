@@ -149,34 +149,48 @@ impl Weight {
                         rows.start += 8;
                     }
                 }
-                for r in rows {
+                // A tile of rows against every input, four inputs a pass over each row: the
+                // tile's weights stay in the L1 cache while the inputs stream past them once a
+                // tile instead of once a row (at a 2,048-token prefill the down product's
+                // inputs are 3 MB).
+                let mut tile = rows.start;
+                while tile < rows.end {
+                    let tile_rows = tile..(tile + ROWS_PER_TILE).min(rows.end);
+                    tile = tile_rows.end;
                     let mut i = 0;
-                    // Four inputs at a time share one pass over a quantized row.
-                    while i + 4 <= acts.len() {
-                        let products = match self {
-                            Weight::Dense { .. } => break,
-                            Weight::Quantized(blocks) => blocks.dot4(
-                                r,
-                                [0, 1, 2, 3].map(|j| match &acts[i + j] {
-                                    Activation::Q8(act) => act,
-                                    _ => unreachable!("an activation prepared for another weight"),
-                                }),
-                            ),
-                            Weight::KQuantized(blocks) => blocks.dots(
-                                r,
-                                [0, 1, 2, 3].map(|j| match &acts[i + j] {
-                                    Activation::Q8K(act) => act,
-                                    _ => unreachable!("an activation prepared for another weight"),
-                                }),
-                            ),
-                        };
-                        for (j, y) in products.into_iter().enumerate() {
-                            store(i + j, r, y);
+                    while i + 4 <= acts.len() && !matches!(self, Weight::Dense { .. }) {
+                        for r in tile_rows.clone() {
+                            let products = match self {
+                                Weight::Dense { .. } => unreachable!("checked above"),
+                                Weight::Quantized(blocks) => blocks.dot4(
+                                    r,
+                                    [0, 1, 2, 3].map(|j| match &acts[i + j] {
+                                        Activation::Q8(act) => act,
+                                        _ => unreachable!(
+                                            "an activation prepared for another weight"
+                                        ),
+                                    }),
+                                ),
+                                Weight::KQuantized(blocks) => blocks.dots(
+                                    r,
+                                    [0, 1, 2, 3].map(|j| match &acts[i + j] {
+                                        Activation::Q8K(act) => act,
+                                        _ => unreachable!(
+                                            "an activation prepared for another weight"
+                                        ),
+                                    }),
+                                ),
+                            };
+                            for (j, y) in products.into_iter().enumerate() {
+                                store(i + j, r, y);
+                            }
                         }
                         i += 4;
                     }
-                    for (i, act) in acts.iter().enumerate().skip(i) {
-                        store(i, r, self.row_dot(r, act));
+                    for r in tile_rows {
+                        for (i, act) in acts.iter().enumerate().skip(i) {
+                            store(i, r, self.row_dot(r, act));
+                        }
                     }
                 }
             },
@@ -208,6 +222,11 @@ impl Weight {
         self.matmul(std::slice::from_ref(&x.to_vec())).pop().expect("one product for one input")
     }
 }
+
+/// Weight rows `rows_with` multiplies by every input before moving on: 16 of a small model's
+/// widest rows (1,536 columns: 18 kB of Q4_1, 26 kB of Q8_0) fit the L1 cache beside four
+/// inputs.
+const ROWS_PER_TILE: usize = 16;
 
 /// Weight rows a pool task takes: enough to outweigh handing out the task, few enough that the
 /// smallest products (192 rows) still spread over the threads.
