@@ -80,6 +80,8 @@ fn with_avx2_fma<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::kquants::Header;
+
     /// Lane accumulators of a row of 4-bit blocks (16 bytes each: element `i < 16` is the low
     /// nibble of byte `i`, element `16 + i` its high nibble) against 8-bit activations, each
     /// block scaled by `scales[b] * act_scales[b]`. With `centered` the nibbles are less 8 (Q4_0).
@@ -390,57 +392,160 @@ pub(crate) mod avx2 {
         )
     }
 
-    /// The integer lanes of one `Q4_K` block's quants (128 bytes: element `64c + l` is the low
-    /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
-    /// (256 bytes each), each 32 elements' products times their scale (the first 8 of
-    /// `scales`): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
-    /// `ggml_vec_dot_q4_K_q8_K` leaves them.
+    /// A row of `Q4_K` (not repacked), `Q5_K` or `Q6_K` blocks (`KIND` 4, 5 or 6) against each
+    /// of `acts` (scales, values, sums of each 32) along `ggml_vec_dot_q*_K_q8_K`: each block's
+    /// integer lanes (`q4k_sums`, `q5k_sums`, `q6k_sums`) scaled by `d * act_d` into eight
+    /// fused lane accumulators; `Q4_K`'s minimums into four (`dmin * -act_d` times
+    /// `Header::min_products`' pairs), `Q5_K`'s summed in integers into one chain. Returns
+    /// (lanes, minimum lanes, minimum chain) for each, which `KBlockRows::dots` reduces. The
+    /// block loop is here rather than around a call per block: a block's floating-point steps
+    /// stay in vector registers (they went through arrays on the stack).
     #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(crate) fn q4k_lanes<const N: usize>(
-        qs: &[u8],
-        scales: &[i8; 16],
-        acts: [&[i8]; N],
-    ) -> [[i32; 8]; N] {
-        ints(q4k_sums(qs, scales, acts))
+    pub(crate) fn kquant_lanes<const KIND: u8, const N: usize>(
+        heads: &[Header],
+        quants: &[u8],
+        acts: [(&[f32], &[i8], &[i16]); N],
+    ) -> [([f32; 8], [f32; 4], f32); N] {
+        let per_block = match KIND {
+            4 => 128,
+            5 => 160,
+            _ => 192,
+        };
+        let n = heads.len();
+        assert!(quants.len() >= per_block * n);
+        for (d, q, sums32) in acts {
+            assert!(d.len() >= n && q.len() >= 256 * n && sums32.len() >= 8 * n);
+        }
+        let mut lanes = [_mm256_setzero_ps(); N];
+        let mut min_lanes = [_mm_setzero_ps(); N];
+        let mut min_chain = [0f32; N];
+        for (b, head) in heads.iter().enumerate() {
+            let block = &quants[per_block * b..per_block * (b + 1)];
+            let q8: [&[i8]; N] = std::array::from_fn(|i| {
+                // SAFETY: the asserts above put 256 values of every activation at block `b`.
+                unsafe { std::slice::from_raw_parts(acts[i].1.as_ptr().add(256 * b), 256) }
+            });
+            let sums = match KIND {
+                4 => q4k_sums(block, &head.scales, q8),
+                5 => q5k_sums(&block[0..32], &block[32..160], &head.scales, q8),
+                _ => q6k_sums(&block[0..128], &block[128..192], &head.scales, q8),
+            };
+            // SAFETY: `head.scales` is 16 bytes; the load reads its last 8.
+            let mins =
+                _mm_cvtepi8_epi16(unsafe { _mm_loadl_epi64(head.scales.as_ptr().add(8).cast()) });
+            for i in 0..N {
+                // SAFETY: the asserts above put a scale and 8 sums of every activation at `b`.
+                let (act_d, block_sums) = unsafe {
+                    (
+                        *acts[i].0.get_unchecked(b),
+                        _mm_loadu_si128(acts[i].2.as_ptr().add(8 * b).cast()),
+                    )
+                };
+                let d = act_d * head.d;
+                lanes[i] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums[i]), lanes[i]);
+                let dmin = -act_d * head.dmin;
+                match KIND {
+                    4 => {
+                        let pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, block_sums));
+                        min_lanes[i] = _mm_fmadd_ps(_mm_set1_ps(dmin), pairs, min_lanes[i]);
+                    }
+                    5 => {
+                        let minimum = add4(_mm_madd_epi16(mins, block_sums));
+                        min_chain[i] = dmin.mul_add(minimum as f32, min_chain[i]);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        std::array::from_fn(|i| {
+            let mut min4 = [0f32; 4];
+            // SAFETY: `min4` is four f32s, what the unaligned store writes.
+            unsafe { _mm_storeu_ps(min4.as_mut_ptr(), min_lanes[i]) };
+            (to_array(lanes[i]), min4, min_chain[i])
+        })
     }
 
-    /// What `ggml_gemv_q4_K_8x8_q8_K` takes of one `Q4_K` block against each of `acts`: the
-    /// scaled products summed (`q4k_lanes`' lanes added), and the minimums (the last 8 of
-    /// `scales`) times the activation's sums of each 32 (`sums32`), summed.
+    /// A repacked `Q4_K` row against each of `acts` (scales, values, sums of each 32): each
+    /// block's totals as `kquants::q4k_totals` sums them, then scaled in llama.cpp's gemv order,
+    /// per block `row = fma(total, d * act_d, row)` and `min = fma(minimums, dmin * act_d, min)`;
+    /// returns (row, min) for each. The block loop is here, not around a call per block, so
+    /// nothing is checked or passed per block; a block's 8 scales are widened once and each
+    /// 32's taken by a byte shuffle (llama.cpp's `get_scale_shuffle_k4`) instead of a broadcast
+    /// from a general register. The integer sums are exact: the bits are `q4k_totals`'.
     #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(crate) fn q4k_totals<const N: usize>(
-        qs: &[u8],
-        scales: &[i8; 16],
-        acts: [&[i8]; N],
-        sums32: [&[i16]; N],
-    ) -> [(i32, i32); N] {
-        assert!(sums32.iter().all(|s| s.len() >= 8));
-        let sums = q4k_sums(qs, scales, acts);
-        // SAFETY: `scales` is 16 bytes; the load reads its last 8.
-        let mins = _mm_cvtepi8_epi16(unsafe { _mm_loadl_epi64(scales.as_ptr().add(8).cast()) });
-        let mut out = [(0, 0); N];
-        for ((out, sum), sums32) in out.iter_mut().zip(sums).zip(sums32) {
-            let wide = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-            // SAFETY: the assert above puts 8 sums at every `sums32`.
-            let act_sums = unsafe { _mm_loadu_si128(sums32.as_ptr().cast()) };
-            *out = (add4(wide), add4(_mm_madd_epi16(mins, act_sums)));
+    pub(crate) fn q4k_repacked<const N: usize>(
+        heads: &[Header],
+        quants: &[u8],
+        acts: [(&[f32], &[i8], &[i16]); N],
+    ) -> [(f32, f32); N] {
+        let n = heads.len();
+        assert!(quants.len() >= 128 * n);
+        for (d, q, sums32) in acts {
+            assert!(d.len() >= n && q.len() >= 256 * n && sums32.len() >= 8 * n);
+        }
+        let low = _mm256_set1_epi8(0x0f);
+        // Shuffles that copy 16-bit lane `k` of each 128-bit half to all eight of its lanes.
+        let pick = |k: i16| _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k));
+        let act_d = acts.map(|(d, _, _)| d.as_ptr());
+        let act_q = acts.map(|(_, q, _)| q.as_ptr());
+        let act_sums = acts.map(|(_, _, s)| s.as_ptr());
+        let mut out = [(0f32, 0f32); N];
+        for (b, head) in heads.iter().enumerate() {
+            // SAFETY (every load below): the asserts above put 128 bytes of `quants`, and 256
+            // values, 8 sums and a scale of every activation, at block `b`; `head.scales` is 16
+            // bytes.
+            let (scales, mins) = unsafe {
+                (
+                    _mm_cvtepi8_epi16(_mm_loadl_epi64(head.scales.as_ptr().cast())),
+                    _mm_cvtepi8_epi16(_mm_loadl_epi64(head.scales.as_ptr().add(8).cast())),
+                )
+            };
+            let scales = _mm256_set_m128i(scales, scales);
+            let mut sums = [_mm256_setzero_si256(); N];
+            for c in 0..4 {
+                let packed =
+                    unsafe { _mm256_loadu_si256(quants.as_ptr().add(128 * b + 32 * c).cast()) };
+                let nibbles = [
+                    _mm256_and_si256(packed, low),
+                    _mm256_and_si256(_mm256_srli_epi16(packed, 4), low),
+                ];
+                for (half, &q4) in nibbles.iter().enumerate() {
+                    let scale = _mm256_shuffle_epi8(scales, pick((2 * c + half) as i16));
+                    for (sum, q) in sums.iter_mut().zip(act_q) {
+                        let at = 256 * b + 64 * c + 32 * half;
+                        let q8 = unsafe { _mm256_loadu_si256(q.add(at).cast()) };
+                        let scaled = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q4, q8));
+                        *sum = _mm256_add_epi32(*sum, scaled);
+                    }
+                }
+            }
+            for i in 0..N {
+                let sum = sums[i];
+                let wide =
+                    _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+                let block_sums = unsafe { _mm_loadu_si128(act_sums[i].add(8 * b).cast()) };
+                let minimum = add4(_mm_madd_epi16(mins, block_sums));
+                let d = unsafe { *act_d[i].add(b) };
+                let (row, min) = &mut out[i];
+                *row = (add4(wide) as f32).mul_add(head.d * d, *row);
+                *min = (minimum as f32).mul_add(head.dmin * d, *min);
+            }
         }
         out
     }
 
-    /// `q4k_lanes` for a `Q5_K` block: element `64c + l`'s fifth bit is bit `2c` of `qh[l]`,
+    /// `q4k_sums` for a `Q5_K` block: element `64c + l`'s fifth bit is bit `2c` of `qh[l]`,
     /// element `64c + 32 + l`'s bit `2c + 1` (`ggml_vec_dot_q5_K_q8_K`'s `hmask`). Values to 31
     /// by bytes to 128, pairs far from saturating.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(crate) fn q5k_lanes<const N: usize>(
+    fn q5k_sums<const N: usize>(
         qh: &[u8],
         qs: &[u8],
         scales: &[i8; 16],
         acts: [&[i8]; N],
-    ) -> [[i32; 8]; N] {
+    ) -> [__m256i; N] {
         assert!(qh.len() >= 32 && qs.len() >= 128 && acts.iter().all(|a| a.len() >= 256));
         let low = _mm256_set1_epi8(0x0f);
         let one = _mm256_set1_epi8(1);
@@ -474,10 +579,14 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        ints(sums)
+        sums
     }
 
-    /// `q4k_lanes`' sums, in registers. Unsigned nibbles by signed bytes is what `maddubs`
+    /// The integer lanes of one `Q4_K` block's quants (128 bytes: element `64c + l` is the low
+    /// nibble of byte `32c + l`, element `64c + 32 + l` its high nibble) against each of `acts`
+    /// (256 bytes each), each 32 elements' products times their scale (the first 8 of
+    /// `scales`): lane `k` sums the elements `e` with `(e % 32) / 4 == k`, as
+    /// `ggml_vec_dot_q4_K_q8_K` leaves them. Unsigned nibbles by signed bytes is what `maddubs`
     /// takes; a pair is at most 2 * 15 * 128, far from saturating.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -516,17 +625,17 @@ pub(crate) mod avx2 {
 
     /// The integer lanes of one `Q6_K` block (`ql`, 128 bytes of low nibbles, and `qh`, 64 bytes
     /// of high pairs, as `dequantize` reads them) against each of `acts`: `(q - 32) * a`, each 16
-    /// elements' products times their signed scale, in the lanes of `q4k_lanes`. The 6-bit
+    /// elements' products times their signed scale, in the lanes of `q4k_sums`. The 6-bit
     /// values go into `maddubs` unsigned and `32 * a` is subtracted after, as
     /// `ggml_vec_dot_q6_K_q8_K` does (pairs of at most 2 * 63 * 128: no saturation).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(crate) fn q6k_lanes<const N: usize>(
+    fn q6k_sums<const N: usize>(
         ql: &[u8],
         qh: &[u8],
         scales: &[i8; 16],
         acts: [&[i8]; N],
-    ) -> [[i32; 8]; N] {
+    ) -> [__m256i; N] {
         assert!(ql.len() >= 128 && qh.len() >= 64 && acts.iter().all(|a| a.len() >= 256));
         let low = _mm256_set1_epi8(0x0f);
         let two_bits = _mm256_set1_epi8(3);
@@ -574,18 +683,7 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        ints(sums)
-    }
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ints<const N: usize>(sums: [__m256i; N]) -> [[i32; 8]; N] {
-        let mut out = [[0i32; 8]; N];
-        for (out, sum) in out.iter_mut().zip(sums) {
-            // SAFETY: `out` is eight i32s, what the unaligned store writes.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sum) };
-        }
-        out
+        sums
     }
 
     #[target_feature(enable = "avx2")]

@@ -42,13 +42,13 @@ pub struct KBlockRows {
 /// A block's scales as the products read them: 24 bytes (`Q4_K`'s file header is 16, `Q6_K`'s
 /// 18).
 #[derive(Clone, Copy, Debug, Default)]
-struct Header {
+pub(crate) struct Header {
     /// `Q4_K`: the 6-bit scale of each 32 elements, then the 6-bit minimum of each. `Q6_K`: the
     /// signed scale of each 16.
-    scales: [i8; 16],
+    pub scales: [i8; 16],
     /// The block's scale (and `Q4_K`'s scale of minimums), widened from half precision.
-    d: f32,
-    dmin: f32,
+    pub d: f32,
+    pub dmin: f32,
 }
 
 impl KBlockRows {
@@ -186,6 +186,37 @@ impl KBlockRows {
         let mut sums = [Sum::default(); N];
         let repacked = self.repacked();
         let (heads, quants) = self.row_parts(r);
+        #[cfg(target_arch = "x86_64")]
+        if repacked && kernels::has_avx2_fma() {
+            let acts = acts.map(|act| (act.d.as_slice(), act.q.as_slice(), act.sums32.as_slice()));
+            #[allow(
+                unsafe_code,
+                reason = "a function compiled for CPU features detected at run time"
+            )]
+            // SAFETY: the CPU has AVX2 and FMA, all that the kernel is compiled for.
+            let totals = unsafe { kernels::avx2::q4k_repacked(heads, quants, acts) };
+            return totals.map(|(row, min)| row - min);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if kernels::has_avx2_fma() {
+            let acts = acts.map(|act| (act.d.as_slice(), act.q.as_slice(), act.sums32.as_slice()));
+            #[allow(
+                unsafe_code,
+                reason = "functions compiled for CPU features detected at run time"
+            )]
+            // SAFETY: the CPU has AVX2 and FMA, all that the kernels are compiled for.
+            let partial = unsafe {
+                match self.kind {
+                    TensorType::Q4K => kernels::avx2::kquant_lanes::<4, N>(heads, quants, acts),
+                    TensorType::Q5K => kernels::avx2::kquant_lanes::<5, N>(heads, quants, acts),
+                    _ => kernels::avx2::kquant_lanes::<6, N>(heads, quants, acts),
+                }
+            };
+            for (sum, (lanes, mins, min)) in sums.iter_mut().zip(partial) {
+                (sum.lanes, sum.mins, sum.min) = (lanes, mins, min);
+            }
+            return self.reduce(&sums, repacked);
+        }
         for (b, (head, block)) in
             heads.iter().zip(quants.chunks_exact(quant_bytes(self.kind))).enumerate()
         {
@@ -225,6 +256,12 @@ impl KBlockRows {
                 }
             }
         }
+        self.reduce(&sums, repacked)
+    }
+
+    /// Each input's running sums to its product, as llama.cpp's paths end.
+    #[inline(always)]
+    fn reduce<const N: usize>(&self, sums: &[Sum; N], repacked: bool) -> [f32; N] {
         std::array::from_fn(|n| {
             let sum = &sums[n];
             match (self.kind, repacked) {
@@ -288,8 +325,9 @@ impl Header {
 }
 
 /// A block's scaled integer products with each of `acts` in eight lanes: element `e` in lane
-/// `(e % 32) / 4`, as `_mm256_madd_epi16` leaves them. Exact, so the AVX2 kernels and the
-/// portable loops below, which sum them in other orders, agree.
+/// `(e % 32) / 4`, as `_mm256_madd_epi16` leaves them: the portable form of the AVX2 kernels'
+/// integer sums (`kernels::avx2::kquant_lanes`, `q4k_repacked`). Exact, so the two, which sum
+/// in other orders, agree.
 #[inline(always)]
 fn block_lanes<const N: usize>(
     kind: TensorType,
@@ -297,23 +335,6 @@ fn block_lanes<const N: usize>(
     head: &Header,
     acts: [&[i8]; N],
 ) -> [[i32; 8]; N] {
-    #[cfg(target_arch = "x86_64")]
-    if kernels::has_avx2_fma() {
-        #[allow(
-            unsafe_code,
-            reason = "a function compiled for CPU features detected at run time"
-        )]
-        // SAFETY: the CPU has AVX2 and FMA, all that the kernels are compiled for.
-        return unsafe {
-            match kind {
-                TensorType::Q4K => kernels::avx2::q4k_lanes(block, &head.scales, acts),
-                TensorType::Q5K => {
-                    kernels::avx2::q5k_lanes(&block[0..32], &block[32..160], &head.scales, acts)
-                }
-                _ => kernels::avx2::q6k_lanes(&block[0..128], &block[128..192], &head.scales, acts),
-            }
-        };
-    }
     let values = unpack(kind, block);
     acts.map(|act| {
         let mut lanes = [0i32; 8];
@@ -335,7 +356,8 @@ fn block_lanes<const N: usize>(
 }
 
 /// A `Q4_K` block's scaled products with each of `acts` summed, and its minimums' products with
-/// the activation's sums of each 32 summed: what llama.cpp's repacked path scales.
+/// the activation's sums of each 32 summed: what llama.cpp's repacked path scales. (With AVX2,
+/// `kernels::avx2::q4k_repacked` computes these in its own loop over a row.)
 #[inline(always)]
 fn q4k_totals<const N: usize>(
     block: &[u8],
@@ -343,15 +365,6 @@ fn q4k_totals<const N: usize>(
     acts: [&[i8]; N],
     sums32: [&[i16]; N],
 ) -> [(i32, i32); N] {
-    #[cfg(target_arch = "x86_64")]
-    if kernels::has_avx2_fma() {
-        #[allow(
-            unsafe_code,
-            reason = "a function compiled for CPU features detected at run time"
-        )]
-        // SAFETY: the CPU has AVX2 and FMA, all that the kernel is compiled for.
-        return unsafe { kernels::avx2::q4k_totals(block, &head.scales, acts, sums32) };
-    }
     let lanes = block_lanes(TensorType::Q4K, block, head, acts);
     let mut out = [(0, 0); N];
     for ((out, lanes), sums32) in out.iter_mut().zip(&lanes).zip(sums32) {
@@ -606,9 +619,11 @@ mod tests {
     /// The AVX2 build of these loops and the portable one give the same bits.
     #[test]
     fn portable_and_detected_products_agree_to_the_bit() {
+        // 16 blocks a row: enough steps of each fused chain that an unfused or reordered step
+        // changes some row's last bit (2 blocks a row did not show it).
         for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
-            let w = KBlockRows::from_ggml(kind, 8, 512, &random_kquant_blocks(kind, 16, 3));
-            let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(512, 100 + i)).collect();
+            let w = KBlockRows::from_ggml(kind, 8, 4096, &random_kquant_blocks(kind, 128, 3));
+            let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(4096, 100 + i)).collect();
             let detected: Vec<[f32; 4]> = (0..8)
                 .map(|r| {
                     let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
