@@ -161,7 +161,7 @@ impl BlockRows {
             match self.kind {
                 TensorType::Q8_0 | TensorType::Q5_0 | TensorType::Q5_1 => {
                     let inputs = acts.map(|a| (a.d.as_slice(), a.q.as_slice()));
-                    let lanes = unsafe { kernels::avx2::q8_lanes4(scales, quants, inputs) };
+                    let lanes = unsafe { kernels::avx2::q8_lanes(scales, quants, inputs) };
                     for ((o, lanes), act) in out.iter_mut().zip(&lanes).zip(acts) {
                         *o = self.finish(lanes, min_sums(mins, act));
                     }
@@ -346,7 +346,7 @@ fn q8_lanes(scales: &[f32], quants: &[u8], act: &Q8) -> [f32; 8] {
             reason = "a function compiled for CPU features detected at run time"
         )]
         // SAFETY: the CPU has AVX2 and FMA, all that `q8_lanes` is compiled for.
-        return unsafe { kernels::avx2::q8_lanes(scales, quants, &act.d, &act.q) };
+        return unsafe { kernels::avx2::q8_lanes(scales, quants, [(&act.d, &act.q)])[0] };
     }
     let mut acc = [0f32; 8];
     let blocks = quants.chunks_exact(32).zip(act.q.chunks_exact(32));

@@ -102,34 +102,17 @@ pub(crate) mod avx2 {
         assert!(quants.len() >= 16 * n && act.len() >= 32 * n && act_scales.len() >= n);
         let with_mins = !mins.is_empty();
         assert!(!with_mins || (mins.len() >= n && act_sums.len() >= n));
-        let low = _mm256_set1_epi8(0x0f);
-        let eight = _mm256_set1_epi8(8);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
-        for b in 0..n {
-            if with_mins {
-                summs = mins[b].mul_add(act_sums[b], summs);
+        let acts = [(act_scales, act_sums, act)];
+        // SAFETY: the asserts above are what `q4_lanes_body` requires.
+        let [out] = unsafe {
+            match (centered, with_mins) {
+                (true, false) => q4_lanes_body::<true, false, 1>(scales, mins, quants, acts),
+                (true, true) => q4_lanes_body::<true, true, 1>(scales, mins, quants, acts),
+                (false, false) => q4_lanes_body::<false, false, 1>(scales, mins, quants, acts),
+                (false, true) => q4_lanes_body::<false, true, 1>(scales, mins, quants, acts),
             }
-            // SAFETY: the asserts above put 16 bytes of `quants` and 32 of `act` at block `b`.
-            let (packed, q) = unsafe {
-                (
-                    _mm_loadu_si128(quants.as_ptr().add(16 * b).cast()),
-                    _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()),
-                )
-            };
-            let nibbles =
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-            let pairs = if centered {
-                let x = _mm256_sub_epi8(nibbles, eight);
-                _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x))
-            } else {
-                _mm256_maddubs_epi16(nibbles, q)
-            };
-            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, acc);
-        }
-        (to_array(acc), summs)
+        };
+        out
     }
 
     /// `q4_lanes` of one weight row against four activations at once: each block's nibbles are
@@ -156,37 +139,37 @@ pub(crate) mod avx2 {
         // minimums as run-time flags and each access bounds-checked it ran twice the
         // instructions (a branch and a check per input per block). Compiled once per kind
         // instead, with the bounds asserted above.
-        // SAFETY: the asserts above are what `q4_lanes4_body` requires.
+        // SAFETY: the asserts above are what `q4_lanes_body` requires.
         unsafe {
             match (centered, with_mins) {
-                (true, false) => q4_lanes4_body::<true, false>(scales, mins, quants, acts),
-                (true, true) => q4_lanes4_body::<true, true>(scales, mins, quants, acts),
-                (false, false) => q4_lanes4_body::<false, false>(scales, mins, quants, acts),
-                (false, true) => q4_lanes4_body::<false, true>(scales, mins, quants, acts),
+                (true, false) => q4_lanes_body::<true, false, 4>(scales, mins, quants, acts),
+                (true, true) => q4_lanes_body::<true, true, 4>(scales, mins, quants, acts),
+                (false, false) => q4_lanes_body::<false, false, 4>(scales, mins, quants, acts),
+                (false, true) => q4_lanes_body::<false, true, 4>(scales, mins, quants, acts),
             }
         }
     }
 
-    /// `q4_lanes4`'s loop for one kind of block.
+    /// `q4_lanes`' and `q4_lanes4`'s loop for one kind of block and `N` activations.
     ///
     /// # Safety
     /// `quants` holds 16 bytes and every activation 32 values and one scale for each of the
     /// `scales.len()` blocks; with `MINS`, `mins` and every activation's sums one value each.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn q4_lanes4_body<const CENTERED: bool, const MINS: bool>(
+    unsafe fn q4_lanes_body<const CENTERED: bool, const MINS: bool, const N: usize>(
         scales: &[f32],
         mins: &[f32],
         quants: &[u8],
-        acts: [(&[f32], &[f32], &[i8]); 4],
-    ) -> [([f32; 8], f32); 4] {
+        acts: [(&[f32], &[f32], &[i8]); N],
+    ) -> [([f32; 8], f32); N] {
         let low = _mm256_set1_epi8(0x0f);
         let eight = _mm256_set1_epi8(8);
         let ones = _mm256_set1_epi16(1);
         let act_scales = acts.map(|(d, _, _)| d.as_ptr());
         let act_sums = acts.map(|(_, s, _)| s.as_ptr());
         let act_values = acts.map(|(_, _, q)| q.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut summs = [0f32; 4];
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut summs = [0f32; N];
         for b in 0..scales.len() {
             // SAFETY (every access below): the caller's bounds, block `b` < `scales.len()`.
             if MINS {
@@ -205,7 +188,7 @@ pub(crate) mod avx2 {
                 (nibbles, nibbles)
             };
             let scale = unsafe { *scales.get_unchecked(b) };
-            for i in 0..4 {
+            for i in 0..N {
                 let q = unsafe { _mm256_loadu_si256(act_values[i].add(32 * b).cast()) };
                 let q = if CENTERED { _mm256_sign_epi8(q, x) } else { q };
                 let lanes =
@@ -214,12 +197,7 @@ pub(crate) mod avx2 {
                 acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[i]);
             }
         }
-        [
-            (to_array(acc[0]), summs[0]),
-            (to_array(acc[1]), summs[1]),
-            (to_array(acc[2]), summs[2]),
-            (to_array(acc[3]), summs[3]),
-        ]
+        std::array::from_fn(|i| (to_array(acc[i]), summs[i]))
     }
 
     /// A `Q4_0` row against each of `acts` (scales, values) as llama.cpp's repacked path
@@ -263,67 +241,43 @@ pub(crate) mod avx2 {
         acc
     }
 
-    /// `q8_lanes` of one weight row against four activations at once (see `q4_lanes4`).
+    /// Lane accumulators of a row of 8-bit blocks (32 signed bytes each) against each of `acts`
+    /// (scales, values), each block scaled by `scales[b] * act_scales[b]`; `N` activations share
+    /// each block's load, each accumulating in the order it would alone (so four at once equal
+    /// four alone, bit for bit).
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn q8_lanes4(
+    pub(crate) fn q8_lanes<const N: usize>(
         scales: &[f32],
         quants: &[u8],
-        acts: [(&[f32], &[i8]); 4],
-    ) -> [[f32; 8]; 4] {
+        acts: [(&[f32], &[i8]); N],
+    ) -> [[f32; 8]; N] {
         let n = scales.len();
         assert!(quants.len() >= 32 * n);
         for (act_scales, act) in acts {
             assert!(act.len() >= 32 * n && act_scales.len() >= n);
         }
         let ones = _mm256_set1_epi16(1);
-        // Pointers, as in `q4_lanes4_body`: no check or branch per input per block.
+        // Pointers, as in `q4_lanes_body`: no check per input per block.
         let act_scales = acts.map(|(d, _)| d.as_ptr());
         let act_values = acts.map(|(_, q)| q.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_ps(); N];
         for (b, &scale) in scales.iter().enumerate() {
             // SAFETY (every access below): the asserts above put 32 bytes of `quants` and of
             // every activation, and one scale of every activation, at block `b`.
             let x = unsafe { _mm256_loadu_si256(quants.as_ptr().add(32 * b).cast()) };
             let ax = _mm256_sign_epi8(x, x);
-            for i in 0..4 {
+            for i in 0..N {
                 let q = unsafe { _mm256_loadu_si256(act_values[i].add(32 * b).cast()) };
+                // |x| times q with x's sign: unsigned by signed, as maddubs takes them.
+                // Activations never hold -128 (they are rounded into [-127, 127]), so negating
+                // them is exact.
                 let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(q, x));
                 let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
                 let d = scale * unsafe { *act_scales[i].add(b) };
                 acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[i]);
             }
         }
-        [to_array(acc[0]), to_array(acc[1]), to_array(acc[2]), to_array(acc[3])]
-    }
-
-    /// Lane accumulators of a row of 8-bit blocks (32 signed bytes each) against 8-bit
-    /// activations, each block scaled by `scales[b] * act_scales[b]`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn q8_lanes(
-        scales: &[f32],
-        quants: &[u8],
-        act_scales: &[f32],
-        act: &[i8],
-    ) -> [f32; 8] {
-        let n = scales.len();
-        assert!(quants.len() >= 32 * n && act.len() >= 32 * n && act_scales.len() >= n);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..n {
-            // SAFETY: the assert above puts 32 bytes of `quants` and of `act` at block `b`.
-            let (x, q) = unsafe {
-                (
-                    _mm256_loadu_si256(quants.as_ptr().add(32 * b).cast()),
-                    _mm256_loadu_si256(act.as_ptr().add(32 * b).cast()),
-                )
-            };
-            // |x| times q with x's sign: unsigned by signed, as maddubs takes them. Activations
-            // never hold -128 (they are rounded into [-127, 127]), so negating them is exact.
-            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));
-            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[b] * act_scales[b]), lanes, acc);
-        }
-        to_array(acc)
+        acc.map(|acc| to_array(acc))
     }
 
     /// `q4_0_repacked` for eight consecutive rows against one activation, as llama.cpp's
