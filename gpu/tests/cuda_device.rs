@@ -35,7 +35,8 @@ use lockstep_core::sched::{
     StepPlan,
 };
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions};
-use lockstep_gpu::cuda::probe;
+use lockstep_gpu::cuda::kernel_cache::KernelCache;
+use lockstep_gpu::cuda::{kernels, probe};
 use lockstep_gpu::gguf::{Gguf, TensorType, f32_to_f16};
 use lockstep_gpu::llama::{CpuExecutor, Layer, LlamaConfig, LlamaWeights, RopeStyle, Weight};
 use lockstep_gpu::model::Model;
@@ -637,6 +638,63 @@ fn switching_block_weights_on_an_executor_changes_no_bit() {
     assert!(in_blocks.1 * 5 < at_load.1, "{} bytes in blocks, {} at load", in_blocks.1, at_load.1);
 }
 
+/// NVRTC's output kept in a kernel cache: the first executor compiles every module and keeps
+/// it, the next compiles none, and one whose kept product module was damaged compiles that one
+/// again and keeps it anew; all compute the same bits. (With prebuilt kernels, the device kit's,
+/// there is no NVRTC to skip.)
+#[test]
+fn the_kernel_cache_keeps_what_nvrtc_compiled_and_replaces_a_damaged_image() {
+    if !device_or_skip() {
+        return;
+    }
+    if std::env::var_os("LOCKSTEP_CUDA_KERNELS_DIR").is_some() {
+        eprintln!("skipped: prebuilt kernels, nothing compiled to keep");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lockstep-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options =
+        CudaOptions { kernel_cache: Some(KernelCache::at(&dir)), ..CudaOptions::default() };
+    let weights = tiny_llama("kernel-cache");
+    let config = config(2, 7);
+    let requests = greedy(&[vec![5, 9, 200, 14, 3], vec![1, 2, 3]], 6);
+    let modules = kernels::ALL.len();
+    let origins = |executor: &CudaExecutor| {
+        let o = executor.kernel_origins();
+        (o.compiled, o.cached, o.cache_notes.clone())
+    };
+
+    let mut first = cuda(&weights, config.pool, 2, options.clone());
+    assert_eq!(origins(&first), (modules, 0, vec![]));
+    let expected = run(&mut first, &config, requests.clone());
+    drop(first);
+    let mut kept: Vec<PathBuf> =
+        std::fs::read_dir(&dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    kept.sort();
+    assert_eq!(kept.len(), modules, "one image a module, nothing else: {kept:?}");
+
+    let mut second = cuda(&weights, config.pool, 2, options.clone());
+    assert_eq!(origins(&second), (0, modules, vec![]));
+    assert_eq!(run(&mut second, &config, requests.clone()), expected);
+    drop(second);
+
+    let products = kept
+        .iter()
+        .find(|path| path.file_name().unwrap().to_str().unwrap().starts_with("matmul."))
+        .unwrap();
+    std::fs::write(products, b"not an image").unwrap();
+    let mut third = cuda(&weights, config.pool, 2, options);
+    let (compiled, cached, notes) = origins(&third);
+    assert_eq!((compiled, cached), (1, modules - 1));
+    assert!(
+        notes.len() == 1 && notes[0].starts_with("compiled again: loading matmul.cu"),
+        "{notes:?}"
+    );
+    assert_ne!(std::fs::read(products).unwrap(), b"not an image", "kept anew");
+    assert_eq!(run(&mut third, &config, requests), expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Set in the child process `a_quantized_model_past_device_memory_names_block_weights` starts,
 /// where the emulator's device memory is cut down.
 const SMALL_DEVICE_CHILD: &str = "LOCKSTEP_CUDA_SMALL_DEVICE_CHILD";
@@ -672,7 +730,7 @@ fn a_quantized_model_past_device_memory_names_block_weights() {
     let pool = PoolConfig { pages_total: 16, page_tokens: 16, pins_max: 0 };
     let config = SchedConfig { pool, ..config(1, 7) };
     let at_load = CudaOptions { graph_rows_max: 0, ..CudaOptions::default() };
-    let err = CudaExecutor::new(weights.clone(), config.pool, 1, at_load).unwrap_err();
+    let err = CudaExecutor::new(weights.clone(), config.pool, 1, at_load.clone()).unwrap_err();
     assert!(
         err.starts_with("CUDA: uploading the embedding")
             && err.contains("OUT_OF_MEMORY")

@@ -11,6 +11,8 @@ use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::{SchedConfig, StepMode};
 #[cfg(feature = "cuda")]
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
+#[cfg(feature = "cuda")]
+use lockstep_gpu::cuda::kernel_cache::KernelCache;
 use lockstep_gpu::launch_options::LaunchOptions;
 use lockstep_gpu::llama::CpuExecutor;
 #[cfg(feature = "cuda")]
@@ -57,6 +59,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          output bit: none (the default), all, or a list of dependent-launches,
                          fold-norms, wide-products, fold-rope, block-weights (GGUF block-typed
                          matrices, Q4_0 to Q8_0 and Q4_K to Q6_K, kept in their blocks, not f32)
+                         NVRTC's kernels are kept in $LOCKSTEP_KERNEL_CACHE (default
+                         ~/.cache/lockstep/kernels; empty: none) so a restart skips compiling them
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for
                          `sim replay` (traces/README.md); the file is truncated at start
 
@@ -290,15 +294,22 @@ pub fn cuda_executor(
     launch: LaunchOptions,
 ) -> Result<CudaExecutor, String> {
     let graph_rows_max = sched.capture_sizes.last().map_or(0, |&s| s as usize);
-    let options = CudaOptions { ordinal, graph_rows_max, launch };
+    let options =
+        CudaOptions { ordinal, graph_rows_max, launch, kernel_cache: KernelCache::from_env() };
     let executor = CudaExecutor::new(weights, sched.pool, sched.running_max, options)
         .map_err(|e| format!("--device cuda:{ordinal}: {e}"))?;
+    let origins = executor.kernel_origins();
+    for note in &origins.cache_notes {
+        tracing::warn!(note = %note, "CUDA kernel cache");
+    }
     // What the device holds, for whoever sizes the next deployment (block weights change it
     // four- to six-fold on a quantized model).
     tracing::info!(
         device = %executor.device().name,
         weight_bytes = executor.weight_bytes(),
         launch = %launch,
+        kernels_compiled = origins.compiled,
+        kernels_cached = origins.cached,
         "CUDA executor ready"
     );
     Ok(executor)

@@ -35,7 +35,8 @@ use lockstep_core::model::{
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
 
-use super::launch::{self, Buffers, Capacity, Dims, KernelImages, Kernels, Shape};
+use super::kernel_cache::KernelCache;
+use super::launch::{self, Buffers, Capacity, Dims, KernelImages, KernelOrigins, Kernels, Shape};
 pub use super::launch::{FOLDED_NORM_TOKENS_MAX, LaunchOptions, WIDE_PRODUCT_TOKENS_MIN};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
@@ -44,7 +45,7 @@ use super::weights::{self, DeviceWeights};
 use crate::llama::LlamaWeights;
 
 /// Which device, and how steps run on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaOptions {
     pub ordinal: usize,
     /// The largest padded size run as a captured graph; 0 runs every step eagerly.
@@ -55,11 +56,19 @@ pub struct CudaOptions {
     /// `tests/cuda_device.rs` checks. Dependent launches need compute capability 9.0 and are
     /// ignored below it.
     pub launch: LaunchOptions,
+    /// Where NVRTC's output is kept between runs (`KernelCache::from_env` is the server's);
+    /// none compiles every kernel at every start.
+    pub kernel_cache: Option<KernelCache>,
 }
 
 impl Default for CudaOptions {
     fn default() -> CudaOptions {
-        CudaOptions { ordinal: 0, graph_rows_max: 512, launch: LaunchOptions::default() }
+        CudaOptions {
+            ordinal: 0,
+            graph_rows_max: 512,
+            launch: LaunchOptions::default(),
+            kernel_cache: None,
+        }
     }
 }
 
@@ -85,6 +94,7 @@ pub struct CudaExecutor {
     weights: Arc<LlamaWeights>,
     stream: Arc<CudaStream>,
     kernels: Kernels,
+    kernel_origins: KernelOrigins,
     device_weights: DeviceWeights,
     dims: Dims,
     kv: CudaSlice<u16>,
@@ -148,17 +158,20 @@ impl CudaExecutor {
         };
         let stream = context.new_stream().map_err(driver("stream"))?;
         let images = match prebuilt {
-            None => KernelImages::Nvrtc(nvrtc::choose_target(
-                device.compute_capability,
-                &nvrtc::supported_archs()?,
-            )?),
+            None => KernelImages::Nvrtc {
+                target: nvrtc::choose_target(
+                    device.compute_capability,
+                    &nvrtc::supported_archs()?,
+                )?,
+                cache: options.kernel_cache.as_ref(),
+            },
             Some(dir) => {
                 let (major, minor) = device.compute_capability;
                 let sm = u32::try_from(major * 10 + minor).map_err(|_| "a negative capability")?;
                 KernelImages::Prebuilt { dir, sm }
             }
         };
-        let kernels = Kernels::load(&context, images)?;
+        let (kernels, kernel_origins) = Kernels::load(&context, images)?;
         let device_weights = weights::upload(&weights, &stream, options.launch.block_weights)?;
         let page_tokens = pool.page_tokens as usize;
         let kv_layout = KvCacheLayout::new(
@@ -191,6 +204,7 @@ impl CudaExecutor {
             weights,
             stream,
             kernels,
+            kernel_origins,
             device_weights,
             dims,
             kv,
@@ -213,6 +227,12 @@ impl CudaExecutor {
 
     pub fn device(&self) -> &DeviceInfo {
         &self.device
+    }
+
+    /// How the kernel modules were found at start: compiled, from the kernel cache, or
+    /// prebuilt; and any trouble with the cache.
+    pub fn kernel_origins(&self) -> &KernelOrigins {
+        &self.kernel_origins
     }
 
     /// Device memory the weights take.

@@ -19,12 +19,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchConfig,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DriverError,
+    LaunchConfig,
 };
 use cudarc::nvrtc::Ptx;
 
 pub use crate::launch_options::LaunchOptions;
 
+use super::kernel_cache::KernelCache;
 use super::kernel_call::KernelCall;
 use super::kernels::{self, KernelSource};
 use super::layout::{KvCacheLayout, Part};
@@ -59,38 +61,100 @@ pub struct Kernels {
 /// Where the kernels' machine code comes from.
 #[derive(Clone, Copy, Debug)]
 pub enum KernelImages<'a> {
-    /// Compiled now by NVRTC for this target.
-    Nvrtc(Target),
+    /// Compiled now by NVRTC for this target, or read from `cache` where a run before kept it.
+    Nvrtc { target: Target, cache: Option<&'a KernelCache> },
     /// Cubins for `sm` compiled ahead of time, in this folder (`KernelSource::cubin_file`).
     Prebuilt { dir: &'a Path, sm: u32 },
 }
 
-impl KernelImages<'_> {
-    fn image(&self, source: &KernelSource) -> Result<Vec<u8>, String> {
-        match *self {
-            KernelImages::Nvrtc(target) => Ok(nvrtc::compile(source, target)?.image),
+/// How the kernel modules were found: for the start-up log, and for tests of the cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelOrigins {
+    pub compiled: usize,
+    pub cached: usize,
+    pub prebuilt: usize,
+    /// What went wrong with the cache (not kept, a damaged entry compiled again); never fatal.
+    pub cache_notes: Vec<String>,
+}
+
+/// Loads modules into a context, counting where each came from.
+struct ModuleLoader<'a> {
+    context: &'a Arc<CudaContext>,
+    images: KernelImages<'a>,
+    /// NVRTC's version, part of a cached image's name; read when the cache is first asked.
+    nvrtc_version: Option<(i32, i32)>,
+    origins: KernelOrigins,
+}
+
+impl ModuleLoader<'_> {
+    /// `source`'s module, loaded, and its entry points in order.
+    fn functions(&mut self, source: &KernelSource) -> Result<Vec<CudaFunction>, String> {
+        let module = match self.images {
             KernelImages::Prebuilt { dir, sm } => {
                 let path = dir.join(source.cubin_file(sm));
-                std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+                let image = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                self.origins.prebuilt += 1;
+                self.load(source, image)?
             }
-        }
+            KernelImages::Nvrtc { target, cache: None } => {
+                let image = nvrtc::compile(source, target)?.image;
+                self.origins.compiled += 1;
+                self.load(source, image)?
+            }
+            KernelImages::Nvrtc { target, cache: Some(cache) } => {
+                let version = match self.nvrtc_version {
+                    Some(version) => version,
+                    None => *self.nvrtc_version.insert(nvrtc::version()?),
+                };
+                let path = cache.path(source, target, version);
+                let kept = cache.get(&path).map(|image| self.load(source, image));
+                match kept {
+                    Some(Ok(module)) => {
+                        self.origins.cached += 1;
+                        module
+                    }
+                    damaged => {
+                        if let Some(Err(e)) = damaged {
+                            cache.forget(&path);
+                            self.origins.cache_notes.push(format!("compiled again: {e}"));
+                        }
+                        let image = nvrtc::compile(source, target)?.image;
+                        self.origins.compiled += 1;
+                        if let Err(e) = cache.put(&path, &image) {
+                            self.origins.cache_notes.push(format!("not kept: {e}"));
+                        }
+                        self.load(source, image)?
+                    }
+                }
+            }
+        };
+        source
+            .functions
+            .iter()
+            .map(|f| module.load_function(f).map_err(|e| format!("kernel {f}: {e}")))
+            .collect()
+    }
+
+    fn load(&self, source: &KernelSource, image: Vec<u8>) -> Result<Arc<CudaModule>, String> {
+        self.context
+            .load_module(Ptx::from_binary(image))
+            .map_err(|e| format!("loading {}.cu ({:?}): {e}", source.name, self.images))
     }
 }
 
 impl Kernels {
-    /// Every source's machine code, loaded into `context`.
-    pub fn load(context: &Arc<CudaContext>, images: KernelImages<'_>) -> Result<Kernels, String> {
-        let module = |source: &KernelSource| -> Result<Vec<CudaFunction>, String> {
-            let image = Ptx::from_binary(images.image(source)?);
-            let module = context
-                .load_module(image)
-                .map_err(|e| format!("loading {}.cu ({images:?}): {e}", source.name))?;
-            source
-                .functions
-                .iter()
-                .map(|f| module.load_function(f).map_err(|e| format!("kernel {f}: {e}")))
-                .collect()
+    /// Every source's machine code, loaded into `context`; and where each module came from.
+    pub fn load(
+        context: &Arc<CudaContext>,
+        images: KernelImages<'_>,
+    ) -> Result<(Kernels, KernelOrigins), String> {
+        let mut loader = ModuleLoader {
+            context,
+            images,
+            nvrtc_version: None,
+            origins: KernelOrigins::default(),
         };
+        let mut module = |source: &KernelSource| loader.functions(source);
         fn group<const N: usize>(
             functions: Vec<CudaFunction>,
             name: &str,
@@ -98,9 +162,11 @@ impl Kernels {
             <[CudaFunction; N]>::try_from(functions)
                 .map_err(|_| format!("{name}.cu: a group of {N} kernels expected"))
         }
-        let one = |source: &KernelSource| -> Result<CudaFunction, String> {
-            module(source)?.pop().ok_or_else(|| format!("{}.cu: no kernel", source.name))
-        };
+        fn one(functions: Vec<CudaFunction>, name: &str) -> Result<CudaFunction, String> {
+            <[CudaFunction; 1]>::try_from(functions)
+                .map(|[f]| f)
+                .map_err(|_| format!("{name}.cu: one kernel expected"))
+        }
         // matmul.cu: plain, with SwiGLU, wide, wide with SwiGLU; every storage type each.
         let mut products = module(&kernels::MATMUL)?.into_iter();
         let mut next =
@@ -112,18 +178,19 @@ impl Kernels {
         let mut next_attention =
             || group(attention.by_ref().take(3).collect(), kernels::PAGED_ATTENTION.name);
         let (paged_attention, paged_attention_rope) = (next_attention()?, next_attention()?);
-        Ok(Kernels {
+        let kernels = Kernels {
             embed: group(module(&kernels::EMBED)?, kernels::EMBED.name)?,
             matmul,
             matmul_swiglu,
             matmul_wide,
             matmul_swiglu_wide,
-            rms_norm: one(&kernels::RMS_NORM)?,
-            rope_kv_write: one(&kernels::ROPE_KV_WRITE)?,
+            rms_norm: one(module(&kernels::RMS_NORM)?, kernels::RMS_NORM.name)?,
+            rope_kv_write: one(module(&kernels::ROPE_KV_WRITE)?, kernels::ROPE_KV_WRITE.name)?,
             paged_attention,
             paged_attention_rope,
-            argmax: one(&kernels::ARGMAX)?,
-        })
+            argmax: one(module(&kernels::ARGMAX)?, kernels::ARGMAX.name)?,
+        };
+        Ok((kernels, loader.origins))
     }
 }
 

@@ -6,7 +6,8 @@
 //! - `probe`: whether libcuda, a device and NVRTC are there, before anything calls the driver
 //!   (cudarc panics when a library is missing); errors name what is missing.
 //! - `kernels` and `kernels/*.cu`: the CUDA C, batch-invariant by construction.
-//! - `nvrtc`: compiling them for an architecture, warnings refused.
+//! - `nvrtc`: compiling them for an architecture, warnings refused; `kernel_cache`: what it
+//!   compiled, kept on disk so a restart does not compile again.
 //! - `layout`: a step plan as the flat arrays the kernels read, the KV cache's byte layout, and
 //!   which captured graph a step replays. Pure host code, tested without a device.
 //! - `weights`: the model's tensors in device memory.
@@ -15,6 +16,7 @@
 //! - `executor`: `CudaExecutor`, the `Executor` over all of the above.
 
 pub mod executor;
+pub mod kernel_cache;
 mod kernel_call;
 pub mod kernels;
 mod launch;

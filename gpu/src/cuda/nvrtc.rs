@@ -94,6 +94,19 @@ fn text(bytes: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
+/// What NVRTC is told when compiling for `target` (also part of a cached image's name,
+/// `kernel_cache`).
+pub fn options(target: Target) -> [String; 5] {
+    [
+        format!("--gpu-architecture={}", target.arch()),
+        "--std=c++17".to_string(),
+        // Precise division, square roots and denormals: the CPU backend's arithmetic.
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+    ]
+}
+
 /// Compiles `kernel` (prelude included) for `target`. An NVRTC error comes back with its log;
 /// a success carries the log, which holds any warnings. Callers probed NVRTC first.
 #[allow(unsafe_code)]
@@ -104,14 +117,7 @@ pub fn compile(kernel: &KernelSource, target: Target) -> Result<Compiled, String
         .map_err(|_| format!("{}: a NUL byte in the name", kernel.name))?;
     let program = result::create_program(&source, Some(&name))
         .map_err(|e| format!("{}.cu: nvrtcCreateProgram: {e:?}", kernel.name))?;
-    let options = [
-        format!("--gpu-architecture={}", target.arch()),
-        "--std=c++17".to_string(),
-        // Precise division, square roots and denormals: the CPU backend's arithmetic.
-        "--ftz=false".to_string(),
-        "--prec-div=true".to_string(),
-        "--prec-sqrt=true".to_string(),
-    ];
+    let options = options(target);
     // SAFETY: `program` was created above and is destroyed once, below; `source` and `name`
     // outlive it.
     let compiled = unsafe { result::compile_program(program, &options) };
