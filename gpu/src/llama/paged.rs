@@ -204,6 +204,13 @@ impl CpuExecutor {
                 slots.iter().map(|s| w.embed.row(s.token as usize)).collect();
             let mut h = vec![vec![0f32; c.hidden]; n];
             let mut row = vec![0f32; c.ffn.max(q_width).max(c.hidden)];
+            // Each layer's attention and SwiGLU outputs of every token, and this member's gate
+            // and up rows: allocated once a step, not once a layer.
+            let mut all_attended = vec![vec![0f32; q_width]; n];
+            let mut all_act = vec![vec![0f32; c.ffn]; n];
+            let share = me.share(c.ffn);
+            let (mut gate, mut up) =
+                (vec![vec![0f32; share.len()]; n], vec![vec![0f32; share.len()]; n]);
             for (l, layer) in w.layers.iter().enumerate() {
                 for (xi, hi) in x.iter().zip(&mut h) {
                     rms_norm(xi, &layer.attn_norm, c.rms_eps, hi);
@@ -222,7 +229,7 @@ impl CpuExecutor {
                 me.sync();
                 self.attend(l, slots, cache, [&q, &k, &v], &attended, &mut shard);
                 me.sync();
-                let all_attended = attended.rows();
+                attended.read_all(&mut all_attended);
                 let acts = layer.o.activations(&all_attended);
                 layer.o.rows_with(me.share(c.hidden), &acts, |i, r, y| o.set(i, r, y));
                 me.sync();
@@ -232,7 +239,7 @@ impl CpuExecutor {
                     rms_norm(xi, &layer.ffn_norm, c.rms_eps, hi);
                 }
                 // Gate and up rows of the same share, then SiLU over that share at once.
-                let rows = me.share(c.ffn);
+                let rows = share.clone();
                 let gate_acts = layer.gate.activations(&h);
                 let own;
                 let up_acts = if layer.up.accepts(&gate_acts) {
@@ -241,8 +248,6 @@ impl CpuExecutor {
                     own = layer.up.activations(&h);
                     &own
                 };
-                let mut gate = vec![vec![0f32; rows.len()]; n];
-                let mut up = vec![vec![0f32; rows.len()]; n];
                 let first = rows.start;
                 layer.gate.rows_with(rows.clone(), &gate_acts, |i, r, y| gate[i][r - first] = y);
                 layer.up.rows_with(rows.clone(), up_acts, |i, r, y| up[i][r - first] = y);
@@ -252,7 +257,7 @@ impl CpuExecutor {
                     }
                 }
                 me.sync();
-                let all_act = act.rows();
+                act.read_all(&mut all_act);
                 let acts = layer.down.activations(&all_act);
                 layer.down.rows_with(me.share(c.hidden), &acts, |i, r, y| down.set(i, r, y));
                 me.sync();

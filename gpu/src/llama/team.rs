@@ -124,6 +124,15 @@ impl Shared {
         }
     }
 
+    /// Every row into `out`, one `Vec` a row, each already `width` long: a member reads each
+    /// layer's results into the same buffers (fresh ones each layer were megabytes of
+    /// allocation and page clearing a layer at a long prefill).
+    pub fn read_all(&self, out: &mut [Vec<f32>]) {
+        for (r, row) in out.iter_mut().enumerate() {
+            self.read(r, row);
+        }
+    }
+
     pub fn rows(&self) -> Vec<Vec<f32>> {
         let n = self.cells.len() / self.width.max(1);
         (0..n)
