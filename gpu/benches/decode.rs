@@ -1,5 +1,5 @@
-//! `cargo bench -p lockstep-gpu --bench decode`: decode tokens/s at batch 1 and 32 and prefill
-//! tokens/s on the default model (LOCKSTEP_DEFAULT_MODEL), through the CPU executor and the
+//! `cargo bench -p lockstep-gpu --bench decode`: decode tokens/s at batch 1 and 32 and at a
+//! 2,000-token context, and prefill tokens/s, on the default model (LOCKSTEP_DEFAULT_MODEL), through the CPU executor and the
 //! scheduler, as a server would run them; then, in the same run, llama.cpp on the same file,
 //! threads and prompts (`llamacpp_decode.py`, when llama-cpp-python is installed) and the
 //! machine's read bandwidth, the bound on batch-1 decode. BENCHMARKS.md records the output.
@@ -19,6 +19,9 @@ use lockstep_gpu::llama::{CpuExecutor, LlamaWeights};
 
 const PROMPT_TOKENS: u32 = 64;
 const DECODE_TOKENS: u32 = 32;
+/// The long-context case: one prompt this long, then `DECODE_TOKENS` decoded at a context of
+/// about 2,000 tokens, where attention is a third of a decode step on the default model.
+const LONG_PROMPT_TOKENS: u32 = 2000;
 
 fn config(batch: u32) -> SchedConfig {
     SchedConfig {
@@ -28,7 +31,7 @@ fn config(batch: u32) -> SchedConfig {
         running_max: batch,
         step_tokens_max: 2048,
         prefill_chunk_tokens_max: 2048,
-        request_tokens_max: 1024,
+        request_tokens_max: 4096,
         capture_sizes: vec![1, 2, 4, 8, 16, 32],
         eos_token_ids: vec![],
         queue_wait_max: Duration::from_secs(600),
@@ -36,13 +39,14 @@ fn config(batch: u32) -> SchedConfig {
     }
 }
 
-/// Prefills `batch` prompts in one step, then decodes; returns (prefill, decode) tokens/s.
-fn measure(weights: &Arc<LlamaWeights>, batch: u32) -> (f64, f64) {
+/// Prefills `batch` prompts of `prompt_tokens` in one step, then decodes; returns (prefill,
+/// decode) tokens/s.
+fn measure(weights: &Arc<LlamaWeights>, batch: u32, prompt_tokens: u32) -> (f64, f64) {
     let config = config(batch);
     let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut executor = CpuExecutor::new(weights.clone(), config.pool, batch);
     for id in 0..batch {
-        let prompt = (0..PROMPT_TOKENS).map(|t| 100 + (t * 37 + id * 101) % 5000).collect();
+        let prompt = (0..prompt_tokens).map(|t| 100 + (t * 37 + id * 101) % 5000).collect();
         let req = NewRequest {
             id: RequestId(u64::from(id)),
             prompt,
@@ -98,8 +102,8 @@ fn read_bandwidth(threads: usize) -> f64 {
 }
 
 /// llama.cpp's numbers from `llamacpp_decode.py` on the same file and threads, if llama-cpp-python
-/// is installed: (prefill, decode) tokens/s at batch 1 and at batch 32.
-fn llama_cpp(path: &str, threads: usize) -> Option<[(f64, f64); 2]> {
+/// is installed: (prefill, decode) tokens/s at batch 1, at batch 32 and at the long context.
+fn llama_cpp(path: &str, threads: usize) -> Option<[(f64, f64); 3]> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_decode.py");
     let out = std::process::Command::new("python3")
         .args([script, path, &threads.to_string()])
@@ -127,16 +131,20 @@ fn main() {
     let weights = Arc::new(LlamaWeights::from_gguf(&gguf, &file).unwrap());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut ours = Vec::new();
-    for batch in [1, 32] {
+    for (case, batch, prompt_tokens) in [
+        ("batch  1", 1, PROMPT_TOKENS),
+        ("batch 32", 32, PROMPT_TOKENS),
+        ("long    ", 1, LONG_PROMPT_TOKENS),
+    ] {
         // Best of three, as the llama.cpp script takes: this machine's neighbours come and go.
         let (mut prefill, mut decode) = (0f64, 0f64);
         for _ in 0..3 {
-            let (p, d) = measure(&weights, batch);
+            let (p, d) = measure(&weights, batch, prompt_tokens);
             (prefill, decode) = (prefill.max(p), decode.max(d));
         }
         ours.push((prefill, decode));
         println!(
-            "lockstep  batch {batch:>2}: prefill {prefill:8.1} tokens/s, decode {decode:8.1} tokens/s ({threads} threads)"
+            "lockstep  {case}: prefill {prefill:8.1} tokens/s, decode {decode:8.1} tokens/s ({threads} threads)"
         );
     }
     // A decode step reads every weight once (the output projection is the tied embedding, read
@@ -150,14 +158,16 @@ fn main() {
     );
     println!("lockstep batch-1 decode is {:.2} of that bound", ours[0].1 / bound);
     match llama_cpp(&path, threads) {
-        Some([one, many]) => {
+        Some([one, many, long]) => {
             println!("llama.cpp batch-1 decode is {:.2} of the bound", one.1 / bound);
             println!(
-                "lockstep / llama.cpp: batch-1 decode {:.2}, prefill {:.2}; batch-32 decode {:.2}, prefill {:.2}",
+                "lockstep / llama.cpp: batch-1 decode {:.2}, prefill {:.2}; batch-32 decode {:.2}, prefill {:.2}; long context decode {:.2}, prefill {:.2}",
                 ours[0].1 / one.1,
                 ours[0].0 / one.0,
                 ours[1].1 / many.1,
-                ours[1].0 / many.0
+                ours[1].0 / many.0,
+                ours[2].1 / long.1,
+                ours[2].0 / long.0,
             );
         }
         None => println!("llama.cpp: not measured (pip install llama-cpp-python, see the script)"),

@@ -3,12 +3,15 @@
 //! each token's arithmetic is the same, in the same order, as the single-sequence reference, so a
 //! request's output is bit-identical alone or in any batch (batch invariance by construction).
 //!
-//! A step runs on a `team`: each member takes a fixed share of every product's rows, and owns the
-//! KV of a fixed set of KV heads (head `h` lives in shard `h % members`), whose attention it
-//! computes. Who computes a value never changes the value.
+//! A step runs on a `team`: each member takes a fixed share of every product's rows, owns the KV
+//! of a fixed set of KV heads (head `h` lives in shard `h % members`), which it rotates and
+//! writes, and computes the attention of a fixed share of the query heads, reading whichever
+//! shards hold their KV heads. (Attention by KV head put two of SmolLM2's three KV heads on one
+//! of two members: at a 2,000-token context that member's attention was the step.) Who computes
+//! a value never changes the value.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::model::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
@@ -72,8 +75,9 @@ pub struct CpuExecutor {
     page_tokens: usize,
     /// Pages in the pool, each with KV in every shard.
     pages: usize,
-    /// One per team member, each locked by its member for a step.
-    kv: Vec<Mutex<KvShard>>,
+    /// One per team member: written by its member alone (each layer's new keys and values),
+    /// then read by every member after a barrier (attention).
+    kv: Vec<RwLock<KvShard>>,
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
@@ -99,7 +103,7 @@ impl CpuExecutor {
         let kv = (0..threads)
             .map(|m| {
                 let heads = (0..c.kv_heads).filter(|h| h % threads == m).collect();
-                Mutex::new(KvShard::new(c, pool, heads))
+                RwLock::new(KvShard::new(c, pool, heads))
             })
             .collect();
         CpuExecutor {
@@ -197,7 +201,6 @@ impl CpuExecutor {
         let down = Shared::new(n, c.hidden);
         let logits = Shared::new(sampling.len(), c.vocab_size);
         team::run(self.kv.len(), |me| {
-            let mut shard = self.kv[me.index].lock().expect("a KV shard is never poisoned");
             // Every member keeps the residual stream of every token: it is small, and computing
             // the norms twice costs less than another barrier.
             let mut x: Vec<Vec<f32>> =
@@ -227,7 +230,21 @@ impl CpuExecutor {
                     weight.rows_with(me.share(weight.rows()), acts, |i, r, y| out.set(i, r, y));
                 }
                 me.sync();
-                self.attend(l, slots, cache, [&q, &k, &v], &attended, &mut shard);
+                {
+                    let mut shard =
+                        self.kv[me.index].write().expect("a KV shard is never poisoned");
+                    self.write_kv(l, slots, cache, [&k, &v], &mut shard);
+                }
+                // Every shard holds this layer's keys and values before anyone reads them.
+                me.sync();
+                {
+                    let shards: Vec<RwLockReadGuard<'_, KvShard>> = self
+                        .kv
+                        .iter()
+                        .map(|s| s.read().expect("a KV shard is never poisoned"))
+                        .collect();
+                    self.attend(l, slots, cache, &q, &attended, &shards, me.share(c.heads));
+                }
                 me.sync();
                 attended.read_all(&mut all_attended);
                 let acts = layer.o.activations(&all_attended);
@@ -282,24 +299,21 @@ impl CpuExecutor {
         logits.rows()
     }
 
-    /// This member's attention: the tokens' keys and values of its KV heads into the cache, then
-    /// every query head of those KV heads, for every token.
-    fn attend(
+    /// This member's keys and values of the step's tokens into its shard: its KV heads
+    /// rotated (keys) and rounded to half precision. A token of a prefill chunk attends to the
+    /// ones before it, so all are written before any attention.
+    fn write_kv(
         &self,
         layer: usize,
         slots: &[Slot],
         cache: &[Vec<usize>],
-        [q, k, v]: [&Shared; 3],
-        attended: &Shared,
+        [k, v]: [&Shared; 2],
         shard: &mut KvShard,
     ) {
         let c = &self.weights.config;
         let d = c.head_dim;
-        let group = c.heads / c.kv_heads;
         let bias = self.weights.layers[layer].qkv_bias.as_ref();
-        let (mut q_row, mut k_row, mut v_row) =
-            (vec![0f32; c.heads * d], vec![0f32; c.kv_heads * d], vec![0f32; c.kv_heads * d]);
-        // Keys and values first: a token of a prefill chunk attends to the ones before it.
+        let (mut k_row, mut v_row) = (vec![0f32; c.kv_heads * d], vec![0f32; c.kv_heads * d]);
         for (i, s) in slots.iter().enumerate() {
             k.read(i, &mut k_row);
             v.read(i, &mut v_row);
@@ -320,34 +334,56 @@ impl CpuExecutor {
                 }
             }
         }
-        let shard = &*shard;
-        let (keys, values) = (&shard.keys[layer], &shard.values[layer]);
+    }
+
+    /// This member's attention: query heads `heads` of every token, each over the keys and
+    /// values of its KV head in whichever shard holds it.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        layer: usize,
+        slots: &[Slot],
+        cache: &[Vec<usize>],
+        q: &Shared,
+        attended: &Shared,
+        shards: &[RwLockReadGuard<'_, KvShard>],
+        heads: std::ops::Range<usize>,
+    ) {
+        let c = &self.weights.config;
+        let d = c.head_dim;
+        let group = c.heads / c.kv_heads;
+        let bias = self.weights.layers[layer].qkv_bias.as_ref();
+        let mut q_row = vec![0f32; c.heads * d];
         let mut out = vec![0f32; d];
         for (i, s) in slots.iter().enumerate() {
             q.read(i, &mut q_row);
             if let Some([qb, _, _]) = bias {
                 q_row.iter_mut().zip(qb).for_each(|(x, b)| *x += b);
             }
-            for (j, &kv_head) in shard.heads.iter().enumerate() {
-                rope(&mut q_row[kv_head * group * d..(kv_head + 1) * group * d], c, s.position);
-                for h in kv_head * group..(kv_head + 1) * group {
-                    let at = |p: usize| cache[s.row][p] * shard.width + j * d;
-                    kernels::run(
-                        #[inline(always)]
-                        || {
-                            attend_head(
-                                c,
-                                &q_row[h * d..(h + 1) * d],
-                                s.position,
-                                |p| &keys[at(p)..at(p) + d],
-                                |p| &values[at(p)..at(p) + d],
-                                &mut out,
-                            )
-                        },
-                    );
-                    for (col, &y) in out.iter().enumerate() {
-                        attended.set(i, h * d + col, y);
-                    }
+            for h in heads.clone() {
+                let kv_head = h / group;
+                // Head `kv_head` lives in shard `kv_head % members`, at its place there.
+                let shard = &shards[kv_head % shards.len()];
+                let j = kv_head / shards.len();
+                debug_assert_eq!(shard.heads[j], kv_head);
+                let (keys, values) = (&shard.keys[layer], &shard.values[layer]);
+                rope(&mut q_row[h * d..(h + 1) * d], c, s.position);
+                let at = |p: usize| cache[s.row][p] * shard.width + j * d;
+                kernels::run(
+                    #[inline(always)]
+                    || {
+                        attend_head(
+                            c,
+                            &q_row[h * d..(h + 1) * d],
+                            s.position,
+                            |p| &keys[at(p)..at(p) + d],
+                            |p| &values[at(p)..at(p) + d],
+                            &mut out,
+                        )
+                    },
+                );
+                for (col, &y) in out.iter().enumerate() {
+                    attended.set(i, h * d + col, y);
                 }
             }
         }

@@ -124,7 +124,7 @@ impl PageStore for CpuExecutor {
         let page = self.check_page(page)?;
         let shape = self.shape();
         let shards =
-            self.kv.iter().map(|m| m.lock().map_err(poisoned)).collect::<Result<Vec<_>, _>>()?;
+            self.kv.iter().map(|m| m.read().map_err(poisoned)).collect::<Result<Vec<_>, _>>()?;
         let widths: Vec<usize> = shards.iter().map(|s| s.width).collect();
         out.reserve(shape.bytes());
         shape.runs(page, &widths, |shard, part, layer, at| {
