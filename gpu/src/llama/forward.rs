@@ -160,9 +160,58 @@ pub(crate) fn attend_head<'a>(
         *score = numerics::dot_f16(&key(p)[..d], &q) * scale;
     }
     numerics::softmax(&mut scores);
-    // Value dimension `i` is a dot product over positions (as `numerics::dot_f16`): position p
-    // feeds lane p % 32. Lanes are laid out lane-major, so one position updates `d` contiguous
-    // accumulators.
+    weigh_values(&scores, first, d, value, out);
+}
+
+/// `attend_head` over a paged cache: position `p`'s key and value are the `head_dim` values at
+/// `index[p] * width + offset` of `keys` and `values`. The same bits; with AVX2 (and a head size
+/// of a multiple of 32) the scores and the softmax run in vector registers
+/// (`kernels::avx2::f16_scores`, `kernels::avx2::softmax`): at a 2,000-token context they were
+/// most of a decode step.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn attend_head_paged(
+    c: &LlamaConfig,
+    q: &[f32],
+    position: usize,
+    keys: &[f32],
+    values: &[f32],
+    (index, width, offset): (&[usize], usize, usize),
+    out: &mut [f32],
+) {
+    let d = c.head_dim;
+    let at = |p: usize| index[p] * width + offset;
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() && d.is_multiple_of(32) {
+        let first = c.window_start(position);
+        let scale = 1.0 / (d as f32).sqrt();
+        let q: Vec<f32> = q.iter().map(|&v| round_to_f16(v)).collect();
+        let mut scores = vec![f32::NEG_INFINITY; position + 1];
+        let index = (&index[..=position], width, offset);
+        #[allow(unsafe_code, reason = "functions compiled for CPU features detected at run time")]
+        // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
+        unsafe {
+            kernels::avx2::f16_scores(&q, keys, index, first, scale, &mut scores[first..]);
+            kernels::avx2::softmax(&mut scores);
+        }
+        weigh_values(&scores, first, d, |p| &values[at(p)..at(p) + d], out);
+        return;
+    }
+    attend_head(c, q, position, |p| &keys[at(p)..at(p) + d], |p| &values[at(p)..at(p) + d], out);
+}
+
+/// `out[i]`: the values' dimension `i` weighed by the softmax weights (each rounded to half
+/// precision, as llama.cpp's KQV product takes them), a dot product over positions in
+/// `numerics::dot_f16`'s lanes: position `p` feeds lane `p % 32`.
+#[inline(always)]
+fn weigh_values<'a>(
+    scores: &[f32],
+    first: usize,
+    d: usize,
+    value: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    // Lanes are laid out lane-major, so one position updates `d` contiguous accumulators.
     let mut lanes = vec![0f32; 32 * d];
     for (p, &s) in scores.iter().enumerate().skip(first) {
         let w = round_to_f16(s);
@@ -192,4 +241,140 @@ pub(crate) fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
         || numerics::swiglu(gate, up, &mut out),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::RopeStyle;
+
+    fn config(head_dim: usize, sliding_window: Option<usize>) -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: 8,
+            hidden: head_dim,
+            layers: 1,
+            heads: 1,
+            kv_heads: 1,
+            head_dim,
+            ffn: 8,
+            rms_eps: 1e-5,
+            rope_base: 10_000.0,
+            rope_style: RopeStyle::Interleaved,
+            rope_freq_factors: None,
+            qkv_bias: false,
+            sliding_window,
+            context_length: 4096,
+        }
+    }
+
+    /// The paged attention (vector scores and softmax with AVX2) computes `attend_head`'s bits
+    /// over a scattered cache: head sizes of a multiple of 32 and not, a sliding window (masked
+    /// scores take the scalar exponential), scores far below the maximum, partial groups.
+    #[test]
+    fn paged_attention_is_attend_head_to_the_bit() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (head_dim, window, position, spread) in [
+            (64, None, 0, 1.0),
+            (64, None, 300, 1.0),
+            (128, None, 77, 4.0),
+            (64, Some(40), 203, 1.0),
+            // Scores 100 apart: exponentials past the simple range.
+            (64, None, 150, 60.0),
+            (80, None, 45, 1.0),
+        ] {
+            let c = config(head_dim, window);
+            let (width, offset) = (3 * head_dim, head_dim);
+            // Positions scattered over the cache in reverse, as pages may be.
+            let slots = position + 1;
+            let index: Vec<usize> = (0..slots).map(|p| slots - 1 - p).collect();
+            let cells = slots * width;
+            let keys: Vec<f32> = (0..cells).map(|_| round_to_f16(next() * spread)).collect();
+            let values: Vec<f32> = (0..cells).map(|_| round_to_f16(next())).collect();
+            let q: Vec<f32> = (0..head_dim).map(|_| next() * spread).collect();
+            let at = |p: usize| index[p] * width + offset;
+            let mut alone = vec![0f32; head_dim];
+            attend_head(
+                &c,
+                &q,
+                position,
+                |p| &keys[at(p)..at(p) + head_dim],
+                |p| &values[at(p)..at(p) + head_dim],
+                &mut alone,
+            );
+            let mut paged = vec![0f32; head_dim];
+            kernels::run(|| {
+                let index = (&index[..], width, offset);
+                attend_head_paged(&c, &q, position, &keys, &values, index, &mut paged)
+            });
+            assert_eq!(
+                paged.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "head size {head_dim}, window {window:?}, position {position}"
+            );
+            assert!(paged.iter().all(|x| x.is_finite()));
+        }
+    }
+
+    /// The vector scores and softmax themselves, before the weights' rounding to half precision
+    /// (which hides a last-bit difference in most scores): each score is `dot_f16 * scale` and
+    /// the softmax `numerics::softmax`, bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_scores_and_softmax_are_the_portable_ones_to_the_bit() {
+        if !kernels::has_avx2_fma() {
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (d, positions, spread) in [(64, 1000, 1.0), (128, 333, 3.0), (64, 77, 40.0)] {
+            let q: Vec<f32> = (0..d).map(|_| round_to_f16(next() * spread)).collect();
+            let keys: Vec<f32> =
+                (0..positions * d).map(|_| round_to_f16(next() * spread)).collect();
+            let index: Vec<usize> = (0..positions).collect();
+            let scale = 0.125;
+            let mut vector = vec![0f32; positions];
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            // SAFETY: as the allow says.
+            unsafe {
+                kernels::avx2::f16_scores(&q, &keys, (&index, d, 0), 0, scale, &mut vector)
+            };
+            let portable: Vec<f32> =
+                keys.chunks_exact(d).map(|k| numerics::dot_f16(k, &q) * scale).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&vector), bits(&portable), "scores, head size {d}");
+            let mut expected = portable.clone();
+            numerics::softmax(&mut expected);
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            // SAFETY: as the allow says.
+            unsafe {
+                kernels::avx2::softmax(&mut vector)
+            };
+            assert_eq!(bits(&vector), bits(&expected), "softmax, head size {d}");
+        }
+        // One group of eight: its sum alone is the total, so the order of its additions shows
+        // in the weights (among many groups the total's rounding hides it).
+        for trial in 0..200 {
+            let mut scores: Vec<f32> = (0..8 + trial % 9).map(|_| next() * 3.0).collect();
+            let mut expected = scores.clone();
+            numerics::softmax(&mut expected);
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            // SAFETY: as the allow says.
+            unsafe {
+                kernels::avx2::softmax(&mut scores)
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&scores), bits(&expected), "softmax of {} scores", scores.len());
+        }
+    }
 }

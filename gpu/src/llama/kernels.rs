@@ -327,6 +327,125 @@ pub(crate) mod avx2 {
         to_array(acc)
     }
 
+    /// Attention scores: `numerics::dot_f16(key(p), q) * scale` into `out[p - first]` for every
+    /// position `p` from `first` to `index.len() - 1`, position `p`'s key being the `q.len()`
+    /// values at `keys[index[p] * width + offset..]`. The same four accumulators of eight lanes,
+    /// fused in the same order, and `reduce_lanes`' tree, in vector registers; `q.len()` must be
+    /// a multiple of 32 (the caller keeps the portable loop for other head sizes).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn f16_scores(
+        q: &[f32],
+        keys: &[f32],
+        (index, width, offset): (&[usize], usize, usize),
+        first: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let d = q.len();
+        assert!(d.is_multiple_of(32) && out.len() + first >= index.len());
+        for (score, &at) in out.iter_mut().zip(&index[first..]) {
+            let key = &keys[at * width + offset..][..d];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for step in 0..d / 32 {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let at = 32 * step + 8 * j;
+                    // SAFETY: `key` and `q` hold `d` values, and `at + 8 <= d`.
+                    let (k, q) = unsafe {
+                        (_mm256_loadu_ps(key.as_ptr().add(at)), _mm256_loadu_ps(q.as_ptr().add(at)))
+                    };
+                    *acc = _mm256_fmadd_ps(k, q, *acc);
+                }
+            }
+            // `reduce_lanes`: lanes (0 + 2) + (1 + 3), then l + (l + 4), then (0 + 1) + (2 + 3).
+            let a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            let t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            let u = _mm_add_ps(t, _mm_shuffle_ps(t, t, 0b10_11_00_01));
+            *score = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u))) * scale;
+        }
+    }
+
+    /// `numerics::softmax` in place, eight exponentials at a time by `expf8`; a group with a
+    /// lane past `expf`'s simple range (a masked or far-below-the-maximum score) and a last
+    /// partial group take the scalar `expf`, which is the same function lane by lane.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn softmax(scores: &mut [f32]) {
+        use super::super::numerics::{expf, hsum8};
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f64;
+        let whole = scores.len() / 8 * 8;
+        let (groups, rest) = scores.split_at_mut(whole);
+        for group in groups.chunks_exact_mut(8) {
+            // SAFETY: `group` is eight f32s, what the load and store touch.
+            let x = _mm256_sub_ps(unsafe { _mm256_loadu_ps(group.as_ptr()) }, _mm256_set1_ps(max));
+            let lanes = match expf8(x) {
+                Some(e) => {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(group.as_mut_ptr(), e) };
+                    // `hsum8`: (0 + 4) + (2 + 6), plus (1 + 5) + (3 + 7).
+                    let t = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
+                    let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+                    _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 0b01)))
+                }
+                None => {
+                    let mut lanes = [0f32; 8];
+                    for (lane, s) in lanes.iter_mut().zip(group.iter_mut()) {
+                        *s = expf(*s - max);
+                        *lane = *s;
+                    }
+                    hsum8(&lanes)
+                }
+            };
+            total += f64::from(lanes);
+        }
+        if !rest.is_empty() {
+            let mut lanes = [0f32; 8];
+            for (lane, s) in lanes.iter_mut().zip(rest.iter_mut()) {
+                *s = expf(*s - max);
+                *lane = *s;
+            }
+            total += f64::from(hsum8(&lanes));
+        }
+        let inverse = (1.0 / total) as f32;
+        for s in scores {
+            *s *= inverse;
+        }
+    }
+
+    /// `numerics::expf` of eight lanes, or `None` if a lane is past its simple range
+    /// (`|n| > 126`), where the scalar function takes its other branch.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn expf8(x: __m256) -> Option<__m256> {
+        use super::super::numerics::expf_constants as k;
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(k::LOG2E), _mm256_set1_ps(k::SHIFT));
+        let n = _mm256_sub_ps(z, _mm256_set1_ps(k::SHIFT));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        // Not `<= 126` (NaN included): the scalar branch.
+        let simple = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0), _CMP_LE_OQ);
+        if _mm256_movemask_ps(simple) != 0xff {
+            return None;
+        }
+        // `-n` flips the sign bit (`0 - n` would differ at zero).
+        let minus_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0));
+        let b = _mm256_fmadd_ps(
+            minus_n,
+            _mm256_set1_ps(k::LN2_LO),
+            _mm256_fmadd_ps(minus_n, _mm256_set1_ps(k::LN2_HI), x),
+        );
+        let e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+        let scale =
+            _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(1f32.to_bits() as i32)));
+        let u = _mm256_mul_ps(b, b);
+        let (c0, c1, c2) = (_mm256_set1_ps(k::C0), _mm256_set1_ps(k::C1), _mm256_set1_ps(k::C2));
+        let (c3, c4) = (_mm256_set1_ps(k::C3), _mm256_set1_ps(k::C4));
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_fmadd_ps(c4, b, c3), u, _mm256_fmadd_ps(c2, b, c1)),
+            u,
+            _mm256_mul_ps(c0, b),
+        );
+        Some(_mm256_fmadd_ps(j, scale, scale))
+    }
+
     /// Lane `j`: the sum of the eight 32-bit integers of `v[j]` (exact, so in any order).
     #[target_feature(enable = "avx2")]
     #[inline]

@@ -93,16 +93,21 @@ pub fn expf(x: f32) -> f32 {
     s2.mul_add(j, s2) * s1
 }
 
-// The constants as bit patterns, so that they are the same floats as ggml's hexadecimal ones.
-const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
-const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
-const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
-const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
-const C0: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
-const C1: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
-const C2: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
-const C3: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
-const C4: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+use expf_constants::*;
+
+/// `expf`'s constants as bit patterns, so that they are the same floats as ggml's hexadecimal
+/// ones (also the AVX2 `expf8`'s).
+pub(crate) mod expf_constants {
+    pub const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    pub const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    pub const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    pub const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    pub const C0: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    pub const C1: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    pub const C2: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    pub const C3: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    pub const C4: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+}
 
 /// SiLU of the gate times the up projection, `g / (1 + exp(-g)) * u`, as ggml's `swiglu`:
 /// ggml's exponential on groups of eight, the C library's on a remainder.

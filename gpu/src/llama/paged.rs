@@ -17,7 +17,7 @@ use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::model::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
-use super::forward::{attend_head, rope, swiglu};
+use super::forward::{attend_head_paged, rope, swiglu};
 use super::numerics::rms_norm;
 use super::team::{self, Shared};
 use super::{LlamaConfig, LlamaWeights, kernels};
@@ -368,16 +368,17 @@ impl CpuExecutor {
                 debug_assert_eq!(shard.heads[j], kv_head);
                 let (keys, values) = (&shard.keys[layer], &shard.values[layer]);
                 rope(&mut q_row[h * d..(h + 1) * d], c, s.position);
-                let at = |p: usize| cache[s.row][p] * shard.width + j * d;
+                let index = (&cache[s.row][..], shard.width, j * d);
                 kernels::run(
                     #[inline(always)]
                     || {
-                        attend_head(
+                        attend_head_paged(
                             c,
                             &q_row[h * d..(h + 1) * d],
                             s.position,
-                            |p| &keys[at(p)..at(p) + d],
-                            |p| &values[at(p)..at(p) + d],
+                            keys,
+                            values,
+                            index,
                             &mut out,
                         )
                     },
