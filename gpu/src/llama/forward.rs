@@ -248,6 +248,16 @@ mod tests {
     use super::*;
     use crate::llama::RopeStyle;
 
+    /// Values in [-1, 1) from an xorshift generator seeded with `seed`.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
     fn config(head_dim: usize, sliding_window: Option<usize>) -> LlamaConfig {
         LlamaConfig {
             vocab_size: 8,
@@ -272,13 +282,7 @@ mod tests {
     /// scores take the scalar exponential), scores far below the maximum, partial groups.
     #[test]
     fn paged_attention_is_attend_head_to_the_bit() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut next = uniform(0x9e37_79b9_7f4a_7c15);
         for (head_dim, window, position, spread) in [
             (64, None, 0, 1.0),
             (64, None, 300, 1.0),
@@ -330,13 +334,7 @@ mod tests {
         if !kernels::has_avx2_fma() {
             return;
         }
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut next = uniform(0x2545_f491_4f6c_dd1d);
         for (d, positions, spread) in [(64, 1000, 1.0), (128, 333, 3.0), (64, 77, 40.0)] {
             let q: Vec<f32> = (0..d).map(|_| round_to_f16(next() * spread)).collect();
             let keys: Vec<f32> =

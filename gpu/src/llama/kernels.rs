@@ -370,7 +370,7 @@ pub(crate) mod avx2 {
     /// partial group take the scalar `expf`, which is the same function lane by lane.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn softmax(scores: &mut [f32]) {
-        use super::super::numerics::{expf, hsum8};
+        use super::super::numerics::exp_group;
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0f64;
         let whole = scores.len() / 8 * 8;
@@ -387,24 +387,12 @@ pub(crate) mod avx2 {
                     let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
                     _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 0b01)))
                 }
-                None => {
-                    let mut lanes = [0f32; 8];
-                    for (lane, s) in lanes.iter_mut().zip(group.iter_mut()) {
-                        *s = expf(*s - max);
-                        *lane = *s;
-                    }
-                    hsum8(&lanes)
-                }
+                None => exp_group(group, max),
             };
             total += f64::from(lanes);
         }
         if !rest.is_empty() {
-            let mut lanes = [0f32; 8];
-            for (lane, s) in lanes.iter_mut().zip(rest.iter_mut()) {
-                *s = expf(*s - max);
-                *lane = *s;
-            }
-            total += f64::from(hsum8(&lanes));
+            total += f64::from(exp_group(rest, max));
         }
         let inverse = (1.0 / total) as f32;
         for s in scores {

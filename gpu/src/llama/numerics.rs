@@ -129,17 +129,24 @@ pub fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0f64;
     for group in scores.chunks_mut(8) {
-        let mut lanes = [0f32; 8];
-        for (lane, s) in lanes.iter_mut().zip(group.iter_mut()) {
-            *s = expf(*s - max);
-            *lane = *s;
-        }
-        total += f64::from(hsum8(&lanes));
+        total += f64::from(exp_group(group, max));
     }
     let inverse = (1.0 / total) as f32;
     for s in scores {
         *s *= inverse;
     }
+}
+
+/// One group of up to eight softmax scores: each becomes `expf(score - max)`, and their sum is
+/// returned as `hsum8` adds eight lanes (a short group padded with zeros).
+#[inline(always)]
+pub(crate) fn exp_group(group: &mut [f32], max: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (lane, s) in lanes.iter_mut().zip(group.iter_mut()) {
+        *s = expf(*s - max);
+        *lane = *s;
+    }
+    hsum8(&lanes)
 }
 
 #[cfg(test)]
