@@ -6,7 +6,7 @@
 //! anything computed alongside it.
 
 use super::kernels;
-use super::numerics::{self, rms_norm};
+use super::numerics::{self, HalfValue, rms_norm};
 use super::{LlamaConfig, LlamaWeights, RopeStyle};
 use crate::gguf::round_to_f16;
 
@@ -137,12 +137,12 @@ fn attention_body<'a>(
 
 /// One query head of the token at `position` over the keys and values of one KV head.
 #[inline(always)]
-pub(crate) fn attend_head<'a>(
+pub(crate) fn attend_head<'a, H: HalfValue + 'a>(
     c: &LlamaConfig,
     q: &[f32],
     position: usize,
-    key: impl Fn(usize) -> &'a [f32],
-    value: impl Fn(usize) -> &'a [f32],
+    key: impl Fn(usize) -> &'a [H],
+    value: impl Fn(usize) -> &'a [H],
     out: &mut [f32],
 ) {
     // Positions before `first` are masked: a zero weight, exactly as llama.cpp's -inf mask gives
@@ -163,10 +163,10 @@ pub(crate) fn attend_head<'a>(
     weigh_values(&scores, first, d, value, out);
 }
 
-/// `attend_head` over a paged cache: position `p`'s key and value are the `head_dim` values at
-/// `index[p] * width + offset` of `keys` and `values`. The same bits; with AVX2 (and a head size
-/// of a multiple of 32) the scores and the softmax run in vector registers
-/// (`kernels::avx2::f16_scores`, `kernels::avx2::softmax`): at a 2,000-token context they were
+/// `attend_head` over a paged cache of f16 bits: position `p`'s key and value are the
+/// `head_dim` values at `index[p] * width + offset` of `keys` and `values`. The same bits; with
+/// AVX2 and F16C (and a head size of a multiple of 32) the whole head runs in vector registers
+/// (`kernels::avx2::f16_scores`, `softmax`, `weigh_values`): at a 2,000-token context it was
 /// most of a decode step.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -174,27 +174,27 @@ pub(crate) fn attend_head_paged(
     c: &LlamaConfig,
     q: &[f32],
     position: usize,
-    keys: &[f32],
-    values: &[f32],
+    keys: &[u16],
+    values: &[u16],
     (index, width, offset): (&[usize], usize, usize),
     out: &mut [f32],
 ) {
     let d = c.head_dim;
     let at = |p: usize| index[p] * width + offset;
     #[cfg(target_arch = "x86_64")]
-    if kernels::has_avx2_fma() && d.is_multiple_of(32) {
+    if kernels::has_avx2_fma_f16c() && d.is_multiple_of(32) {
         let first = c.window_start(position);
         let scale = 1.0 / (d as f32).sqrt();
         let q: Vec<f32> = q.iter().map(|&v| round_to_f16(v)).collect();
         let mut scores = vec![f32::NEG_INFINITY; position + 1];
         let index = (&index[..=position], width, offset);
         #[allow(unsafe_code, reason = "functions compiled for CPU features detected at run time")]
-        // SAFETY: the CPU has AVX2 and FMA, all that these are compiled for.
+        // SAFETY: the CPU has AVX2, FMA and F16C, all that these are compiled for.
         unsafe {
             kernels::avx2::f16_scores(&q, keys, index, first, scale, &mut scores[first..]);
             kernels::avx2::softmax(&mut scores);
+            kernels::avx2::weigh_values(&scores, first, values, index, out);
         }
-        weigh_values(&scores, first, d, |p| &values[at(p)..at(p) + d], out);
         return;
     }
     attend_head(c, q, position, |p| &keys[at(p)..at(p) + d], |p| &values[at(p)..at(p) + d], out);
@@ -204,11 +204,11 @@ pub(crate) fn attend_head_paged(
 /// precision, as llama.cpp's KQV product takes them), a dot product over positions in
 /// `numerics::dot_f16`'s lanes: position `p` feeds lane `p % 32`.
 #[inline(always)]
-fn weigh_values<'a>(
+fn weigh_values<'a, H: HalfValue + 'a>(
     scores: &[f32],
     first: usize,
     d: usize,
-    value: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [H],
     out: &mut [f32],
 ) {
     // Lanes are laid out lane-major, so one position updates `d` contiguous accumulators.
@@ -217,7 +217,7 @@ fn weigh_values<'a>(
         let w = round_to_f16(s);
         let lane = &mut lanes[(p % 32) * d..][..d];
         for (acc, &v) in lane.iter_mut().zip(value(p)) {
-            *acc = v.mul_add(w, *acc);
+            *acc = v.to_f32().mul_add(w, *acc);
         }
     }
     for (i, o) in out.iter_mut().enumerate() {
@@ -246,6 +246,7 @@ pub(crate) fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::{f16_to_f32, f32_to_f16};
     use crate::llama::RopeStyle;
 
     /// Values in [-1, 1) from an xorshift generator seeded with `seed`.
@@ -298,8 +299,11 @@ mod tests {
             let slots = position + 1;
             let index: Vec<usize> = (0..slots).map(|p| slots - 1 - p).collect();
             let cells = slots * width;
-            let keys: Vec<f32> = (0..cells).map(|_| round_to_f16(next() * spread)).collect();
-            let values: Vec<f32> = (0..cells).map(|_| round_to_f16(next())).collect();
+            // The paged cache holds f16 bits; `attend_head` reads the f32 they equal.
+            let keys: Vec<u16> = (0..cells).map(|_| f32_to_f16(next() * spread)).collect();
+            let values: Vec<u16> = (0..cells).map(|_| f32_to_f16(next())).collect();
+            let widened = |v: &[u16]| v.iter().map(|&b| f16_to_f32(b)).collect::<Vec<f32>>();
+            let (key_values, value_values) = (widened(&keys), widened(&values));
             let q: Vec<f32> = (0..head_dim).map(|_| next() * spread).collect();
             let at = |p: usize| index[p] * width + offset;
             let mut alone = vec![0f32; head_dim];
@@ -307,8 +311,8 @@ mod tests {
                 &c,
                 &q,
                 position,
-                |p| &keys[at(p)..at(p) + head_dim],
-                |p| &values[at(p)..at(p) + head_dim],
+                |p| &key_values[at(p)..at(p) + head_dim],
+                |p| &value_values[at(p)..at(p) + head_dim],
                 &mut alone,
             );
             let mut paged = vec![0f32; head_dim];
@@ -321,6 +325,17 @@ mod tests {
                 alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "head size {head_dim}, window {window:?}, position {position}"
             );
+            // And the portable loop over the f16 bits, as a CPU without AVX2 runs it.
+            let mut portable = vec![0f32; head_dim];
+            kernels::force_portable(|| {
+                let index = (&index[..], width, offset);
+                attend_head_paged(&c, &q, position, &keys, &values, index, &mut portable)
+            });
+            assert_eq!(
+                portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "portable, head size {head_dim}, window {window:?}, position {position}"
+            );
             assert!(paged.iter().all(|x| x.is_finite()));
         }
     }
@@ -331,18 +346,17 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vector_scores_and_softmax_are_the_portable_ones_to_the_bit() {
-        if !kernels::has_avx2_fma() {
+        if !kernels::has_avx2_fma_f16c() {
             return;
         }
         let mut next = uniform(0x2545_f491_4f6c_dd1d);
         for (d, positions, spread) in [(64, 1000, 1.0), (128, 333, 3.0), (64, 77, 40.0)] {
             let q: Vec<f32> = (0..d).map(|_| round_to_f16(next() * spread)).collect();
-            let keys: Vec<f32> =
-                (0..positions * d).map(|_| round_to_f16(next() * spread)).collect();
+            let keys: Vec<u16> = (0..positions * d).map(|_| f32_to_f16(next() * spread)).collect();
             let index: Vec<usize> = (0..positions).collect();
             let scale = 0.125;
             let mut vector = vec![0f32; positions];
-            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2, FMA and F16C")]
             // SAFETY: as the allow says.
             unsafe {
                 kernels::avx2::f16_scores(&q, &keys, (&index, d, 0), 0, scale, &mut vector)
@@ -353,7 +367,7 @@ mod tests {
             assert_eq!(bits(&vector), bits(&portable), "scores, head size {d}");
             let mut expected = portable.clone();
             numerics::softmax(&mut expected);
-            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2, FMA and F16C")]
             // SAFETY: as the allow says.
             unsafe {
                 kernels::avx2::softmax(&mut vector)
@@ -366,13 +380,44 @@ mod tests {
             let mut scores: Vec<f32> = (0..8 + trial % 9).map(|_| next() * 3.0).collect();
             let mut expected = scores.clone();
             numerics::softmax(&mut expected);
-            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2 and FMA")]
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2, FMA and F16C")]
             // SAFETY: as the allow says.
             unsafe {
                 kernels::avx2::softmax(&mut scores)
             };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&scores), bits(&expected), "softmax of {} scores", scores.len());
+        }
+    }
+
+    /// F16C's rounding of the softmax weights is `round_to_f16` for every f32 but NaN: ties to
+    /// even, the subnormal halves, overflow to infinity, both signs.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_rounding_to_half_is_round_to_f16() {
+        if !kernels::has_avx2_fma_f16c() {
+            return;
+        }
+        // Every 97th bit pattern hits all exponents with mixed low bits; then the edges.
+        let edges = [
+            0x3380_0000u32,
+            0x3380_0001,
+            0x3300_0000,
+            0x3300_0001,
+            0x387f_e000,
+            0x477f_f000,
+            0x477f_efff,
+            0x477f_f001,
+        ];
+        for bits in (0..=u32::MAX).step_by(97).chain(edges).chain(edges.map(|b| b | 1 << 31)) {
+            let x = f32::from_bits(bits);
+            if x.is_nan() {
+                continue;
+            }
+            #[allow(unsafe_code, reason = "the CPU was just found to have AVX2, FMA and F16C")]
+            // SAFETY: as the allow says.
+            let vector = unsafe { kernels::avx2::round_to_f16(x) };
+            assert_eq!(vector.to_bits(), round_to_f16(x).to_bits(), "{bits:#010x}");
         }
     }
 }

@@ -30,6 +30,14 @@ pub(crate) fn has_avx2_fma() -> bool {
     }
 }
 
+/// Whether this CPU also converts half precision eight values at a time (F16C), as the paged
+/// attention reads its cache. Every AVX2 CPU made has it; this checks rather than assumes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx2_fma_f16c() -> bool {
+    has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
+}
+
 #[cfg(test)]
 thread_local! {
     static PORTABLE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -330,13 +338,14 @@ pub(crate) mod avx2 {
 
     /// Attention scores: `numerics::dot_f16(key(p), q) * scale` into `out[p - first]` for every
     /// position `p` from `first` to `index.len() - 1`, position `p`'s key being the `q.len()`
-    /// values at `keys[index[p] * width + offset..]`. The same four accumulators of eight lanes,
-    /// fused in the same order, and `reduce_lanes`' tree, in vector registers; `q.len()` must be
-    /// a multiple of 32 (the caller keeps the portable loop for other head sizes).
-    #[target_feature(enable = "avx2,fma")]
+    /// f16 values at `keys[index[p] * width + offset..]` (widened exactly by F16C). The same four
+    /// accumulators of eight lanes, fused in the same order, and `reduce_lanes`' tree, in vector
+    /// registers; `q.len()` must be a multiple of 32 (the caller keeps the portable loop for
+    /// other head sizes).
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn f16_scores(
         q: &[f32],
-        keys: &[f32],
+        keys: &[u16],
         (index, width, offset): (&[usize], usize, usize),
         first: usize,
         scale: f32,
@@ -352,7 +361,10 @@ pub(crate) mod avx2 {
                     let at = 32 * step + 8 * j;
                     // SAFETY: `key` and `q` hold `d` values, and `at + 8 <= d`.
                     let (k, q) = unsafe {
-                        (_mm256_loadu_ps(key.as_ptr().add(at)), _mm256_loadu_ps(q.as_ptr().add(at)))
+                        (
+                            _mm256_cvtph_ps(_mm_loadu_si128(key.as_ptr().add(at).cast())),
+                            _mm256_loadu_ps(q.as_ptr().add(at)),
+                        )
                     };
                     *acc = _mm256_fmadd_ps(k, q, *acc);
                 }
@@ -363,6 +375,63 @@ pub(crate) mod avx2 {
             let u = _mm_add_ps(t, _mm_shuffle_ps(t, t, 0b10_11_00_01));
             *score = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u))) * scale;
         }
+    }
+
+    /// `forward::weigh_values` over f16 values: `out[i]`, the values' dimension `i` weighed by
+    /// the softmax weights `weights[p]` from `first` (each rounded to half precision), position
+    /// `p`'s values being the `out.len()` f16 values at `values[index[p] * width + offset..]`.
+    /// The same 32 lanes of accumulators, lane `p % 32` of a position, eight dimensions a
+    /// vector; then `reduce_lanes`' tree for eight dimensions at a time. `out.len()` must be a
+    /// multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn weigh_values(
+        weights: &[f32],
+        first: usize,
+        values: &[u16],
+        (index, width, offset): (&[usize], usize, usize),
+        out: &mut [f32],
+    ) {
+        let d = out.len();
+        assert!(d.is_multiple_of(8) && weights.len() <= index.len());
+        // Lane-major, as the portable loop: a position updates `d` contiguous accumulators.
+        let mut lanes = vec![0f32; 32 * d];
+        for (p, (&s, &at)) in weights.iter().zip(index).enumerate().skip(first) {
+            let w = _mm256_set1_ps(round_to_f16(s));
+            let value = &values[at * width + offset..][..d];
+            let lane = &mut lanes[(p % 32) * d..][..d];
+            for k in (0..d).step_by(8) {
+                // SAFETY: `value` and `lane` hold `d` values, and `k + 8 <= d`.
+                unsafe {
+                    let v = _mm256_cvtph_ps(_mm_loadu_si128(value.as_ptr().add(k).cast()));
+                    let acc = _mm256_loadu_ps(lane.as_ptr().add(k));
+                    _mm256_storeu_ps(lane.as_mut_ptr().add(k), _mm256_fmadd_ps(v, w, acc));
+                }
+            }
+        }
+        for k in (0..d).step_by(8) {
+            // SAFETY: lane `l` holds `d` values at `l * d`, and `k + 8 <= d`.
+            let lane = |l: usize| unsafe { _mm256_loadu_ps(lanes.as_ptr().add(l * d + k)) };
+            // `reduce_lanes`: accumulators (0 + 2) + (1 + 3), lane by lane...
+            let a: [__m256; 8] = std::array::from_fn(|l| {
+                _mm256_add_ps(
+                    _mm256_add_ps(lane(l), lane(16 + l)),
+                    _mm256_add_ps(lane(8 + l), lane(24 + l)),
+                )
+            });
+            // ...then lanes l + (l + 4), then (0 + 1) + (2 + 3).
+            let t: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(a[l], a[l + 4]));
+            let sum = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
+            // SAFETY: `out` holds `d` values, and `k + 8 <= d`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(k), sum) };
+        }
+    }
+
+    /// `gguf::round_to_f16` by F16C's conversion there and back (round to nearest even, as
+    /// `f32_to_f16`), for every value but NaN, which keeps being NaN with another payload.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn round_to_f16(x: f32) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))))
     }
 
     /// `numerics::softmax` in place, eight exponentials at a time by `expf8`; a group with a

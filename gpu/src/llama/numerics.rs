@@ -30,26 +30,46 @@ pub fn hsum8(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// A dot product of half-precision values (held as f32) the way ggml's `vec_dot_f16` runs on AVX2:
+/// A value of a half-precision KV cache: its f16 bits (the paged cache), or the f32 it equals
+/// exactly (the reference's contiguous cache). Either reads as the same f32.
+pub trait HalfValue: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl HalfValue for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl HalfValue for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        crate::gguf::f16_to_f32(self)
+    }
+}
+
+/// A dot product of half-precision values (`a`, either form of `HalfValue`) the way ggml's `vec_dot_f16` runs on AVX2:
 /// 32 elements a step into four accumulators of eight lanes (element `i` feeds accumulator
 /// `(i % 32) / 8`, lane `i % 8`), each a chain of fused multiply-adds; the accumulators are added
 /// 0+2, 1+3, then together; the eight lanes are reduced 0+4, 1+5, 2+6, 3+7, then in pairs. A
 /// final partial step counts as padded with zeros, which is what llama.cpp's padded KV length
 /// amounts to (a zero weight times a zero value adds nothing, exactly).
 #[inline(always)]
-pub fn dot_f16(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot_f16<A: HalfValue>(a: &[A], b: &[f32]) -> f32 {
     let mut acc = [[0f32; 8]; 4];
     let (a_steps, a_rest) = a.as_chunks::<32>();
     let (b_steps, b_rest) = b.as_chunks::<32>();
     for (x, y) in a_steps.iter().zip(b_steps) {
         for j in 0..4 {
             for l in 0..8 {
-                acc[j][l] = x[8 * j + l].mul_add(y[8 * j + l], acc[j][l]);
+                acc[j][l] = x[8 * j + l].to_f32().mul_add(y[8 * j + l], acc[j][l]);
             }
         }
     }
     for (i, (x, y)) in a_rest.iter().zip(b_rest).enumerate() {
-        acc[i / 8][i % 8] = x.mul_add(*y, acc[i / 8][i % 8]);
+        acc[i / 8][i % 8] = x.to_f32().mul_add(*y, acc[i / 8][i % 8]);
     }
     reduce_lanes(&acc)
 }

@@ -21,20 +21,21 @@ use super::forward::{attend_head_paged, rope, swiglu};
 use super::numerics::rms_norm;
 use super::team::{self, Shared};
 use super::{LlamaConfig, LlamaWeights, kernels};
-use crate::gguf::round_to_f16;
+use crate::gguf::f32_to_f16;
 
 mod page_store;
 
 /// The KV of some KV heads for every page of the pool, per layer: `pages * page_tokens`
-/// positions of `heads.len() * head_dim` keys, and as many values, held at half precision (as
-/// f32 values).
+/// positions of `heads.len() * head_dim` keys, and as many values, held at half precision as
+/// their f16 bits (the bytes a page transfer carries; half the memory and half the bytes
+/// attention reads of the f32 they round to).
 #[derive(Clone, Debug)]
 struct KvShard {
     /// The model's KV heads this shard holds, ascending.
     heads: Vec<usize>,
     width: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    keys: Vec<Vec<u16>>,
+    values: Vec<Vec<u16>>,
 }
 
 impl KvShard {
@@ -44,8 +45,8 @@ impl KvShard {
         KvShard {
             heads,
             width,
-            keys: vec![vec![0.0; len]; c.layers],
-            values: vec![vec![0.0; len]; c.layers],
+            keys: vec![vec![0; len]; c.layers],
+            values: vec![vec![0; len]; c.layers],
         }
     }
 }
@@ -327,10 +328,10 @@ impl CpuExecutor {
                 // Heads rotate independently: only this member's are worth rotating.
                 rope(&mut k_row[src.clone()], c, s.position);
                 for (o, &x) in shard.keys[layer][dst.clone()].iter_mut().zip(&k_row[src.clone()]) {
-                    *o = round_to_f16(x);
+                    *o = f32_to_f16(x);
                 }
                 for (o, &x) in shard.values[layer][dst].iter_mut().zip(&v_row[src]) {
-                    *o = round_to_f16(x);
+                    *o = f32_to_f16(x);
                 }
             }
         }

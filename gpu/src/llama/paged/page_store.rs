@@ -13,9 +13,8 @@
 //! ```
 //!
 //! so `page_bytes = layers * 2 * page_tokens * kv_heads * head_dim * 2`. Keys are stored after
-//! the bias and RoPE at their position, as attention reads them. The cache holds every value at
-//! half precision (as an f32 rounded to f16), so the f16 bytes carry it exactly; any f16 written
-//! (NaN payloads included) reads back as the same bits.
+//! the bias and RoPE at their position, as attention reads them. The cache holds these f16 bits
+//! themselves, so a page reads back as the bytes written (NaN payloads included).
 //!
 //! Ordering with steps: `execute` runs a step on a scoped team that has joined, its KV writes
 //! done and its shard locks released, before `execute` returns, and it borrows the executor
@@ -29,20 +28,6 @@ use lockstep_core::model::{ExecError, PageStore};
 use lockstep_core::wire::KvLayout;
 
 use super::{CpuExecutor, KvShard};
-use crate::gguf::{f16_to_f32, f32_to_f16};
-
-/// The half-precision bits of a cached value, which is exactly an f16: NaN keeps its payload
-/// (`f32_to_f16` would make it the canonical NaN), everything else converts exactly.
-fn half_bits(value: f32) -> u16 {
-    if value.is_nan() {
-        let bits = value.to_bits();
-        let sign = ((bits >> 16) & 0x8000) as u16;
-        let payload = ((bits >> 13) & 0x3ff) as u16;
-        sign | 0x7c00 | if payload == 0 { 0x200 } else { payload }
-    } else {
-        f32_to_f16(value)
-    }
-}
 
 impl CpuExecutor {
     /// How this executor lays out a page's KV (the module's order, f16 elements), for the link
@@ -131,7 +116,7 @@ impl PageStore for CpuExecutor {
             let s = &shards[shard];
             let store = if part == 0 { &s.keys[layer] } else { &s.values[layer] };
             for &x in &store[at..at + shape.head_dim] {
-                out.extend_from_slice(&half_bits(x).to_le_bytes());
+                out.extend_from_slice(&x.to_le_bytes());
             }
         });
         Ok(())
@@ -153,8 +138,7 @@ impl PageStore for CpuExecutor {
             .map(|m| m.get_mut().map_err(poisoned))
             .collect::<Result<Vec<&mut KvShard>, _>>()?;
         let widths: Vec<usize> = shards.iter().map(|s| s.width).collect();
-        let mut elements =
-            data.chunks_exact(2).map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+        let mut elements = data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
         shape.runs(page, &widths, |shard, part, layer, at| {
             let s = &mut *shards[shard];
             let store = if part == 0 { &mut s.keys[layer] } else { &mut s.values[layer] };
@@ -163,17 +147,5 @@ impl PageStore for CpuExecutor {
             }
         });
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_half_reads_back_as_its_own_bits() {
-        for bits in 0..=u16::MAX {
-            assert_eq!(half_bits(f16_to_f32(bits)), bits, "{bits:#06x}");
-        }
     }
 }
