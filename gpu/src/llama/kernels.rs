@@ -622,6 +622,8 @@ pub(crate) mod avx2 {
         let act_q = acts.map(|(_, q, _)| q.as_ptr());
         let act_sums = acts.map(|(_, _, s)| s.as_ptr());
         let mut out = [(0f32, 0f32); N];
+        // Four inputs' row and minimum chains, a lane each.
+        let (mut rows4, mut mins4) = (_mm_setzero_ps(), _mm_setzero_ps());
         for (b, head) in heads.iter().enumerate() {
             // SAFETY (every load below): the asserts above put 128 bytes of `quants`, and 256
             // values, 8 sums and a scale of every activation, at block `b`; `head.scales` is 16
@@ -651,16 +653,51 @@ pub(crate) mod avx2 {
                     }
                 }
             }
-            for i in 0..N {
-                let sum = sums[i];
-                let wide =
-                    _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            let wide = |sum: __m256i| {
+                _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1))
+            };
+            let minimums = |i: usize| {
                 let block_sums = unsafe { _mm_loadu_si128(act_sums[i].add(8 * b).cast()) };
-                let minimum = add4(_mm_madd_epi16(mins, block_sums));
+                _mm_madd_epi16(mins, block_sums)
+            };
+            if N == 4 {
+                // Four inputs' totals into the lanes of one vector (each lane's chain is the
+                // scalar one below: exact integer totals, then the same product and fma).
+                let four = |v: [__m128i; 4]| {
+                    _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]))
+                };
+                let totals = four(std::array::from_fn(|i| wide(sums[i])));
+                let minimum = four(std::array::from_fn(minimums));
+                let d = unsafe {
+                    _mm_set_ps(
+                        *act_d[3].add(b),
+                        *act_d[2].add(b),
+                        *act_d[1].add(b),
+                        *act_d[0].add(b),
+                    )
+                };
+                let (row_d, min_d) =
+                    (_mm_mul_ps(_mm_set1_ps(head.d), d), _mm_mul_ps(_mm_set1_ps(head.dmin), d));
+                rows4 = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), row_d, rows4);
+                mins4 = _mm_fmadd_ps(_mm_cvtepi32_ps(minimum), min_d, mins4);
+                continue;
+            }
+            for i in 0..N {
                 let d = unsafe { *act_d[i].add(b) };
                 let (row, min) = &mut out[i];
-                *row = (add4(wide) as f32).mul_add(head.d * d, *row);
-                *min = (minimum as f32).mul_add(head.dmin * d, *min);
+                *row = (add4(wide(sums[i])) as f32).mul_add(head.d * d, *row);
+                *min = (add4(minimums(i)) as f32).mul_add(head.dmin * d, *min);
+            }
+        }
+        if N == 4 {
+            let (mut rows, mut mins) = ([0f32; 4], [0f32; 4]);
+            // SAFETY: `rows` and `mins` are four f32s, what the unaligned stores write.
+            unsafe {
+                _mm_storeu_ps(rows.as_mut_ptr(), rows4);
+                _mm_storeu_ps(mins.as_mut_ptr(), mins4);
+            }
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (rows[i], mins[i]);
             }
         }
         out

@@ -623,7 +623,9 @@ mod tests {
         // changes some row's last bit (2 blocks a row did not show it).
         for kind in [TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
             let w = KBlockRows::from_ggml(kind, 8, 4096, &random_kquant_blocks(kind, 128, 3));
-            let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(4096, 100 + i)).collect();
+            // Odd seeds: `random_input` makes each odd (`100 + i` gave two pairs of equal
+            // inputs, which hid a swap of inputs in the four-input kernels).
+            let xs: Vec<Vec<f32>> = (0..4).map(|i| random_input(4096, 101 + 2 * i)).collect();
             let detected: Vec<[f32; 4]> = (0..8)
                 .map(|r| {
                     let acts = xs.iter().map(|x| Q8K::quantize(x)).collect::<Vec<_>>();
