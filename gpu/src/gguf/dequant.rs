@@ -208,7 +208,40 @@ pub fn f32_to_f16(value: f32) -> u16 {
     sign | (half + u32::from(round_up)) as u16
 }
 
-/// `value` rounded to the nearest half-precision value.
+/// `value` rounded to the nearest half-precision value: `f16_to_f32(f32_to_f16(value))`.
+#[inline]
 pub fn round_to_f16(value: f32) -> f32 {
+    // A value whose nearest half is a normal one (2^-14 up to below 65520, where ties go to
+    // infinity) keeps its 10 high mantissa bits, rounded to nearest even in place: a carry out
+    // of the mantissa bumps the exponent, as it should. This is most calls (activation scales,
+    // queries, softmax weights); the rest take the conversions.
+    let bits = value.to_bits();
+    if (0x3880_0000..0x477f_f000).contains(&(bits & 0x7fff_ffff)) {
+        let rounded = bits + 0x0fff + ((bits >> 13) & 1);
+        return f32::from_bits(rounded & !0x1fff);
+    }
     f16_to_f32(f32_to_f16(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place rounding is the two conversions, at and around its range's edges and over
+    /// every 251st f32 (all exponents, mixed low bits, both signs).
+    #[test]
+    fn rounding_to_half_is_the_two_conversions() {
+        let edges =
+            [0x3880_0000u32, 0x387f_ffff, 0x387f_f000, 0x477f_f000, 0x477f_efff, 0x477f_e000];
+        let near = edges.iter().flat_map(|&e| (e - 2..=e + 2).flat_map(|b| [b, b | 1 << 31]));
+        for bits in (0..=u32::MAX).step_by(251).chain(near) {
+            let x = f32::from_bits(bits);
+            let expected = f16_to_f32(f32_to_f16(x));
+            let got = round_to_f16(x);
+            assert!(
+                got.to_bits() == expected.to_bits() || (got.is_nan() && expected.is_nan()),
+                "{bits:#010x}: {got} against {expected}"
+            );
+        }
+    }
 }
