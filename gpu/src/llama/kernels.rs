@@ -380,9 +380,11 @@ pub(crate) mod avx2 {
     /// `forward::weigh_values` over f16 values: `out[i]`, the values' dimension `i` weighed by
     /// the softmax weights `weights[p]` from `first` (each rounded to half precision), position
     /// `p`'s values being the `out.len()` f16 values at `values[index[p] * width + offset..]`.
-    /// The same 32 lanes of accumulators, lane `p % 32` of a position, eight dimensions a
-    /// vector; then `reduce_lanes`' tree for eight dimensions at a time. `out.len()` must be a
-    /// multiple of 8.
+    /// The same 32 lanes of accumulators, lane `p % 32` of a position, each updated by its
+    /// positions in increasing order; then `reduce_lanes`' tree for eight dimensions at a time.
+    /// A lane is summed whole in registers (`lane_sums`) before the next: position by position,
+    /// loading and storing every accumulator of a position's lane was most of the loop.
+    /// `out.len()` must be a multiple of 32.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn weigh_values(
         weights: &[f32],
@@ -392,19 +394,21 @@ pub(crate) mod avx2 {
         out: &mut [f32],
     ) {
         let d = out.len();
-        assert!(d.is_multiple_of(8) && weights.len() <= index.len());
-        // Lane-major, as the portable loop: a position updates `d` contiguous accumulators.
+        assert!(d.is_multiple_of(32) && weights.len() <= index.len());
+        let rounded: Vec<f32> = weights[first..].iter().map(|&s| round_to_f16(s)).collect();
+        let index = (&index[..weights.len()], width, offset);
+        // Lane-major: lane `l`'s accumulators of all `d` dimensions at `l * d`.
         let mut lanes = vec![0f32; 32 * d];
-        for (p, (&s, &at)) in weights.iter().zip(index).enumerate().skip(first) {
-            let w = _mm256_set1_ps(round_to_f16(s));
-            let value = &values[at * width + offset..][..d];
-            let lane = &mut lanes[(p % 32) * d..][..d];
-            for k in (0..d).step_by(8) {
-                // SAFETY: `value` and `lane` hold `d` values, and `k + 8 <= d`.
-                unsafe {
-                    let v = _mm256_cvtph_ps(_mm_loadu_si128(value.as_ptr().add(k).cast()));
-                    let acc = _mm256_loadu_ps(lane.as_ptr().add(k));
-                    _mm256_storeu_ps(lane.as_mut_ptr().add(k), _mm256_fmadd_ps(v, w, acc));
+        // Sixty-four dimensions a pass (eight registers of accumulators), the last 32 alone.
+        for dims in (0..d).step_by(64) {
+            for (l, lane) in lanes.chunks_exact_mut(d).enumerate() {
+                let lane = &mut lane[dims..];
+                if d - dims >= 64 {
+                    let acc = lane_sums::<8>(&rounded, first, l, values, index, dims);
+                    store(&mut lane[..64], &acc);
+                } else {
+                    let acc = lane_sums::<4>(&rounded, first, l, values, index, dims);
+                    store(&mut lane[..32], &acc);
                 }
             }
         }
@@ -423,6 +427,46 @@ pub(crate) mod avx2 {
             let sum = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
             // SAFETY: `out` holds `d` values, and `k + 8 <= d`.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(k), sum) };
+        }
+    }
+
+    /// Lane `lane` of `weigh_values` for dimensions `dims..dims + 8 * K`: the fused sum of
+    /// `value(p) * rounded[p - first]` over positions `p` from `first` with `p % 32 == lane`, in
+    /// increasing order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn lane_sums<const K: usize>(
+        rounded: &[f32],
+        first: usize,
+        lane: usize,
+        values: &[u16],
+        (index, width, offset): (&[usize], usize, usize),
+        dims: usize,
+    ) -> [__m256; K] {
+        let mut acc = [_mm256_setzero_ps(); K];
+        let mut p = first + (lane + 32 - first % 32) % 32;
+        while p < index.len() {
+            let w = _mm256_set1_ps(rounded[p - first]);
+            let value = &values[index[p] * width + offset + dims..][..8 * K];
+            for (k, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `value` holds `8 * K` values, and `8 * k + 8 <= 8 * K`.
+                let v =
+                    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(value.as_ptr().add(8 * k).cast())) };
+                *acc = _mm256_fmadd_ps(v, w, *acc);
+            }
+            p += 32;
+        }
+        acc
+    }
+
+    /// `values` into `out`, eight f32s a vector.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn store<const K: usize>(out: &mut [f32], values: &[__m256; K]) {
+        assert!(out.len() >= 8 * K);
+        for (k, v) in values.iter().enumerate() {
+            // SAFETY: the assert above puts `8 * K` f32s at `out`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), *v) };
         }
     }
 
