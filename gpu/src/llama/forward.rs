@@ -233,9 +233,19 @@ pub(crate) fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// SiLU of `gate` times `up` (`numerics::swiglu`), with the CPU's fused multiply-add.
+/// SiLU of `gate` times `up` (`numerics::swiglu`): with AVX2, eight exponentials a vector
+/// (`kernels::avx2::swiglu`, the same bits).
 pub(crate) fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
     let mut out = vec![0f32; gate.len()];
+    #[cfg(target_arch = "x86_64")]
+    if kernels::has_avx2_fma() {
+        #[allow(unsafe_code, reason = "a function compiled for CPU features detected at run time")]
+        // SAFETY: the CPU has AVX2 and FMA, all that it is compiled for.
+        unsafe {
+            kernels::avx2::swiglu(gate, up, &mut out)
+        };
+        return out;
+    }
     kernels::run(
         #[inline(always)]
         || numerics::swiglu(gate, up, &mut out),
@@ -418,6 +428,25 @@ mod tests {
             // SAFETY: as the allow says.
             let vector = unsafe { kernels::avx2::round_to_f16(x) };
             assert_eq!(vector.to_bits(), round_to_f16(x).to_bits(), "{bits:#010x}");
+        }
+    }
+
+    /// The vector SiLU is `numerics::swiglu` to the bit: gates far past the exponential's simple
+    /// range (the scalar fallback of a group), zeros of both signs, a remainder past the last
+    /// group of eight.
+    #[test]
+    fn vector_swiglu_is_the_portable_one_to_the_bit() {
+        let mut next = uniform(0x5851_f42d_4c95_7f2d);
+        for (len, spread) in [(8, 1.0), (4099, 6.0), (1000, 120.0), (13, 30.0)] {
+            let mut gate: Vec<f32> = (0..len).map(|_| next() * spread).collect();
+            gate[len / 2] = 0.0;
+            gate[len / 3] = -0.0;
+            let up: Vec<f32> = (0..len).map(|_| next()).collect();
+            let vector = swiglu(&gate, &up);
+            let mut portable = vec![0f32; len];
+            kernels::force_portable(|| numerics::swiglu(&gate, &up, &mut portable));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&vector), bits(&portable), "{len} gates of spread {spread}");
         }
     }
 }

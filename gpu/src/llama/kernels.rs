@@ -478,6 +478,39 @@ pub(crate) mod avx2 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))))
     }
 
+    /// `numerics::swiglu` with ggml's exponential eight lanes at a time (`expf8`; a group with a
+    /// lane past its simple range takes the scalar `expf`, the same function lane by lane) and
+    /// the C library's on a remainder, as the portable loop.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        use super::super::numerics::expf;
+        let n = gate.len();
+        assert!(up.len() >= n && out.len() >= n);
+        let vectorized = n - n % 8;
+        for at in (0..vectorized).step_by(8) {
+            // SAFETY: the assert above puts `n` values at each, and `at + 8 <= n`.
+            let (g, u) = unsafe {
+                (_mm256_loadu_ps(gate.as_ptr().add(at)), _mm256_loadu_ps(up.as_ptr().add(at)))
+            };
+            // `0 - g`, not `-g`, as the portable loop (they differ at zero).
+            let e = match expf8(_mm256_sub_ps(_mm256_setzero_ps(), g)) {
+                Some(e) => e,
+                None => {
+                    let lanes: [f32; 8] = std::array::from_fn(|l| expf(0.0 - gate[at + l]));
+                    // SAFETY: `lanes` is eight f32s, what the load reads.
+                    unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+                }
+            };
+            let y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u);
+            // SAFETY: as the loads above.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(at), y) };
+        }
+        for i in vectorized..n {
+            let g = gate[i];
+            out[i] = (g / (1.0 + (-g).exp())) * up[i];
+        }
+    }
+
     /// `numerics::softmax` in place, eight exponentials at a time by `expf8`; a group with a
     /// lane past `expf`'s simple range (a masked or far-below-the-maximum score) and a last
     /// partial group take the scalar `expf`, which is the same function lane by lane.
