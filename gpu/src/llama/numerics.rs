@@ -50,12 +50,13 @@ impl HalfValue for u16 {
     }
 }
 
-/// A dot product of half-precision values (`a`, either form of `HalfValue`) the way ggml's `vec_dot_f16` runs on AVX2:
-/// 32 elements a step into four accumulators of eight lanes (element `i` feeds accumulator
-/// `(i % 32) / 8`, lane `i % 8`), each a chain of fused multiply-adds; the accumulators are added
-/// 0+2, 1+3, then together; the eight lanes are reduced 0+4, 1+5, 2+6, 3+7, then in pairs. A
-/// final partial step counts as padded with zeros, which is what llama.cpp's padded KV length
-/// amounts to (a zero weight times a zero value adds nothing, exactly).
+/// A dot product of half-precision values (`a`, either form of `HalfValue`) the way ggml's
+/// `vec_dot_f16` runs on AVX2: 32 elements a step into four accumulators of eight lanes (element
+/// `i` feeds accumulator `(i % 32) / 8`, lane `i % 8`), each a chain of fused multiply-adds; the
+/// accumulators are added 0+2, 1+3, then together; the eight lanes are reduced 0+4, 1+5, 2+6,
+/// 3+7, then in pairs. A final partial step counts as padded with zeros, which is what
+/// llama.cpp's padded KV length amounts to (a zero weight times a zero value adds nothing,
+/// exactly).
 #[inline(always)]
 pub fn dot_f16<A: HalfValue>(a: &[A], b: &[f32]) -> f32 {
     let mut acc = [[0f32; 8]; 4];
