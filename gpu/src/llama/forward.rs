@@ -325,27 +325,24 @@ mod tests {
                 |p| &value_values[at(p)..at(p) + head_dim],
                 &mut alone,
             );
-            let mut paged = vec![0f32; head_dim];
-            kernels::run(|| {
+            // The detected path (vector with AVX2 and F16C), then the portable loop over the f16
+            // bits, as a CPU without AVX2 runs it.
+            let paged_with = |portable: bool| {
+                let mut out = vec![0f32; head_dim];
                 let index = (&index[..], width, offset);
-                attend_head_paged(&c, &q, position, &keys, &values, index, &mut paged)
-            });
-            assert_eq!(
-                paged.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "head size {head_dim}, window {window:?}, position {position}"
-            );
-            // And the portable loop over the f16 bits, as a CPU without AVX2 runs it.
-            let mut portable = vec![0f32; head_dim];
-            kernels::force_portable(|| {
-                let index = (&index[..], width, offset);
-                attend_head_paged(&c, &q, position, &keys, &values, index, &mut portable)
-            });
-            assert_eq!(
-                portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "portable, head size {head_dim}, window {window:?}, position {position}"
-            );
+                let run = || attend_head_paged(&c, &q, position, &keys, &values, index, &mut out);
+                if portable {
+                    kernels::force_portable(run)
+                } else {
+                    kernels::run(run)
+                }
+                out
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (paged, portable) = (paged_with(false), paged_with(true));
+            let case = format!("head size {head_dim}, window {window:?}, position {position}");
+            assert_eq!(bits(&paged), bits(&alone), "{case}");
+            assert_eq!(bits(&portable), bits(&alone), "portable, {case}");
             assert!(paged.iter().all(|x| x.is_finite()));
         }
     }
