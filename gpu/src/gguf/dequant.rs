@@ -152,7 +152,16 @@ fn q6_k(block: &[u8], y: &mut [f32]) {
 }
 
 /// IEEE half precision to single, exactly (subnormals, infinities and NaN included).
+#[inline]
 pub fn f16_to_f32(bits: u16) -> f32 {
+    // A normal half (most values: weights, the KV cache) moves its exponent and mantissa into
+    // place and rebiases the exponent; zeros, subnormals, infinities and NaN take the match.
+    // The portable attention widens every cached value this way.
+    let magnitude = u32::from(bits & 0x7fff);
+    if (0x0400..0x7c00).contains(&magnitude) {
+        let sign = u32::from(bits & 0x8000) << 16;
+        return f32::from_bits(sign | ((magnitude << 13) + ((127 - 15) << 23)));
+    }
     let sign = u32::from(bits >> 15) << 31;
     let exponent = u32::from((bits >> 10) & 0x1f);
     let mantissa = u32::from(bits & 0x3ff);
@@ -226,6 +235,23 @@ pub fn round_to_f16(value: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every half widens to its value: `(1024 + m) * 2^(e - 25)` for a normal one, `m * 2^-24`
+    /// for a subnormal, computed as arithmetic (exact in f32), and the payload kept for NaN.
+    #[test]
+    fn every_half_widens_to_its_value() {
+        for bits in 0..=u16::MAX {
+            let (exponent, mantissa) = (i32::from((bits >> 10) & 0x1f), bits & 0x3ff);
+            let magnitude = match exponent {
+                0 => f32::from(mantissa) * f32::powi(2.0, -24),
+                0x1f if mantissa == 0 => f32::INFINITY,
+                0x1f => f32::from_bits(0x7f80_0000 | u32::from(mantissa) << 13),
+                e => f32::from(1024 + mantissa) * f32::powi(2.0, e - 25),
+            };
+            let expected = if bits >> 15 == 1 { -magnitude } else { magnitude };
+            assert_eq!(f16_to_f32(bits).to_bits(), expected.to_bits(), "{bits:#06x}");
+        }
+    }
 
     /// The in-place rounding is the two conversions, at and around its range's edges and over
     /// every 251st f32 (all exponents, mixed low bits, both signs).
