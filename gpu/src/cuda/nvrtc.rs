@@ -88,9 +88,16 @@ pub fn supported_archs() -> Result<Vec<u32>, String> {
     Ok(archs.into_iter().filter_map(|a| u32::try_from(a).ok()).collect())
 }
 
+/// A C character as its byte: `c_char` is `i8` on x86-64 and `u8` on aarch64 (Grace Hopper
+/// and Grace Blackwell hosts), where the cast does nothing.
+#[allow(clippy::unnecessary_cast, reason = "a no-op where c_char is u8")]
+fn byte(c: c_char) -> u8 {
+    c as u8
+}
+
 /// NVRTC's bytes (log, cubin, PTX) as text, without the trailing NUL.
 fn text(bytes: &[c_char]) -> String {
-    let bytes: Vec<u8> = bytes.iter().map(|&b| b as u8).take_while(|&b| b != 0).collect();
+    let bytes: Vec<u8> = bytes.iter().map(|&b| byte(b)).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
@@ -146,7 +153,7 @@ unsafe fn image(program: sys::nvrtcProgram, target: Target) -> Result<Vec<u8>, S
         Target::Ptx { .. } => {
             // SAFETY: the caller's contract.
             let ptx = unsafe { result::get_ptx(program) }.map_err(|e| format!("{e:?}"))?;
-            Ok(ptx.into_iter().map(|b| b as u8).collect())
+            Ok(ptx.into_iter().map(byte).collect())
         }
         Target::Cubin { .. } => {
             let mut size = 0usize;
@@ -159,7 +166,7 @@ unsafe fn image(program: sys::nvrtcProgram, target: Target) -> Result<Vec<u8>, S
             unsafe { sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr()) }
                 .result()
                 .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
-            Ok(cubin.into_iter().map(|b| b as u8).collect())
+            Ok(cubin.into_iter().map(byte).collect())
         }
     }
 }

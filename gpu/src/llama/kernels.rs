@@ -14,20 +14,15 @@
 #![allow(unsafe_code, reason = "calls into code compiled for CPU features detected at run time")]
 
 /// Whether this CPU runs the AVX2 and FMA copies (detected once; the standard library caches it).
+/// x86-64 only, as every caller: elsewhere only the portable copies exist.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(test)]
     if PORTABLE_ONLY.get() {
         return false;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// Whether this CPU also converts half precision eight values at a time (F16C), as the paged
