@@ -29,6 +29,15 @@ cargo fmt --all -- --check
 step "clippy, warnings denied"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
+step "clippy for aarch64 (ARM laptops, Grace hosts): the gpu crate with its tests, core"
+# Only the portable copies of the CPU kernels compile there. A check without a C cross compiler,
+# which core's benchmark dependencies (criterion) would need for its tests.
+rustup target list --installed 2>/dev/null | grep -q '^aarch64-unknown-linux-gnu$' ||
+    rustup target add aarch64-unknown-linux-gnu
+cargo clippy --target aarch64-unknown-linux-gnu -p lockstep-gpu --lib --tests --all-features \
+    --locked -- -D warnings
+cargo clippy --target aarch64-unknown-linux-gnu -p lockstep-core --lib --locked -- -D warnings
+
 step "CUDA kernels through NVRTC (sm_90, sm_100, sm_120; no GPU needed)"
 ci/nvrtc-kernels.sh
 
