@@ -474,11 +474,11 @@ pub(crate) mod avx2 {
     }
 
     /// `numerics::swiglu` with ggml's exponential eight lanes at a time (`expf8`; a group with a
-    /// lane past its simple range takes the scalar `expf`, the same function lane by lane) and
-    /// the C library's on a remainder, as the portable loop.
+    /// lane past its simple range takes the scalar `expf`, the same function lane by lane); a
+    /// remainder goes to the portable loop itself.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
-        use super::super::numerics::expf;
+        use super::super::numerics::{self, expf};
         let n = gate.len();
         assert!(up.len() >= n && out.len() >= n);
         let vectorized = n - n % 8;
@@ -500,10 +500,9 @@ pub(crate) mod avx2 {
             // SAFETY: as the loads above.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(at), y) };
         }
-        for i in vectorized..n {
-            let g = gate[i];
-            out[i] = (g / (1.0 + (-g).exp())) * up[i];
-        }
+        // Fewer than eight: the portable loop takes the C library's exponential for all.
+        let rest = vectorized..n;
+        numerics::swiglu(&gate[rest.clone()], &up[rest.clone()], &mut out[rest]);
     }
 
     /// `numerics::softmax` in place, eight exponentials at a time by `expf8`; a group with a
