@@ -6,10 +6,10 @@
 //! either way (an instruction with FMA, a C library call without), and integer sums are exact,
 //! so both copies give bit-identical results: the choice changes speed, never output.
 //!
-//! This module and the dispatch in `blocks`, `kquants` and `forward` (the paged attention) are
-//! the only places of the CPU backend allowed `unsafe`: calling a function compiled for features
-//! the caller's target does not promise, and unaligned vector loads after the lengths they read
-//! were asserted.
+//! This module and the dispatch in `blocks`, `kquants` and `forward` (the paged attention,
+//! SiLU) are the only places of the CPU backend allowed `unsafe`: calling a function compiled for
+//! features the caller's target does not promise, and unaligned vector loads after the lengths
+//! they read were asserted.
 
 #![allow(unsafe_code, reason = "calls into code compiled for CPU features detected at run time")]
 
