@@ -5,7 +5,8 @@
 #     the llama.cpp golden prompts (gpu/tests/cuda_device.rs states the tolerances);
 #   - a request alone equals itself in a batch of 32 mixed rows, bit for bit;
 #   - decode tokens/s at batch 1, 32 and 256 on a random 1.24B-parameter Llama against the HBM
-#     roofline (4.8 TB/s, H200): in f16 (plain, dependent launches, every option), and in Q4_1
+#     roofline (the device's peak, from its memory clock and bus width: an H100 SXM's 3.35 TB/s,
+#     an H200's 4.8): in f16 (plain, dependent launches, every option), and in Q4_1
 #     (dequantized to f32 at load, read in its blocks, every option).
 # The checks are gpu/tests/cuda_device.rs (its benchmark is #[ignore]d in plain `cargo test`).
 #

@@ -21,6 +21,11 @@ pub struct DeviceInfo {
     /// Compute capability, e.g. `(9, 0)` for H100 and H200.
     pub compute_capability: (i32, i32),
     pub memory_bytes: usize,
+    /// The memory's peak bandwidth in bytes a second, from the memory clock and bus width the
+    /// driver reports (`peak_memory_bandwidth`); `None` where it reports neither (the
+    /// emulator). What a decode step's roofline is measured against, so an H100 (3.35 TB/s)
+    /// and an H200 (4.8 TB/s) are each judged by their own.
+    pub memory_bytes_per_s: Option<u64>,
     /// Devices the driver sees.
     pub devices_present: usize,
 }
@@ -119,13 +124,28 @@ pub fn probe_device(ordinal: usize) -> Result<DeviceInfo, ProbeError> {
         return Err(ProbeError::NoSuchDevice { requested: ordinal, present });
     }
     let context = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    use cudarc::driver::sys::CUdevice_attribute as Attribute;
+    // Not an error when missing: only a benchmark's roofline reads it.
+    let clock_khz = context.attribute(Attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).ok();
+    let bus_bits = context.attribute(Attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).ok();
     Ok(DeviceInfo {
         ordinal,
         name: context.name().map_err(driver("cuDeviceGetName"))?,
         compute_capability: context.compute_capability().map_err(driver("cuDeviceGetAttribute"))?,
         memory_bytes: context.total_mem().map_err(driver("cuDeviceTotalMem"))?,
+        memory_bytes_per_s: clock_khz.zip(bus_bits).and_then(|(c, b)| peak_memory_bandwidth(c, b)),
         devices_present: present,
     })
+}
+
+/// Peak memory bandwidth in bytes a second from the driver's memory clock (kHz) and bus width
+/// (bits): two transfers a clock, as CUDA's own samples compute it (`deviceQuery`). `None` for a
+/// zero or negative reading. It is the interface's peak: HBM's sustained copy rate is lower
+/// (the H200 copied about 4.3 of its 4.8 TB/s), so a fraction of it never flatters a kernel.
+pub fn peak_memory_bandwidth(clock_khz: i32, bus_bits: i32) -> Option<u64> {
+    let clock_hz = u64::try_from(clock_khz).ok().filter(|&c| c > 0)? * 1000;
+    let bus_bytes = u64::try_from(bus_bits).ok().filter(|&b| b > 0)? / 8;
+    Some(2 * clock_hz * bus_bytes)
 }
 
 #[cfg(test)]
@@ -166,6 +186,15 @@ mod tests {
         }
         let one = ProbeError::NoSuchDevice { requested: 3, present: 1 };
         assert_eq!(one.to_string(), "CUDA device 3 requested, 1 device present");
+    }
+
+    #[test]
+    fn peak_bandwidth_is_two_transfers_a_memory_clock() {
+        // An H100 SXM's readings (deviceQuery: 2619 MHz, 5120-bit): its datasheet's 3.35 TB/s.
+        assert_eq!(peak_memory_bandwidth(2_619_000, 5120), Some(3_352_320_000_000));
+        assert_eq!(peak_memory_bandwidth(0, 5120), None);
+        assert_eq!(peak_memory_bandwidth(2_619_000, 0), None);
+        assert_eq!(peak_memory_bandwidth(-1, 5120), None);
     }
 
     #[test]
