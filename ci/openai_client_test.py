@@ -153,6 +153,20 @@ def chat_seeded_sampling_repeats(t):
 
 
 @check
+def chat_n_choices_are_the_seeds_alone(t):
+    kw = dict(messages=USER, max_tokens=8, temperature=1.0, seed=7)
+    alone = [t.chat(**{**kw, "seed": 7 + i}).choices[0].message.content for i in range(3)]
+    r = t.chat(n=3, **kw)
+    expect([c.index for c in r.choices] == [0, 1, 2], r.choices)
+    expect([c.message.content for c in r.choices] == alone, f"{r.choices} != {alone}")
+    streamed = ["", "", ""]
+    for chunk in t.chat(n=3, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    expect(streamed == alone, f"streamed {streamed} != {alone}")
+
+
+@check
 def completions_token_ids(t):
     r = t.complete(prompt=[1, 2, 3], max_tokens=5, temperature=0,
                    extra_body={"return_token_ids": True})

@@ -122,6 +122,84 @@ async fn usage_finish_reasons_logprobs_and_token_ids() {
     assert_eq!(tokens, 3, "one logprob entry per token");
 }
 
+/// Each choice of a request for `n` is its own request with seed `seed + i`: it equals that
+/// request for one completion, whole and streamed (its chunks interleaved with the others'), on
+/// both endpoints; usage counts the prompt once; and a request for more choices than the queue
+/// holds is refused whole, leaving nothing queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_each_equal_a_request_alone_with_its_seed() {
+    let server = TestServer::provenance(StepMode::Overlap, slow_steps()).await;
+    let chat = |seed: u64, n: u32| {
+        json!({"messages": [{"role": "user", "content": "t5 t6 t7"}], "max_tokens": 6,
+               "temperature": 1.0, "seed": seed, "n": n})
+    };
+    let mut sampled = completion(&[5, 6, 7], 6);
+    sampled["temperature"] = json!(1.0);
+    for (path, body) in [("/v1/completions", sampled), ("/v1/chat/completions", chat(40, 1))] {
+        let content = |choice: &Value| {
+            choice["text"]
+                .as_str()
+                .or_else(|| choice["message"]["content"].as_str())
+                .map(str::to_owned)
+        };
+        let (mut alone, mut prompt_tokens, mut completion_tokens) = (Vec::new(), 0, 0);
+        for i in 0..4u64 {
+            let mut one = body.clone();
+            one["seed"] = json!(40 + i);
+            let (status, out) = server.post(path, &one).await;
+            assert_eq!(status, 200, "{out}");
+            alone.push(content(&out["choices"][0]).unwrap());
+            prompt_tokens = out["usage"]["prompt_tokens"].as_u64().unwrap();
+            completion_tokens += out["usage"]["completion_tokens"].as_u64().unwrap();
+        }
+        assert!(alone.iter().any(|text| text != &alone[0]), "{path}: the seeds draw alike");
+
+        let mut four = body.clone();
+        (four["seed"], four["n"]) = (json!(40), json!(4));
+        let (status, out) = server.post(path, &four).await;
+        assert_eq!(status, 200, "{out}");
+        let choices = out["choices"].as_array().unwrap();
+        let texts: Vec<String> = choices.iter().map(|c| content(c).unwrap()).collect();
+        assert_eq!(texts, alone, "{path}: choice i is the request alone with seed 40 + i");
+        let indices: Vec<u64> = choices.iter().map(|c| c["index"].as_u64().unwrap()).collect();
+        assert_eq!(indices, [0, 1, 2, 3]);
+        assert_eq!(out["usage"]["prompt_tokens"].as_u64(), Some(prompt_tokens), "counted once");
+        assert_eq!(out["usage"]["completion_tokens"].as_u64(), Some(completion_tokens));
+
+        four["stream"] = json!(true);
+        four["stream_options"] = json!({"include_usage": true});
+        let events = server.stream(path, &four).await;
+        let mut streamed = vec![String::new(); 4];
+        let mut finished = [0; 4];
+        for event in &events[..events.len() - 1] {
+            for choice in event["choices"].as_array().unwrap() {
+                let i = choice["index"].as_u64().unwrap() as usize;
+                let delta = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str());
+                streamed[i].push_str(delta.unwrap_or_default());
+                finished[i] += usize::from(!choice["finish_reason"].is_null());
+            }
+            assert!(event["usage"].is_null(), "usage only in the last chunk: {event}");
+        }
+        assert_eq!(streamed, alone, "{path}: streamed choices");
+        assert_eq!(finished, [1; 4], "{path}: one finish reason a choice");
+        let last = events.last().unwrap();
+        assert_eq!(last["choices"].as_array().map(Vec::len), Some(0), "{last}");
+        assert_eq!(last["usage"]["completion_tokens"].as_u64(), Some(completion_tokens), "{last}");
+    }
+    server.quiescent().await;
+
+    // Room for 2 running and 4 waiting: 16 choices cannot all be queued.
+    let small = sched_config(StepMode::Sync);
+    let small = lockstep_core::sched::SchedConfig { running_max: 2, waiting_max: 4, ..small };
+    let server = TestServer::provenance_with(small, slow_steps(), |_| {}).await;
+    let (status, out) = server.post("/v1/chat/completions", &chat(1, 16)).await;
+    assert_eq!(status, 429, "{out}");
+    server.quiescent().await;
+    let (status, out) = server.post("/v1/chat/completions", &chat(1, 4)).await;
+    assert_eq!((status, out["choices"].as_array().map(Vec::len)), (200, Some(4)), "{out}");
+    server.quiescent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_cut_the_output_across_tokens_and_free_the_request() {
     let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
@@ -167,7 +245,9 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": long}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 4_000_000_000u64}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 0}).to_string(), 400),
-        ("/v1/completions", json!({"prompt": [1, 2], "n": 2}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "n": 17}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "n": 0}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [[1, 2], [3]]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "top_p": 0}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "temperature": -1}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [999_999]}).to_string(), 400),

@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use lockstep_core::model::TokenLogprobs;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -21,7 +22,7 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::generation::{Generation, Next, Piece};
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
-use super::respond::{parse_body, sse_response, start, usage};
+use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
@@ -29,6 +30,7 @@ use crate::tool_calls::{
 };
 
 /// How the output's tool calls are read.
+#[derive(Clone)]
 struct Tools {
     format: ToolFormat,
     specs: Vec<ToolSpec>,
@@ -43,21 +45,27 @@ pub(super) async fn handle(
 ) -> Response {
     let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
     match prepare(&state, body, arrival).await {
-        Ok((generation, params, tools)) => {
-            let id = format!("chatcmpl-{}", generation.request_id().0);
+        Ok((generations, params, tools)) => {
+            let id = format!("chatcmpl-{}", generations[0].request_id().0);
             let span = tracing::info_span!("request", id = %id);
-            let out = Output {
-                state,
-                params,
-                tools,
-                id,
-                generation,
-                started: false,
-                ended: false,
-                calls: 0,
-                tools_stream: None,
-            };
-            async move { if out.params.stream { stream(out).await } else { whole(out).await } }
+            // One `Output` a choice, each reading its own request.
+            let outs: Vec<Output> = generations
+                .into_iter()
+                .enumerate()
+                .map(|(index, generation)| Output {
+                    state: state.clone(),
+                    params: params.clone(),
+                    tools: tools.clone(),
+                    id: id.clone(),
+                    index,
+                    generation,
+                    started: false,
+                    ended: false,
+                    calls: 0,
+                    tools_stream: None,
+                })
+                .collect();
+            async move { if params.stream { stream(outs) } else { whole(outs).await } }
                 .instrument(span)
                 .await
         }
@@ -69,7 +77,7 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Generation, GenerationParams, Option<Tools>), ApiError> {
+) -> Result<(Vec<Generation>, GenerationParams, Option<Tools>), ApiError> {
     let request: ChatRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
@@ -106,8 +114,8 @@ async fn prepare(
         let ChatRequest { messages, tools, tool_choice, .. } = request;
         a.with_input(RequestInput::Chat { messages, tools, tool_choice })
     });
-    let generation = start(state, prompt, &params, draft).await?;
-    Ok((generation, params, tools))
+    let generations = start_choices(state, prompt, &params, draft).await?;
+    Ok((generations, params, tools))
 }
 
 /// The tools to render into the prompt, and how to parse calls out of the output.
@@ -201,6 +209,8 @@ struct Output {
     params: GenerationParams,
     tools: Option<Tools>,
     id: String,
+    /// The choice's index among the request's `n`.
+    index: usize,
     generation: Generation,
     /// The first chunk (with the role) is out.
     started: bool,
@@ -235,7 +245,7 @@ impl Output {
 
     fn chunk(&self, delta: Value, lps: &[TokenLogprobs], finish: Option<&str>) -> Value {
         let choice = json!({
-            "index": 0,
+            "index": self.index,
             "delta": delta,
             "logprobs": self.logprobs(lps),
             "finish_reason": finish,
@@ -248,11 +258,23 @@ impl Output {
     }
 }
 
-async fn whole(mut out: Output) -> Response {
-    let (Piece { text, tokens, logprobs: lps }, finish) = match out.generation.collect().await {
-        Ok(whole) => whole,
+/// Every choice whole; the first to fail answers for all (the others are dropped, which aborts
+/// them).
+async fn whole(mut outs: Vec<Output>) -> Response {
+    let choices = futures_util::future::try_join_all(outs.iter_mut().map(whole_choice));
+    let choices = match choices.await {
+        Ok(choices) => choices,
         Err(e) => return e.into_response(),
     };
+    let completion_tokens = outs.iter().map(|out| out.generation.output_tokens).sum();
+    let mut body = outs[0].envelope("chat.completion", choices);
+    body["usage"] = usage(outs[0].generation.prompt_tokens, completion_tokens);
+    Json(body).into_response()
+}
+
+/// One choice's message, with its tool calls parsed out.
+async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
+    let (Piece { text, tokens, logprobs: lps }, finish) = out.generation.collect().await?;
     let (content, calls) = match &out.tools {
         Some(t) => parse_complete(t.format, &format!("{}{text}", t.prefix), &t.specs).await,
         None => (text, Vec::new()),
@@ -273,7 +295,7 @@ async fn whole(mut out: Output) -> Response {
         "tool_calls"
     };
     let mut choice = json!({
-        "index": 0,
+        "index": out.index,
         "message": message,
         "logprobs": out.logprobs(&lps),
         "finish_reason": finish_reason,
@@ -281,10 +303,8 @@ async fn whole(mut out: Output) -> Response {
     if out.params.return_token_ids {
         choice["token_ids"] = Value::from(tokens);
     }
-    let mut body = out.envelope("chat.completion", vec![choice]);
-    body["usage"] = usage(&out.generation);
     out.ended = true;
-    Json(body).into_response()
+    Ok(choice)
 }
 
 fn call_json(id: &str, call: &ParsedCall) -> Value {
@@ -295,54 +315,59 @@ fn call_json(id: &str, call: &ParsedCall) -> Value {
     })
 }
 
-async fn stream(out: Output) -> Response {
-    sse_response(out, |mut out| async move {
-        if out.ended {
-            return None;
+/// The choices' chunks interleaved as they come (`merge_choices`), each chunk one choice's.
+fn stream(outs: Vec<Output>) -> Response {
+    let usage_chunk = outs[0].params.include_usage.then(|| {
+        (outs[0].envelope("chat.completion.chunk", vec![]), outs[0].generation.prompt_tokens)
+    });
+    let choices = outs.into_iter().map(|out| futures_util::stream::unfold(out, step).boxed());
+    sse_events(merge_choices(choices.collect(), usage_chunk))
+}
+
+/// A choice's next events.
+async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
+    if out.ended {
+        return None;
+    }
+    let mut chunks = Vec::new();
+    if !out.started {
+        out.started = true;
+        if let Some(tools) = out.tools.as_ref() {
+            // A forced call's opening is in the prompt: the parser must see it first.
+            let prefix = tools.prefix.clone();
+            let mut parser = ToolCallStream::new(tools.format, &tools.specs);
+            let deltas = parser.push(&prefix).await;
+            out.tools_stream = Some(parser);
+            chunks.extend(delta_chunks(&mut out, deltas, &[]));
         }
-        let mut chunks = Vec::new();
-        if !out.started {
-            out.started = true;
-            if let Some(tools) = out.tools.as_ref() {
-                // A forced call's opening is in the prompt: the parser must see it first.
-                let prefix = tools.prefix.clone();
-                let mut parser = ToolCallStream::new(tools.format, &tools.specs);
-                let deltas = parser.push(&prefix).await;
-                out.tools_stream = Some(parser);
+        chunks.insert(0, out.chunk(json!({"role": "assistant", "content": ""}), &[], None));
+        return Some((ChoiceEvents::More(chunks), out));
+    }
+    let events = match out.generation.next().await {
+        Next::Piece(p) => {
+            let deltas = match out.tools_stream.as_mut() {
+                Some(parser) => parser.push(&p.text).await,
+                None => vec![ToolDelta::Content(p.text)],
+            };
+            chunks.extend(delta_chunks(&mut out, deltas, &p.logprobs));
+            ChoiceEvents::More(chunks)
+        }
+        Next::Done(Ok(finish)) => {
+            if let Some(parser) = out.tools_stream.as_mut() {
+                let deltas = parser.finish().await;
                 chunks.extend(delta_chunks(&mut out, deltas, &[]));
             }
-            chunks.insert(0, out.chunk(json!({"role": "assistant", "content": ""}), &[], None));
-            return Some((chunks, out));
+            let reason = if out.calls > 0 { "tool_calls" } else { finish.as_str() };
+            chunks.push(out.chunk(json!({}), &[], Some(reason)));
+            out.ended = true;
+            ChoiceEvents::Finished(chunks, out.generation.output_tokens)
         }
-        match out.generation.next().await {
-            Next::Piece(p) => {
-                let deltas = match out.tools_stream.as_mut() {
-                    Some(parser) => parser.push(&p.text).await,
-                    None => vec![ToolDelta::Content(p.text)],
-                };
-                chunks.extend(delta_chunks(&mut out, deltas, &p.logprobs));
-            }
-            Next::Done(Ok(finish)) => {
-                if let Some(parser) = out.tools_stream.as_mut() {
-                    let deltas = parser.finish().await;
-                    chunks.extend(delta_chunks(&mut out, deltas, &[]));
-                }
-                let reason = if out.calls > 0 { "tool_calls" } else { finish.as_str() };
-                chunks.push(out.chunk(json!({}), &[], Some(reason)));
-                if out.params.include_usage {
-                    let mut last = out.envelope("chat.completion.chunk", vec![]);
-                    last["usage"] = usage(&out.generation);
-                    chunks.push(last);
-                }
-                out.ended = true;
-            }
-            Next::Done(Err(e)) => {
-                chunks.push(e.body());
-                out.ended = true;
-            }
+        Next::Done(Err(e)) => {
+            out.ended = true;
+            ChoiceEvents::Failed(e.body())
         }
-        Some((chunks, out))
-    })
+    };
+    Some((events, out))
 }
 
 /// One chunk per delta; the piece's log-probabilities ride on the first (or on an empty delta

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use lockstep_core::model::TokenLogprobs;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -15,7 +16,7 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::generation::{Finish, Generation, Next, Piece};
 use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
-use super::respond::{parse_body, sse_response, start, usage};
+use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
 
@@ -26,10 +27,10 @@ pub(super) async fn handle(
 ) -> Response {
     let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
     match prepare(&state, body, arrival).await {
-        Ok((generation, params, prompt)) => {
-            let id = format!("cmpl-{}", generation.request_id().0);
+        Ok((generations, params, prompt)) => {
+            let id = format!("cmpl-{}", generations[0].request_id().0);
             let span = tracing::info_span!("request", id = %id);
-            respond(state, generation, params, prompt, id).instrument(span).await
+            respond(state, generations, params, prompt, id).instrument(span).await
         }
         Err(e) => e.into_response(),
     }
@@ -39,7 +40,7 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Generation, GenerationParams, Vec<u32>), ApiError> {
+) -> Result<(Vec<Generation>, GenerationParams, Vec<u32>), ApiError> {
     let request: CompletionRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
@@ -65,19 +66,33 @@ async fn prepare(
         }
     };
     let draft = arrival.map(|a| a.with_input(RequestInput::Completions { prompt: request.prompt }));
-    let generation = start(state, prompt.clone(), &params, draft).await?;
-    Ok((generation, params, prompt))
+    let generations = start_choices(state, prompt.clone(), &params, draft).await?;
+    Ok((generations, params, prompt))
 }
 
+/// One `Output` a choice, each reading its own request.
 async fn respond(
     state: Arc<AppState>,
-    generation: Generation,
+    generations: Vec<Generation>,
     params: GenerationParams,
     prompt: Vec<u32>,
     id: String,
 ) -> Response {
-    let out = Output { state, params, prompt, id, generation, text_len: 0, ended: false };
-    if out.params.stream { stream(out) } else { whole(out).await }
+    let outs: Vec<Output> = generations
+        .into_iter()
+        .enumerate()
+        .map(|(index, generation)| Output {
+            state: state.clone(),
+            params: params.clone(),
+            prompt: prompt.clone(),
+            id: id.clone(),
+            index,
+            generation,
+            text_len: 0,
+            ended: false,
+        })
+        .collect();
+    if params.stream { stream(outs) } else { whole(outs).await }
 }
 
 struct Output {
@@ -85,6 +100,8 @@ struct Output {
     params: GenerationParams,
     prompt: Vec<u32>,
     id: String,
+    /// The choice's index among the request's `n`.
+    index: usize,
     generation: Generation,
     /// Bytes of text out so far, for log-probability offsets.
     text_len: usize,
@@ -104,7 +121,7 @@ impl Output {
             logprobs::completion(self.state.codec.as_ref(), lp, self.text_len - text.len())
         });
         let mut choice = json!({
-            "index": 0,
+            "index": self.index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": finish.map(Finish::as_str),
@@ -130,57 +147,69 @@ impl Output {
     }
 }
 
-async fn whole(mut out: Output) -> Response {
-    let (Piece { text, tokens, logprobs: lps }, finish) = match out.generation.collect().await {
-        Ok(whole) => whole,
+/// Every choice whole; the first to fail answers for all (the others are dropped, which aborts
+/// them).
+async fn whole(mut outs: Vec<Output>) -> Response {
+    let collected =
+        futures_util::future::try_join_all(outs.iter_mut().map(|out| out.generation.collect()));
+    let results = match collected.await {
+        Ok(results) => results,
         Err(e) => return e.into_response(),
     };
-    out.text_len = text.len();
-    let choice = out.choice(&text, &tokens, &lps, Some(finish));
-    let mut body = out.envelope(vec![choice]);
-    body["usage"] = usage(&out.generation);
+    let mut choices = Vec::with_capacity(outs.len());
+    for (out, (Piece { text, tokens, logprobs: lps }, finish)) in outs.iter_mut().zip(results) {
+        out.text_len = text.len();
+        choices.push(out.choice(&text, &tokens, &lps, Some(finish)));
+    }
+    let completion_tokens = outs.iter().map(|out| out.generation.output_tokens).sum();
+    let mut body = outs[0].envelope(choices);
+    body["usage"] = usage(outs[0].generation.prompt_tokens, completion_tokens);
     Json(body).into_response()
 }
 
-fn stream(out: Output) -> Response {
-    sse_response(out, |mut out| async move {
-        if out.ended {
-            return None;
+/// The choices' chunks interleaved as they come (`merge_choices`), each chunk one choice's.
+fn stream(outs: Vec<Output>) -> Response {
+    let usage_chunk = outs[0]
+        .params
+        .include_usage
+        .then(|| (outs[0].envelope(vec![]), outs[0].generation.prompt_tokens));
+    let choices = outs.into_iter().map(|out| futures_util::stream::unfold(out, step).boxed());
+    sse_events(merge_choices(choices.collect(), usage_chunk))
+}
+
+/// A choice's next events.
+async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
+    if out.ended {
+        return None;
+    }
+    let events = match out.generation.next().await {
+        Next::Piece(p)
+            if p.text.is_empty() && p.logprobs.is_empty() && !out.params.return_token_ids =>
+        {
+            ChoiceEvents::More(vec![])
         }
-        match out.generation.next().await {
-            Next::Piece(p)
-                if p.text.is_empty() && p.logprobs.is_empty() && !out.params.return_token_ids =>
-            {
-                Some((vec![], out))
+        Next::Piece(p) => {
+            out.text_len += p.text.len();
+            let choice = out.choice(&p.text, &p.tokens, &p.logprobs, None);
+            let mut chunk = out.envelope(vec![choice]);
+            if out.params.include_usage {
+                chunk["usage"] = Value::Null;
             }
-            Next::Piece(p) => {
-                out.text_len += p.text.len();
-                let choice = out.choice(&p.text, &p.tokens, &p.logprobs, None);
-                let mut chunk = out.envelope(vec![choice]);
-                if out.params.include_usage {
-                    chunk["usage"] = Value::Null;
-                }
-                Some((vec![chunk], out))
-            }
-            Next::Done(Ok(finish)) => {
-                let choice = out.choice("", &[], &[], Some(finish));
-                let mut finished = out.envelope(vec![choice]);
-                if out.params.include_usage {
-                    finished["usage"] = Value::Null;
-                }
-                let mut last = vec![finished];
-                if out.params.include_usage {
-                    let mut chunk = out.envelope(vec![]);
-                    chunk["usage"] = usage(&out.generation);
-                    last.push(chunk);
-                }
-                out.ended = true;
-                Some((last, out))
-            }
-            Next::Done(Err(e)) => {
-                out.ended = true;
-                Some((vec![e.body()], out))
-            }
+            ChoiceEvents::More(vec![chunk])
         }
-    })
+        Next::Done(Ok(finish)) => {
+            let choice = out.choice("", &[], &[], Some(finish));
+            let mut finished = out.envelope(vec![choice]);
+            if out.params.include_usage {
+                finished["usage"] = Value::Null;
+            }
+            out.ended = true;
+            ChoiceEvents::Finished(vec![finished], out.generation.output_tokens)
+        }
+        Next::Done(Err(e)) => {
+            out.ended = true;
+            ChoiceEvents::Failed(e.body())
+        }
+    };
+    Some((events, out))
 }

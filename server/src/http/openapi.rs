@@ -14,7 +14,7 @@
 use serde_json::{Map, Value, json};
 
 use super::AppConfig;
-use super::protocol::{STOP_BYTES_MAX, STOPS_MAX};
+use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
 use lockstep_core::model::SamplingSpec;
 
 /// Every route the router serves, as (method, path): the document describes exactly these, and
@@ -300,7 +300,10 @@ fn common_properties(config: &AppConfig) -> Value {
                  (the schema bounds characters at {STOP_CHARS_MAX}, which holds for any text)"
             ),
         },
-        "n": nullable(json!({ "type": "integer", "minimum": 1, "maximum": 1 })),
+        "n": described(
+            nullable(json!({ "type": "integer", "minimum": 1, "maximum": CHOICES_MAX })),
+            "completions of the prompt, each its own request (choice i samples with seed + i)",
+        ),
         "stream": { "type": "boolean", "default": false },
         "stream_options": described(
             nullable(object(&[], json!({
@@ -512,15 +515,15 @@ fn token_ids() -> Value {
     json!({ "type": "array", "items": { "type": "integer", "minimum": 0 } })
 }
 
-/// The answer, or (`chunk`) one streamed event: then `finish_reason` is null until the last
-/// choice, `usage` is null (with `include_usage`) or absent, and the usage-only chunk has no
+/// The answer (a choice each of `n`), or (`chunk`) one streamed event of one choice: then
+/// `finish_reason` is null until that choice's last chunk, `usage` is null (with `include_usage`) or absent, and the usage-only chunk has no
 /// choices.
 fn completion_response(chunk: bool) -> Value {
     let finish = json!({ "type": "string", "enum": ["stop", "length"] });
     let choice = closed(
         &["index", "text", "logprobs", "finish_reason"],
         json!({
-            "index": { "type": "integer", "minimum": 0, "maximum": 0 },
+            "index": { "type": "integer", "minimum": 0, "maximum": CHOICES_MAX - 1 },
             "text": { "type": "string" },
             "logprobs": nullable(reference_object("CompletionLogprobs")),
             "finish_reason": if chunk { nullable(finish) } else { finish },
@@ -530,7 +533,7 @@ fn completion_response(chunk: bool) -> Value {
     let choices = if chunk {
         json!({ "type": "array", "maxItems": 1, "items": choice })
     } else {
-        json!({ "type": "array", "minItems": 1, "maxItems": 1, "items": choice })
+        json!({ "type": "array", "minItems": 1, "maxItems": CHOICES_MAX, "items": choice })
     };
     let required: &[&str] = if chunk {
         &["id", "object", "created", "model", "choices"]
@@ -584,7 +587,7 @@ fn chat_response() -> Value {
     let choice = closed(
         &["index", "message", "logprobs", "finish_reason"],
         json!({
-            "index": { "type": "integer", "minimum": 0, "maximum": 0 },
+            "index": { "type": "integer", "minimum": 0, "maximum": CHOICES_MAX - 1 },
             "message": message,
             "logprobs": nullable(reference_object("ChatLogprobs")),
             "finish_reason": { "type": "string", "enum": ["stop", "length", "tool_calls"] },
@@ -598,7 +601,7 @@ fn chat_response() -> Value {
             "object": { "type": "string", "enum": ["chat.completion"] },
             "created": { "type": "integer", "minimum": 0 },
             "model": { "type": "string" },
-            "choices": { "type": "array", "minItems": 1, "maxItems": 1, "items": choice },
+            "choices": { "type": "array", "minItems": 1, "maxItems": CHOICES_MAX, "items": choice },
             "usage": reference("Usage"),
         }),
     )
@@ -630,7 +633,7 @@ fn chat_chunk() -> Value {
     let choice = closed(
         &["index", "delta", "logprobs", "finish_reason"],
         json!({
-            "index": { "type": "integer", "minimum": 0, "maximum": 0 },
+            "index": { "type": "integer", "minimum": 0, "maximum": CHOICES_MAX - 1 },
             "delta": delta,
             "logprobs": nullable(reference_object("ChatLogprobs")),
             "finish_reason": nullable(json!({
@@ -835,6 +838,7 @@ mod tests {
                 ..Default::default()
             },
             CommonRequest { n: Some(at("n", "maximum") as u32 + 1), ..Default::default() },
+            CommonRequest { n: Some(at("n", "minimum") as u32 - 1), ..Default::default() },
             CommonRequest {
                 stop: Some(Stop::Many(vec![String::new(); stops as usize + 1])),
                 ..Default::default()

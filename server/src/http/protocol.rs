@@ -1,6 +1,6 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions`, and their validation into
 //! what the engine runs. Every field OpenAI defines that we do not implement is refused with a
-//! message when it asks for something (a penalty, `n` > 1), never silently ignored; fields that
+//! message when it asks for something (a penalty, a logit bias), never silently ignored; fields that
 //! change nothing (`user`, `parallel_tool_calls`) are accepted. Unknown fields are ignored, as
 //! OpenAI's own server does.
 
@@ -82,6 +82,9 @@ pub struct ChatRequest {
 /// Stop strings, at most this many, each at most `STOP_BYTES_MAX` bytes.
 pub const STOPS_MAX: usize = 16;
 pub const STOP_BYTES_MAX: usize = 256;
+/// Completions a request may ask for (`n`): each takes a place in the engine's queue, so a
+/// request for more would be one client's flood.
+pub const CHOICES_MAX: u32 = 16;
 /// Prompt token ids given directly, at most (the context bounds them further).
 pub const PROMPT_IDS_MAX: usize = 1 << 20;
 
@@ -95,6 +98,20 @@ pub struct GenerationParams {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+    /// How many completions of the prompt (`n`, 1 to `CHOICES_MAX`): each its own request in
+    /// the engine (`for_choice`).
+    pub choices: u32,
+}
+
+impl GenerationParams {
+    /// Choice `index`'s parameters: the request's, with the seed moved by `index` (as vLLM
+    /// seeds its parallel samples), so the choices of a sampled request differ and each is
+    /// exactly what a request for one completion with that seed returns.
+    pub fn for_choice(&self, index: u32) -> GenerationParams {
+        let mut params = self.clone();
+        params.spec.sampling.seed = params.spec.sampling.seed.wrapping_add(u64::from(index));
+        params
+    }
 }
 
 impl CommonRequest {
@@ -111,8 +128,12 @@ impl CommonRequest {
         {
             return Err(ApiError::model_not_found(model));
         }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+        let choices = self.n.unwrap_or(1);
+        if !(1..=CHOICES_MAX).contains(&choices) {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("n must be within [1, {CHOICES_MAX}]"),
+            ));
         }
         for (name, value) in [
             ("presence_penalty", self.presence_penalty),
@@ -179,12 +200,14 @@ impl CommonRequest {
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             return_token_ids: self.return_token_ids,
+            choices,
         })
     }
 }
 
 /// A completion prompt: text, or token ids. A list of one is taken as its one element; more
-/// than one prompt per request is refused (that is `n` prompts, and `n` is 1).
+/// than one prompt per request is refused (one prompt a request; `n` asks for more completions
+/// of it).
 pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),

@@ -2,14 +2,14 @@
 //! (mapping every refusal to its status), and write usage and server-sent events.
 
 use std::convert::Infallible;
-use std::future::Future;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::{Stream, StreamExt};
 use lockstep_core::sched::{AdmissionError, NewRequest};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -43,8 +43,30 @@ pub(super) fn parse_body<T: DeserializeOwned>(
     parsed
 }
 
+/// Queues the request's `params.choices` completions (choice `i` with `params.for_choice(i)`),
+/// all or none: when the engine refuses one, those already queued are dropped here, which
+/// aborts them. They are queued one after another, so each computes its own prompt unless the
+/// prefix cache holds it already.
+pub(super) async fn start_choices(
+    state: &AppState,
+    prompt: Vec<u32>,
+    params: &GenerationParams,
+    draft: Option<Draft>,
+) -> Result<Vec<Generation>, ApiError> {
+    let n = params.choices as usize;
+    let drafts: Vec<Option<Draft>> = match draft {
+        Some(draft) => draft.split(n).into_iter().map(Some).collect(),
+        None => (0..n).map(|_| None).collect(),
+    };
+    let mut generations = Vec::with_capacity(n);
+    for (index, draft) in (0u32..).zip(drafts) {
+        generations.push(start(state, prompt.clone(), &params.for_choice(index), draft).await?);
+    }
+    Ok(generations)
+}
+
 /// Queues the request; the generation that reads its output.
-pub(super) async fn start(
+async fn start(
     state: &AppState,
     prompt: Vec<u32>,
     params: &GenerationParams,
@@ -132,31 +154,72 @@ fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
     }
 }
 
-pub(super) fn usage(generation: &Generation) -> Value {
-    let (prompt, completion) = (generation.prompt_tokens, generation.output_tokens);
+/// The prompt counted once, whatever the number of choices; the completions' tokens summed.
+pub(super) fn usage(prompt: u32, completion: u32) -> Value {
     json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
 }
 
-/// `data: {json}` events from a producer that yields a batch of JSON values per call, `None`
-/// when done; `data: [DONE]` closes the stream. Dropping the response (the client left) drops
-/// the producer, and with it the request, which the engine then aborts.
-pub(super) fn sse_response<S, F, Fut>(producer: S, step: F) -> Response
-where
-    S: Send + 'static,
-    F: FnMut(S) -> Fut + Send + 'static,
-    Fut: Future<Output = Option<(Vec<Value>, S)>> + Send + 'static,
-{
-    let events = futures_util::stream::unfold(Some((producer, step)), |state| async move {
-        let (producer, mut step) = state?;
-        match step(producer).await {
-            Some((values, producer)) => {
-                let events: Vec<Result<Event, Infallible>> =
-                    values.into_iter().map(|v| Ok(Event::default().data(v.to_string()))).collect();
-                Some((events, Some((producer, step))))
+/// What one choice's stream of events yields.
+pub(super) enum ChoiceEvents {
+    /// Chunks of its output.
+    More(Vec<Value>),
+    /// Its last chunks, and how many tokens it generated.
+    Finished(Vec<Value>, u32),
+    /// An error event: the whole stream ends with it, and the other choices are aborted.
+    Failed(Value),
+}
+
+/// The choices' events interleaved as they come, then, when every choice has finished and
+/// `usage` is given (the chunk to carry it, and the prompt's tokens), the usage chunk.
+pub(super) fn merge_choices(
+    choices: Vec<BoxStream<'static, ChoiceEvents>>,
+    usage_chunk: Option<(Value, u32)>,
+) -> impl Stream<Item = Vec<Value>> + Send + 'static {
+    struct Merge {
+        choices: SelectAll<BoxStream<'static, ChoiceEvents>>,
+        unfinished: usize,
+        completion_tokens: u32,
+        usage_chunk: Option<(Value, u32)>,
+    }
+    let merge = Merge {
+        unfinished: choices.len(),
+        choices: futures_util::stream::select_all(choices),
+        completion_tokens: 0,
+        usage_chunk,
+    };
+    futures_util::stream::unfold(Some(merge), |merge| async move {
+        let mut merge = merge?;
+        match merge.choices.next().await? {
+            ChoiceEvents::More(chunks) => Some((chunks, Some(merge))),
+            ChoiceEvents::Finished(mut chunks, tokens) => {
+                merge.unfinished -= 1;
+                merge.completion_tokens += tokens;
+                if merge.unfinished == 0
+                    && let Some((mut chunk, prompt_tokens)) = merge.usage_chunk.take()
+                {
+                    chunk["usage"] = usage(prompt_tokens, merge.completion_tokens);
+                    chunks.push(chunk);
+                }
+                Some((chunks, Some(merge)))
             }
-            None => Some((vec![Ok(Event::default().data("[DONE]"))], None)),
+            // Dropping the others aborts their requests.
+            ChoiceEvents::Failed(error) => Some((vec![error], None)),
         }
     })
-    .flat_map(futures_util::stream::iter);
+}
+
+/// `data: {json}` events, a batch per item of `chunks`; `data: [DONE]` closes the stream.
+/// Dropping the response (the client left) drops `chunks`, and with them the requests, which
+/// the engine then aborts.
+pub(super) fn sse_events<S>(chunks: S) -> Response
+where
+    S: Stream<Item = Vec<Value>> + Send + 'static,
+{
+    let events = chunks
+        .map(|values| {
+            values.into_iter().map(|v| Ok::<_, Infallible>(Event::default().data(v.to_string())))
+        })
+        .flat_map(futures_util::stream::iter)
+        .chain(futures_util::stream::once(async { Ok(Event::default().data("[DONE]")) }));
     Sse::new(events).into_response()
 }

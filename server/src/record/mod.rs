@@ -163,7 +163,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// A request as it arrived: when, and in which session.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Arrival {
     recorder: Recorder,
     arrival: Instant,
@@ -185,6 +185,19 @@ pub struct Draft {
 }
 
 impl Draft {
+    /// The records of a request's `n` completions (`n` in the API), each its own request in the
+    /// engine: the first keeps the session and its turn; the others are recorded as requests of
+    /// no session arriving with it, so that a replay sends them beside it, not as later turns.
+    pub fn split(self, n: usize) -> Vec<Draft> {
+        let mut drafts = Vec::with_capacity(n);
+        for _ in 1..n {
+            let arrival = Arrival { session: None, ..self.arrival.clone() };
+            drafts.push(Draft { arrival, input: self.input.clone() });
+        }
+        drafts.insert(0, self);
+        drafts
+    }
+
     /// The engine took the request as `request_id`, with prompt `input_ids`: its turn in its
     /// session is counted now.
     pub fn begin(

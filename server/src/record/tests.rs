@@ -22,6 +22,7 @@ fn params() -> GenerationParams {
         stream: true,
         include_usage: false,
         return_token_ids: false,
+        choices: 1,
     }
 }
 
@@ -97,6 +98,43 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
         .map(|l| l + "\n")
         .collect();
     assert_eq!(again, text);
+}
+
+/// A request for `n` completions is `n` records: the first takes the session's turn, the others
+/// arrive with it in no session (a replay sends them beside it), each with its own seed.
+#[tokio::test(start_paused = true)]
+async fn choices_are_records_of_their_own_and_only_the_first_takes_a_turn() {
+    let metrics = Metrics::new("m");
+    let (recorder, writer) =
+        Recorder::new(TraceHeader::new("m", 256, 1000), Vec::new(), RecorderLimits::default());
+    let task = writer.spawn(&metrics);
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    let input = RequestInput::Completions { prompt: json!("t1") };
+    let drafts = recorder.arrived(&session("s")).with_input(input.clone()).split(3);
+    tokio::time::sleep(Duration::from_millis(4)).await;
+    for (i, draft) in (0u32..).zip(drafts) {
+        let params = params().for_choice(i);
+        draft.begin(10 + u64::from(i), vec![1], &params, &metrics).finish(TraceFinish::Stop);
+    }
+    let next = recorder.arrived(&session("s")).with_input(input);
+    next.begin(20, vec![1], &params(), &metrics).finish(TraceFinish::Stop);
+    let totals = task.finish().await.unwrap();
+    let trace = parse_trace(std::str::from_utf8(&totals.sink).unwrap()).unwrap();
+    let seen: Vec<_> = trace
+        .records
+        .iter()
+        .map(|r| (r.request_id, r.session.as_deref(), r.turn, r.arrival_ms, r.sampling.seed))
+        .collect();
+    let max = u64::MAX;
+    assert_eq!(
+        seen,
+        [
+            (10, Some("s"), Some(1), 3.0, max),
+            (11, None, None, 3.0, 0),
+            (12, None, None, 3.0, 1),
+            (20, Some("s"), Some(2), 7.0, max),
+        ]
+    );
 }
 
 #[tokio::test]
