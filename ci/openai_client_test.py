@@ -167,6 +167,13 @@ def chat_n_choices_are_the_seeds_alone(t):
 
 
 @check
+def chat_penalties_are_taken(t):
+    r = t.chat(messages=USER, max_tokens=8, temperature=0, presence_penalty=1.5,
+               frequency_penalty=-0.5)
+    expect(r.choices[0].finish_reason == "length", r.choices[0])
+
+
+@check
 def completions_token_ids(t):
     r = t.complete(prompt=[1, 2, 3], max_tokens=5, temperature=0,
                    extra_body={"return_token_ids": True})

@@ -38,7 +38,13 @@ fn spec(id: u64) -> RequestSpec {
         ignore_eos: false,
         priority: 0,
         cache_salt: 0,
-        sampling: Sampling { temperature: 0.7, top_p: 0.9, top_k: 40, seed: id },
+        sampling: Sampling {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 40,
+            seed: id,
+            ..Sampling::GREEDY
+        },
     }
 }
 

@@ -12,6 +12,7 @@ use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,
 };
+use crate::wire::Sampling;
 
 mod cluster;
 
@@ -78,10 +79,10 @@ impl Harness {
     }
 
     pub fn submit(&mut self, req: NewRequest) -> Result<(), AdmissionError> {
-        let id = req.id;
+        let (id, prompt_tokens) = (req.id, req.prompt.len());
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
-            self.model.start_request(id, SamplingSpec::GREEDY);
+            self.model.start_request(id, SamplingSpec::for_prompt(sampling(id), prompt_tokens));
             self.tokens.insert(id, Vec::new());
             self.finished.remove(&id);
         }
@@ -196,6 +197,19 @@ impl Harness {
 }
 
 /// A request's output when it runs alone in a fresh harness with the same config: the oracle.
+/// How the harnesses sample request `id`: greedy, and by `id`'s remainder by 3 with no penalty,
+/// a presence penalty, or both penalties, so that the output-so-far every executor keeps for
+/// penalties is checked against the request alone through preemption, overlap, prefix reuse
+/// and (`cluster`) the prefill-to-decode hand-over.
+pub fn sampling(id: RequestId) -> Sampling {
+    let (presence_penalty, frequency_penalty) = match id.0 % 3 {
+        0 => (0.0, 0.0),
+        1 => (2.0, 0.0),
+        _ => (-0.5, 1.25),
+    };
+    Sampling { presence_penalty, frequency_penalty, ..Sampling::GREEDY }
+}
+
 pub fn run_alone(config: &SchedConfig, req: &NewRequest) -> Vec<u32> {
     let mut alone = Harness::new(SchedConfig { prefix_cache: false, ..config.clone() });
     alone.submit(req.clone()).expect("the request is admissible alone");

@@ -2,5 +2,7 @@
 //! every executor, the provenance model included, samples the same way; this module re-exports it
 //! for the model code's callers.
 
-pub use lockstep_core::model::{Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};
+pub use lockstep_core::model::{
+    RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs,
+};
 pub use lockstep_core::wire::Sampling;

@@ -19,15 +19,25 @@ use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::Executor;
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode};
 use lockstep_gpu::llama::{CpuExecutor, LlamaWeights, Sequence};
-use lockstep_gpu::sampling::{Sampler, Sampling, SamplingSpec};
+use lockstep_gpu::sampling::{RequestSampler, Sampling, SamplingSpec};
 use lockstep_gpu::tokenizer::Tokenizer;
 
 const WATCHED: RequestId = RequestId(0);
 /// Each request samples with a seed of its own (`SEED` and its id).
 const SEED: u64 = 7;
 
+/// Penalties on two requests of three, the watched one among them: the output so far that
+/// penalties read must be the same alone and in the crowd.
 fn sampling(id: RequestId) -> Sampling {
-    Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: SEED ^ id.0 }
+    let (presence_penalty, frequency_penalty) = if id.0 % 3 == 2 { (0.0, 0.0) } else { (0.6, 0.4) };
+    Sampling {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        seed: SEED ^ id.0,
+        presence_penalty,
+        frequency_penalty,
+    }
 }
 
 fn config() -> SchedConfig {
@@ -71,7 +81,7 @@ fn run(
     let mut executor =
         CpuExecutor::with_threads(weights.clone(), config.pool, config.running_max, threads);
     for r in requests {
-        executor.start_request(r.id, SamplingSpec { sampling: sampling(r.id), logprobs: None });
+        executor.start_request(r.id, SamplingSpec::for_prompt(sampling(r.id), r.prompt.len()));
         sched.submit(r, Time::ZERO).unwrap();
     }
     let mut watched = Vec::new();
@@ -161,17 +171,22 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, prompt: Vec<u32>, span: u32
     }
     assert_eq!(alone_tokens, batch_tokens, "sampled tokens differ alone and in the batch");
 
-    // And both equal the single-sequence reference, sampling with the same generator.
-    let sampler = Sampler::new(sampling(WATCHED));
+    // And both equal the single-sequence reference, sampling with the same generator and
+    // penalties (the output so far recorded as the executors record it: from the inputs).
+    let mut sampler =
+        RequestSampler::new(SamplingSpec::for_prompt(sampling(WATCHED), prompt.len()));
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
-    for &t in &prompt {
+    for (position, &t) in (0u32..).zip(&prompt) {
+        sampler.record(position, t).unwrap();
         logits = sequence.forward(weights, t);
     }
     for (step, expected) in alone.iter().enumerate() {
         assert!(&logits == expected, "step {step}: the paged executor differs from the reference");
-        let next = sampler.sample(&logits, (prompt.len() + step) as u32);
+        let position = (prompt.len() + step) as u32;
+        let (next, _) = sampler.sample(&logits, position).unwrap();
         assert_eq!(next, alone_tokens[step], "step {step}: the reference samples another token");
+        sampler.record(position, next).unwrap();
         logits = sequence.forward(weights, next);
     }
 }

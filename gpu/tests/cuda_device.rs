@@ -157,7 +157,7 @@ fn run(
     let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut runs = Runs::new();
     for (r, sampling) in requests {
-        backend.start(r.id, SamplingSpec { sampling, logprobs: None });
+        backend.start(r.id, SamplingSpec::for_prompt(sampling, r.prompt.len()));
         runs.insert(r.id, (Vec::new(), Vec::new()));
         sched.submit(r, Time::ZERO).unwrap();
     }
@@ -531,7 +531,15 @@ fn quantized(weights: &LlamaWeights, kind_of: BlockTypes) -> LlamaWeights {
 /// crowd, and the same with the options.
 fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, Vec<Vec<f32>>); 4] {
     let config = config(32, 2);
-    let sampling = |id: u64| Sampling { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7 ^ id };
+    // Penalties on two requests of three, the watched one among them (sampled on the host).
+    let sampling = |id: u64| Sampling {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 7 ^ id,
+        presence_penalty: if id % 3 == 2 { 0.0 } else { 0.6 },
+        frequency_penalty: if id % 3 == 2 { 0.0 } else { 0.4 },
+    };
     let prompt: Vec<u32> = (0..5).map(|i| (11 + 37 * i) % vocab).collect();
     let watched = (request(0, prompt, 6), sampling(0));
     let mut crowd = vec![watched.clone()];

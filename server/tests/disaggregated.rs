@@ -198,13 +198,30 @@ async fn the_same_greedy_output_through_one_process_and_through_router_prefill_a
         let single = TestServer::provenance(mode, StepCost::ZERO).await;
         let c = cluster(mode).await;
         for i in 0..12 {
-            let body = completion(&prompt(i, 3 + i * 5, if i % 2 == 0 { 8 } else { 0 }), 1 + i % 9);
+            let mut body =
+                completion(&prompt(i, 3 + i * 5, if i % 2 == 0 { 8 } else { 0 }), 1 + i % 9);
+            // Penalties on a third: the decode worker's output so far starts with the token the
+            // prefill worker sampled.
+            if i % 3 == 1 {
+                body["presence_penalty"] = json!(1.5);
+                body["frequency_penalty"] = json!(0.75);
+            }
             let (s1, alone) = single.post("/v1/completions", &body).await;
             let (s2, through) = c.router.post("/v1/completions", &body).await;
             assert_eq!((s1, s2), (200, 200), "{alone} {through}");
             assert_eq!(text(&through), text(&alone), "{mode:?} request {i}");
             assert_eq!(through["usage"], alone["usage"]);
         }
+        // Long enough that rewarding repeats changes the output: the router must pass the
+        // penalties on, and the decode worker count the prefill worker's token.
+        let mut long = completion(&prompt(50, 9, 0), 150);
+        let (_, plain) = single.post("/v1/completions", &long).await;
+        long["presence_penalty"] = json!(-2.0);
+        long["frequency_penalty"] = json!(0.5);
+        let (_, alone) = single.post("/v1/completions", &long).await;
+        let (_, through) = c.router.post("/v1/completions", &long).await;
+        assert_ne!(text(&alone), text(&plain), "the penalties changed nothing");
+        assert_eq!(text(&through), text(&alone), "{mode:?}: penalties through the router");
         let streamed = c.router.stream("/v1/completions", &json!({
             "model": "test-model", "prompt": prompt(99, 17, 0), "max_tokens": 6, "temperature": 0, "stream": true
         })).await;

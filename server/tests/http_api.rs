@@ -46,6 +46,11 @@ async fn stream_equals_whole_and_a_crowd_equals_each_alone() {
                 body["temperature"] = json!(1.0);
                 body["seed"] = json!(i);
             }
+            // Penalties on a third: their output so far must be the same in the crowd.
+            if i % 3 == 2 {
+                body["presence_penalty"] = json!(1.5);
+                body["frequency_penalty"] = json!(0.75);
+            }
             let (status, whole) = alone.post("/v1/completions", &body).await;
             assert_eq!(status, 200, "{whole}");
             body["stream"] = json!(true);
@@ -200,6 +205,41 @@ async fn n_choices_each_equal_a_request_alone_with_its_seed() {
     server.quiescent().await;
 }
 
+/// Presence and frequency penalties change long outputs (the provenance model's candidates meet
+/// earlier output tokens often enough in 150), and a penalized request's output, which reads
+/// its output so far, is the same alone and in a crowd of slow overlapped steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_change_the_output_and_a_penalized_request_equals_itself_alone() {
+    let body = |i: u32, presence: f64, frequency: f64| {
+        let mut body = completion(&[1 + i, 2 + i * 7, 3 + i * 11], 150);
+        body["presence_penalty"] = json!(presence);
+        body["frequency_penalty"] = json!(frequency);
+        body
+    };
+    let alone = TestServer::provenance(StepMode::Overlap, StepCost::ZERO).await;
+    let penalties = [(-2.0, 0.0), (0.0, -1.5), (1.0, 2.0), (-1.0, 0.5)];
+    let mut expected = Vec::new();
+    for (i, &(presence, frequency)) in (0..).zip(&penalties) {
+        let (_, plain) = alone.post("/v1/completions", &body(i, 0.0, 0.0)).await;
+        let (status, penalized) =
+            alone.post("/v1/completions", &body(i, presence, frequency)).await;
+        assert_eq!(status, 200, "{penalized}");
+        if presence < 0.0 || frequency < 0.0 {
+            // Rewarding repeats shows within 150 tokens of a 1000-token vocabulary.
+            assert_ne!(text_of(&penalized), text_of(&plain), "request {i}: no change");
+        }
+        expected.push((body(i, presence, frequency), text_of(&penalized)));
+    }
+    alone.quiescent().await;
+    let crowd = TestServer::provenance(StepMode::Overlap, slow_steps()).await;
+    let tasks: Vec<_> =
+        expected.iter().map(|(b, _)| crowd.post_in_task("/v1/completions", b.clone())).collect();
+    for (task, (_, text)) in tasks.into_iter().zip(&expected) {
+        assert_eq!(&text_of(&task.await.unwrap()), text, "a penalized request differs in a crowd");
+    }
+    crowd.quiescent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_cut_the_output_across_tokens_and_free_the_request() {
     let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
@@ -255,7 +295,8 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": {"a": 1}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": "t1", "logprobs": 21}).to_string(), 400),
         ("/v1/completions", json!({"prompt": "t1", "stop": vec!["x"; 17]}).to_string(), 400),
-        ("/v1/completions", json!({"prompt": "t1", "presence_penalty": 1.0}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "presence_penalty": 2.5}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": "t1", "frequency_penalty": -2.01}).to_string(), 400),
         ("/v1/completions", format!("{{\"prompt\": \"{}\"}}", "t1 ".repeat(2000)), 413),
         ("/v1/chat/completions", json!({"messages": []}).to_string(), 400),
         ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400),

@@ -215,6 +215,8 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
         "temperature": request.temperature,
         // OpenAI's seeds are signed; the server takes the bits as they are.
         "seed": request.seed as i64,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
         "stream": true,
     });
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {

@@ -133,6 +133,8 @@ fn thinking_trace() -> SimTrace {
                 max_tokens: 16,
                 temperature: if session == 1 { 0.7 } else { 0.0 },
                 seed: u64::from(session * 10 + turn),
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
             });
         }
     }

@@ -33,6 +33,8 @@ fn trace() -> SimTrace {
             max_tokens: 24,
             temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
             seed: i as u64 * 1_000_003,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         });
     }
     SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }

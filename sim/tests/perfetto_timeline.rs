@@ -23,6 +23,8 @@ fn trace() -> SimTrace {
             max_tokens: 12,
             temperature: 0.0,
             seed: 1,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         })
         .collect();
     SimTrace { name: "perfetto".into(), vocab_size: 32_000, requests }

@@ -70,6 +70,8 @@ fn a_kept_turn_keeps_the_turn_it_waits_on_and_is_renumbered() {
         max_tokens: 4,
         temperature: 0.0,
         seed: index as u64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
     };
     let think = Duration::from_millis(5);
     let trace = SimTrace {

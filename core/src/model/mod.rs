@@ -12,4 +12,6 @@ mod sampling;
 pub use executor::{ExecError, Executor};
 pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;
-pub use sampling::{Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};
+pub use sampling::{
+    OutputTokens, RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, counts, logprobs,
+};

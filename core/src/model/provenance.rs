@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::digest::{Digests, mix};
-use super::{ExecError, Executor, PageStore, Sampler, SamplingSpec, TokenLogprobs, logprobs};
+use super::{ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs};
 use crate::invariant::InvariantViolation;
 use crate::kv::PoolConfig;
 use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
@@ -50,7 +50,7 @@ pub struct ProvenanceModel {
     /// What recent steps sampled, to resolve the placeholders of overlap-mode plans.
     recent: RecentSamples,
     /// How each started request samples.
-    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
+    samplers: BTreeMap<RequestId, RequestSampler>,
 }
 
 impl fmt::Debug for ProvenanceModel {
@@ -92,7 +92,7 @@ impl ProvenanceModel {
 
 impl Executor for ProvenanceModel {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+        self.samplers.insert(request, RequestSampler::new(spec));
     }
 
     fn end_request(&mut self, request: RequestId) {
@@ -121,6 +121,11 @@ impl Executor for ProvenanceModel {
             }
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
                 let token = self.recent.resolve(*input).map_err(ExecError)?;
+                if let Some(sampler) = self.samplers.get_mut(&row.request) {
+                    sampler
+                        .record(position, token)
+                        .map_err(|e| ExecError(format!("{}: {e}", row.request)))?;
+                }
                 let previous = match position {
                     0 => 0x5eed,
                     p => self.read(row.slot, p - 1)?,
@@ -130,10 +135,13 @@ impl Executor for ProvenanceModel {
                 self.digests.page_changed(page);
             }
             if row.sample {
-                let &(sampler, top) = self.samplers.get(&row.request).ok_or_else(|| {
+                // Out of the map while `sample` (which takes `self`) reads it.
+                let sampler = self.samplers.remove(&row.request).ok_or_else(|| {
                     ExecError(format!("{}: a sampling row of a request never started", row.request))
                 })?;
-                let (token, lp) = self.sample(row.slot, row.positions.end, sampler, top)?;
+                let drawn = self.sample(row.slot, row.positions.end, &sampler);
+                self.samplers.insert(row.request, sampler);
+                let (token, lp) = drawn?;
                 sampled.push(token);
                 row_logprobs.push(lp);
                 by_row.push(Some(token));
@@ -218,8 +226,7 @@ impl ProvenanceModel {
         &mut self,
         slot: u32,
         len: u32,
-        sampler: Sampler,
-        top: Option<u8>,
+        sampler: &RequestSampler,
     ) -> Result<(u32, Option<TokenLogprobs>), ExecError> {
         let digest = self.digest(slot, len)?;
         let count = CANDIDATES.min(self.vocab_size);
@@ -228,14 +235,11 @@ impl ProvenanceModel {
             .map(|i| (mix(digest ^ (i + 1).wrapping_mul(0x9e37_79b9)) >> 40) as f32 / 1_048_576.0)
             .collect();
         let token_of = |i: u32| (base + i) % self.vocab_size;
-        let chosen = sampler.sample(&logits, len);
-        let lp = top.map(|top| {
-            let l = logprobs(&logits, chosen, top);
-            TokenLogprobs {
-                token: token_of(chosen),
-                logprob: l.logprob,
-                top: l.top.into_iter().map(|(i, p)| (token_of(i), p)).collect(),
-            }
+        let (chosen, lp) = sampler.sample_candidates(&logits, len, token_of).map_err(ExecError)?;
+        let lp = lp.map(|l| TokenLogprobs {
+            token: token_of(chosen),
+            logprob: l.logprob,
+            top: l.top.into_iter().map(|(i, p)| (token_of(i), p)).collect(),
         });
         Ok((token_of(chosen), lp))
     }

@@ -121,8 +121,14 @@ fn sampling_follows_the_seed_and_logprobs_come_when_asked() {
     let tokens = |seed: u64, logprobs: Option<u8>| {
         let config = run.sched.config();
         let mut m = ProvenanceModel::new(config.pool, config.running_max, 97);
-        let sampling = crate::wire::Sampling { temperature: 1.5, top_p: 1.0, top_k: 0, seed };
-        m.start_request(RequestId(1), SamplingSpec { sampling, logprobs });
+        let sampling = crate::wire::Sampling {
+            temperature: 1.5,
+            top_p: 1.0,
+            top_k: 0,
+            seed,
+            ..crate::wire::Sampling::GREEDY
+        };
+        m.start_request(RequestId(1), SamplingSpec { sampling, logprobs, prompt_tokens: 0 });
         m.start_request(RequestId(2), SamplingSpec::GREEDY);
         let first = m.execute(&run.first).unwrap();
         let second = m.execute(&run.second).unwrap();

@@ -6,6 +6,10 @@
 //! how many draws came before. A request preempted and recomputed, or one whose sample an
 //! overlap step discarded, therefore draws exactly what it would have drawn running alone, and the
 //! same seed and prompt give the same completion whatever request id or batch they land in.
+//!
+//! Penalties (`Sampling::has_penalties`) also read the request's output before the position,
+//! which each executor learns from the plans' inputs (`OutputTokens`), so they too depend only
+//! on the request's own sequence.
 
 use crate::wire::Sampling;
 
@@ -16,10 +20,24 @@ pub struct SamplingSpec {
     /// Log-probabilities to report per sampled token: `None` for none, `Some(n)` for the chosen
     /// token's and the `n` most likely alternatives' (at most `TOP_LOGPROBS_MAX`).
     pub logprobs: Option<u8>,
+    /// The prompt's length: the output, which penalties count, starts at this position.
+    pub prompt_tokens: u32,
 }
 
 impl SamplingSpec {
-    pub const GREEDY: SamplingSpec = SamplingSpec { sampling: Sampling::GREEDY, logprobs: None };
+    pub const GREEDY: SamplingSpec =
+        SamplingSpec { sampling: Sampling::GREEDY, logprobs: None, prompt_tokens: 0 };
+
+    /// A request's spec: its sampling, no log-probabilities, its prompt's length.
+    pub fn for_prompt(sampling: Sampling, prompt_tokens: usize) -> SamplingSpec {
+        let prompt_tokens = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
+        SamplingSpec { sampling, logprobs: None, prompt_tokens }
+    }
+
+    /// The record of the output penalties need, if this request has penalties.
+    pub fn output_tokens(&self) -> Option<OutputTokens> {
+        self.sampling.has_penalties().then(|| OutputTokens::new(self.prompt_tokens))
+    }
     /// OpenAI's limit on `top_logprobs`.
     pub const TOP_LOGPROBS_MAX: u8 = 20;
 }
@@ -49,13 +67,44 @@ impl Sampler {
         self.params
     }
 
+    /// Whether a draw is the largest logit's token. NaN and negative temperatures are refused at
+    /// the edge; anything not above zero here is greedy, and so is a top-k of one.
+    pub fn is_greedy(&self) -> bool {
+        let p = self.params;
+        p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1
+    }
+
+    /// Whether `penalize` changes logits: then an executor samples from logits on the host,
+    /// never by an argmax on the device.
+    pub fn has_penalties(&self) -> bool {
+        self.params.has_penalties()
+    }
+
+    /// OpenAI's penalties on `logits` (index = token id), given the request's output so far:
+    /// each token that occurs `count > 0` times there loses `frequency_penalty * count`, then
+    /// `presence_penalty` (vLLM's order). Tokens past the end of `logits` are skipped.
+    pub fn penalize(&self, logits: &mut [f32], output: &[u32]) {
+        if !self.has_penalties() {
+            return;
+        }
+        for (token, count) in counts(output) {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit = self.penalized(*logit, count);
+            }
+        }
+    }
+
+    /// A logit whose token occurs `count` times in the output (`count > 0`), penalized.
+    pub fn penalized(&self, logit: f32, count: u32) -> f32 {
+        let p = self.params;
+        (logit - p.frequency_penalty * count as f32) - p.presence_penalty
+    }
+
     /// The token at sequence position `position`, drawn from `logits` (index = token id).
     pub fn sample(&self, logits: &[f32], position: u32) -> u32 {
         assert!(!logits.is_empty(), "sampling from no logits");
         let p = self.params;
-        // NaN and negative temperatures are refused at the edge; anything not above zero here is
-        // greedy, and so is a top-k of one.
-        if p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         // Candidates in order of decreasing logit, ties by lower id: no hidden tie-breaks.
@@ -90,6 +139,153 @@ impl Sampler {
             draw -= q;
         }
         *order.last().expect("at least one candidate")
+    }
+}
+
+/// What an executor keeps for a request it has started: its sampler, the log-probabilities it
+/// asked for, and, with penalties, its output so far. Every executor samples through this, so a
+/// penalty means the same on each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestSampler {
+    pub sampler: Sampler,
+    /// Top log-probabilities to report (`SamplingSpec::logprobs`).
+    pub top: Option<u8>,
+    output: Option<OutputTokens>,
+}
+
+impl RequestSampler {
+    pub fn new(spec: SamplingSpec) -> RequestSampler {
+        RequestSampler {
+            sampler: Sampler::new(spec.sampling),
+            top: spec.logprobs,
+            output: spec.output_tokens(),
+        }
+    }
+
+    /// The plan's input at `position` is `token` (a no-op without penalties).
+    pub fn record(&mut self, position: u32, token: u32) -> Result<(), String> {
+        match self.output.as_mut() {
+            Some(output) => output.record(position, token),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether sampling needs the logits on the host: not greedy, penalties, or log-probabilities.
+    pub fn needs_logits(&self) -> bool {
+        !self.sampler.is_greedy() || self.output.is_some() || self.top.is_some()
+    }
+
+    /// The token for `position` from `logits` (index = token id), penalized by the output
+    /// before it, and its log-probabilities under the raw logits if asked for (as vLLM reports
+    /// them by default).
+    pub fn sample(
+        &self,
+        logits: &[f32],
+        position: u32,
+    ) -> Result<(u32, Option<TokenLogprobs>), String> {
+        let token = match &self.output {
+            None => self.sampler.sample(logits, position),
+            Some(output) => {
+                let mut penalized = logits.to_vec();
+                self.sampler.penalize(&mut penalized, output.before(position)?);
+                self.sampler.sample(&penalized, position)
+            }
+        };
+        Ok((token, self.top.map(|top| logprobs(logits, token, top))))
+    }
+
+    /// `sample` over candidates: `logits[i]` is token `token_of(i)`'s. Returns the candidate's
+    /// index and its log-probabilities over the candidates (indices, not tokens).
+    pub fn sample_candidates(
+        &self,
+        logits: &[f32],
+        position: u32,
+        token_of: impl Fn(u32) -> u32,
+    ) -> Result<(u32, Option<TokenLogprobs>), String> {
+        let chosen = match &self.output {
+            None => self.sampler.sample(logits, position),
+            Some(output) => {
+                let counts = counts(output.before(position)?);
+                let mut penalized = logits.to_vec();
+                for (i, logit) in (0u32..).zip(&mut penalized) {
+                    if let Ok(at) = counts.binary_search_by_key(&token_of(i), |&(token, _)| token) {
+                        *logit = self.sampler.penalized(*logit, counts[at].1);
+                    }
+                }
+                self.sampler.sample(&penalized, position)
+            }
+        };
+        Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
+    }
+}
+
+/// Each token of `output` with how often it occurs, by token.
+pub fn counts(output: &[u32]) -> Vec<(u32, u32)> {
+    let mut sorted = output.to_vec();
+    sorted.sort_unstable();
+    let mut counts: Vec<(u32, u32)> = Vec::new();
+    for token in sorted {
+        match counts.last_mut() {
+            Some((last, count)) if *last == token => *count += 1,
+            _ => counts.push((token, 1)),
+        }
+    }
+    counts
+}
+
+/// One request's output tokens by position, as an executor learns them from the plans it runs:
+/// every output token is the input of the position after it. So the record is the same whether
+/// the request ran alone, was preempted and recomputed (its recompute feeds the same tokens
+/// again), ran under overlap scheduling (its inputs resolved from the step before), or came
+/// from a prefill worker (the first output token is the decode worker's first input).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputTokens {
+    prompt_tokens: u32,
+    /// The token at position `prompt_tokens + i`.
+    tokens: Vec<u32>,
+}
+
+impl OutputTokens {
+    pub fn new(prompt_tokens: u32) -> OutputTokens {
+        OutputTokens { prompt_tokens, tokens: Vec::new() }
+    }
+
+    /// `token` is the input at `position`. A prompt position is not output; a position already
+    /// known takes the new token and forgets the ones after it (they followed from the old one).
+    /// A position past the next unknown one is an error: the output before it is unknown, and a
+    /// penalty computed without it would be silently wrong.
+    pub fn record(&mut self, position: u32, token: u32) -> Result<(), String> {
+        let Some(at) = position.checked_sub(self.prompt_tokens) else { return Ok(()) };
+        let at = at as usize;
+        match at.cmp(&self.tokens.len()) {
+            std::cmp::Ordering::Less => {
+                if self.tokens[at] != token {
+                    self.tokens.truncate(at);
+                    self.tokens.push(token);
+                }
+            }
+            std::cmp::Ordering::Equal => self.tokens.push(token),
+            std::cmp::Ordering::Greater => {
+                return Err(format!(
+                    "output position {position} before {} was recorded (output starts at {})",
+                    self.prompt_tokens as usize + self.tokens.len(),
+                    self.prompt_tokens
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output before `position`: what a token sampled for `position` is penalized by.
+    pub fn before(&self, position: u32) -> Result<&[u32], String> {
+        let len = position.saturating_sub(self.prompt_tokens) as usize;
+        self.tokens.get(..len).ok_or_else(|| {
+            format!(
+                "sampling position {position} with only {} output tokens known (output starts at {})",
+                self.tokens.len(),
+                self.prompt_tokens
+            )
+        })
     }
 }
 
@@ -148,7 +344,7 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> Sampling {
-        Sampling { temperature, top_k, top_p, seed }
+        Sampling { temperature, top_k, top_p, seed, ..Sampling::GREEDY }
     }
 
     #[test]
@@ -187,6 +383,80 @@ mod tests {
         assert_eq!(counts[2] + counts[3], 0, "beyond top-p: never drawn");
         let share = f64::from(counts[0]) / 20_000.0;
         assert!((share - 0.64 / 0.88).abs() < 0.02, "top token drawn {share}");
+    }
+
+    #[test]
+    fn penalties_take_frequency_times_count_then_presence_off_the_output_s_tokens() {
+        let penalized = |presence, frequency, output: &[u32]| {
+            let p = Sampling {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..params(0.0, 0, 1.0, 0)
+            };
+            let mut logits = [1.0f32, 2.0, 3.0, 4.0];
+            Sampler::new(p).penalize(&mut logits, output);
+            logits
+        };
+        assert_eq!(penalized(0.0, 0.0, &[3, 3]), [1.0, 2.0, 3.0, 4.0], "no penalty, no change");
+        assert_eq!(penalized(0.5, 0.0, &[3, 3, 1]), [1.0, 1.5, 3.0, 3.5]);
+        assert_eq!(penalized(0.0, 0.75, &[3, 3, 1]), [1.0, 1.25, 3.0, 2.5]);
+        // vLLM's order: frequency first, then presence; negative values reward.
+        assert_eq!(penalized(-1.0, 0.5, &[0, 0, 0]), [(1.0 - 1.5) + 1.0, 2.0, 3.0, 4.0]);
+        // A token past the logits (another vocabulary's) is skipped, not a panic.
+        assert_eq!(penalized(1.0, 1.0, &[9]), [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(counts(&[5, 1, 5, 5, 0]), vec![(0, 1), (1, 1), (5, 3)]);
+    }
+
+    #[test]
+    fn output_tokens_are_recorded_by_position_and_a_gap_is_an_error() {
+        let mut out = OutputTokens::new(3);
+        for (position, token) in [(0, 9), (1, 9), (2, 9), (3, 7), (4, 8)] {
+            out.record(position, token).unwrap();
+        }
+        assert_eq!(out.before(5).unwrap(), [7, 8], "the prompt's positions are not output");
+        assert_eq!(out.before(4).unwrap(), [7]);
+        assert_eq!(out.before(3).unwrap(), [] as [u32; 0]);
+        // A recompute feeds the same tokens again: nothing changes.
+        out.record(3, 7).unwrap();
+        assert_eq!(out.before(5).unwrap(), [7, 8]);
+        // Another token at a known position: the ones after it followed from the old one.
+        out.record(3, 6).unwrap();
+        assert_eq!(out.before(4).unwrap(), [6]);
+        assert!(out.before(5).is_err(), "position 4 is no longer known");
+        let err = out.record(6, 1).unwrap_err();
+        assert!(err.contains("output position 6 before 4"), "{err}");
+    }
+
+    #[test]
+    fn a_request_sampler_penalizes_only_with_penalties_and_reports_raw_logprobs() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        let spec = |presence| SamplingSpec {
+            sampling: Sampling { presence_penalty: presence, ..Sampling::GREEDY },
+            logprobs: Some(1),
+            prompt_tokens: 2,
+        };
+        let mut plain = RequestSampler::new(spec(0.0));
+        let mut penalized = RequestSampler::new(spec(0.5));
+        for sampler in [&mut plain, &mut penalized] {
+            for (position, token) in [(0, 1), (1, 1), (2, 1)] {
+                sampler.record(position, token).unwrap();
+            }
+        }
+        assert!(!RequestSampler::new(SamplingSpec::GREEDY).needs_logits());
+        assert!(penalized.needs_logits() && plain.needs_logits(), "logprobs need them too");
+        let (token, lp) = plain.sample(&logits, 3).unwrap();
+        assert_eq!(token, 1);
+        let (token, penalized_lp) = penalized.sample(&logits, 3).unwrap();
+        assert_eq!(token, 2, "token 1 is in the output: 3.0 - 0.5 < 2.9");
+        assert_eq!(
+            penalized_lp.unwrap().top,
+            lp.unwrap().top,
+            "log-probabilities of the raw logits"
+        );
+        // Candidates named by token: candidate 0 is token 1, candidate 1 is token 2.
+        let (chosen, _) = penalized.sample_candidates(&[3.0, 2.9], 3, |i| i + 1).unwrap();
+        assert_eq!(chosen, 1);
+        assert!(penalized.sample(&logits, 9).is_err(), "an output position never recorded");
     }
 
     #[test]

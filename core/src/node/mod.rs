@@ -33,7 +33,7 @@ pub fn local_id(key: TransferKey) -> RequestId {
 }
 
 fn sampling_spec(request: &RequestSpec) -> SamplingSpec {
-    SamplingSpec { sampling: request.sampling, logprobs: None }
+    SamplingSpec::for_prompt(request.sampling, request.prompt.len())
 }
 
 fn new_request(key: TransferKey, request: &RequestSpec) -> NewRequest {

@@ -291,7 +291,9 @@ impl Cluster {
                         |i| if i < shared { 1 + i % 90 } else { 1 + (i * 7 + id as u32 * 13) % 90 },
                     )
                     .collect();
-                let spec = RequestSpec::new(RequestId(id), prompt, u32::from(max_tokens % 12) + 1);
+                let mut spec =
+                    RequestSpec::new(RequestId(id), prompt, u32::from(max_tokens % 12) + 1);
+                spec.sampling = super::sampling(spec.id);
                 let _ = self.submit(spec);
             }
             ClusterOp::Deliver(i) => {

@@ -11,7 +11,7 @@ use super::messages::*;
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -57,7 +57,10 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
     };
     let spec = |request: &RequestSpec| {
         bound("prompt", request.prompt.len(), PROMPT_TOKENS_MAX)?;
-        bound("stop tokens", request.stop_token_ids.len(), STOP_TOKENS_MAX)
+        bound("stop tokens", request.stop_token_ids.len(), STOP_TOKENS_MAX)?;
+        let sampling = &request.sampling;
+        finite_penalty("presence penalty", sampling.presence_penalty)?;
+        finite_penalty("frequency penalty", sampling.frequency_penalty).map(drop)
     };
     match message {
         Message::Reserve { request, .. } => spec(request),
@@ -313,6 +316,8 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     w.f32(spec.sampling.top_p);
     w.u32(spec.sampling.top_k);
     w.u64(spec.sampling.seed);
+    w.f32(spec.sampling.presence_penalty);
+    w.f32(spec.sampling.frequency_penalty);
 }
 
 fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
@@ -329,8 +334,23 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
             top_p: r.f32("top p")?,
             top_k: r.u32("top k")?,
             seed: r.u64("seed")?,
+            presence_penalty: read_penalty(r, "presence penalty")?,
+            frequency_penalty: read_penalty(r, "frequency penalty")?,
         },
     })
+}
+
+/// A penalty is subtracted from logits: NaN or an infinity would make every one of them NaN or
+/// infinite, so it is refused on both sides of the wire (the HTTP edge bounds them to [-2, 2]).
+fn finite_penalty(what: &'static str, value: f32) -> Result<f32, WireError> {
+    match value.is_finite() {
+        true => Ok(value),
+        false => Err(WireError::Invalid { what, value: u64::from(value.to_bits()) }),
+    }
+}
+
+fn read_penalty(r: &mut Reader<'_>, what: &'static str) -> Result<f32, WireError> {
+    finite_penalty(what, r.f32(what)?)
 }
 
 fn abort_reason(reason: AbortReason) -> u8 {

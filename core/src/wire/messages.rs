@@ -50,11 +50,28 @@ pub struct Sampling {
     /// 0 means no top-k cut.
     pub top_k: u32,
     pub seed: u64,
+    /// OpenAI's penalties on the output so far: a token's logit less `frequency_penalty` times
+    /// its count in the output, then less `presence_penalty` if it is there at all
+    /// (`model::Sampler::penalize`). Zero: none.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
 }
 
 impl Sampling {
     /// The most likely token every time.
-    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 };
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: 0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+    };
+
+    /// Whether the output so far changes the logits (either penalty is not zero).
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
 }
 
 /// A request as it travels between workers.

@@ -41,7 +41,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
         any::<bool>(),
         any::<i32>(),
         any::<u64>(),
-        (-1e6f32..1e6, 0f32..1.0, any::<u32>(), any::<u64>()),
+        (-1e6f32..1e6, 0f32..1.0, any::<u32>(), any::<u64>(), -2f32..2.0, -1e30f32..1e30),
     )
         .prop_map(
             |(
@@ -52,7 +52,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 ignore_eos,
                 priority,
                 cache_salt,
-                (t, p, k, s),
+                (t, p, k, s, presence, frequency),
             )| RequestSpec {
                 id: RequestId(id),
                 prompt,
@@ -61,7 +61,14 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 ignore_eos,
                 priority,
                 cache_salt,
-                sampling: Sampling { temperature: t, top_p: p, top_k: k, seed: s },
+                sampling: Sampling {
+                    temperature: t,
+                    top_p: p,
+                    top_k: k,
+                    seed: s,
+                    presence_penalty: presence,
+                    frequency_penalty: frequency,
+                },
             },
         )
 }
@@ -232,16 +239,16 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![10, 0, 0, 0, 3, 3, 1, 2, 1, 2, 3, 4, 5, 6]
+        vec![10, 0, 0, 0, 4, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
 #[test]
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
-    frame[4] = 2;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 2, supported: 3 }));
     frame[4] = 3;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 4 }));
+    frame[4] = 4;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }
@@ -292,5 +299,19 @@ fn encode_refuses_what_every_decoder_refuses() {
     assert!(matches!(err, WireError::TooLong { what: "stop tokens", .. }), "{err}");
     request.stop_token_ids.truncate(STOP_TOKENS_MAX);
     let frame = encode_frame(&envelope(request.clone()), Vec::new()).unwrap();
-    assert_eq!(decode_frame(&frame).unwrap(), envelope(request));
+    assert_eq!(decode_frame(&frame).unwrap(), envelope(request.clone()));
+    // A penalty that is not finite: refused by the encoder, and by a decoder that gets one.
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut penalized = request.clone();
+        penalized.sampling.frequency_penalty = bad;
+        let err = encode_frame(&envelope(penalized), Vec::new()).unwrap_err();
+        assert!(matches!(err, WireError::Invalid { what: "frequency penalty", .. }), "{err}");
+    }
+    request.sampling.presence_penalty = 1.25;
+    let mut frame = encode_frame(&envelope(request), Vec::new()).unwrap();
+    let bits = 1.25f32.to_le_bytes();
+    let at = frame.windows(4).position(|w| w == bits).unwrap();
+    frame[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let err = decode_frame(&frame).unwrap_err();
+    assert!(matches!(err, WireError::Invalid { what: "presence penalty", .. }), "{err}");
 }

@@ -1,5 +1,5 @@
 //! `CudaExecutor`: scheduler plans on one NVIDIA GPU, over paged KV in device memory, sampling
-//! through core's `Sampler` exactly as the CPU executor does.
+//! through core's `RequestSampler` exactly as the CPU executor does.
 //!
 //! A step: the plan's page-table deltas are applied on the host (`PageTables`, as the CPU's), the
 //! plan becomes flat arrays (`layout`), checked before anything is queued; the arrays are copied
@@ -30,7 +30,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enu
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::{
-    ExecError, Executor, PageStore, Sampler, SamplingSpec, TokenLogprobs, logprobs,
+    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs,
 };
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
@@ -108,7 +108,7 @@ pub struct CudaExecutor {
     launch_options: LaunchOptions,
     tables: PageTables,
     recent: RecentSamples,
-    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
+    samplers: BTreeMap<RequestId, RequestSampler>,
     /// Steps run eagerly and as graph replays, for tests and benchmarks.
     pub steps_eager: u64,
     pub steps_replayed: u64,
@@ -272,6 +272,14 @@ impl CudaExecutor {
             }
         }
         self.tables.apply(plan)?;
+        // Each request's output so far, for its penalties (a no-op for one without).
+        for row in &plan.rows {
+            let Some(sampler) = self.samplers.get_mut(&row.request) else { continue };
+            for (position, &input) in row.positions.clone().zip(plan.row_inputs(row)) {
+                let token = self.recent.resolve(input)?;
+                sampler.record(position, token).map_err(|e| format!("{}: {e}", row.request))?;
+            }
+        }
         let (tables, recent) = (&self.tables, &self.recent);
         let mut arrays = StepArrays::build(
             plan,
@@ -410,9 +418,8 @@ impl CudaExecutor {
         let mut logits_out = Vec::new();
         for (i, &r) in sample_rows.iter().enumerate() {
             let row = &plan.rows[r];
-            let (sampler, top) = self.samplers[&row.request];
-            let greedy = is_greedy(&sampler);
-            let logits = match all_logits || !greedy || top.is_some() {
+            let sampler = &self.samplers[&row.request];
+            let logits = match all_logits || sampler.needs_logits() {
                 true => {
                     let mut l = vec![0f32; vocab];
                     let view = self.buffers.logits.slice(i * vocab..(i + 1) * vocab);
@@ -421,15 +428,16 @@ impl CudaExecutor {
                 }
                 false => None,
             };
-            let token = match (&logits, greedy) {
-                (Some(l), false) => sampler.sample(l, row.positions.end),
-                _ => u32::try_from(argmax[i]).map_err(|_| "CUDA: a negative argmax")?,
+            // Greedy without penalties or log-probabilities: the device's argmax, the same
+            // token (`argmax`'s ties go to the lower id there too).
+            let (token, lp) = match (&logits, sampler.needs_logits()) {
+                (Some(l), true) => sampler
+                    .sample(l, row.positions.end)
+                    .map_err(|e| format!("{}: {e}", row.request))?,
+                _ => (u32::try_from(argmax[i]).map_err(|_| "CUDA: a negative argmax")?, None),
             };
             sampled.push(token);
-            row_logprobs.push(match (top, &logits) {
-                (Some(top), Some(l)) => Some(logprobs(l, token, top)),
-                _ => None,
-            });
+            row_logprobs.push(lp);
             if all_logits {
                 logits_out.push(logits.unwrap_or_default());
             }
@@ -457,15 +465,9 @@ impl CudaExecutor {
     }
 }
 
-/// Whether `sampler` picks the argmax: the same test as `Sampler::sample`'s greedy branch.
-fn is_greedy(sampler: &Sampler) -> bool {
-    let p = sampler.params();
-    p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1
-}
-
 impl Executor for CudaExecutor {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+        self.samplers.insert(request, RequestSampler::new(spec));
     }
 
     fn end_request(&mut self, request: RequestId) {

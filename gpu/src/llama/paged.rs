@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use lockstep_core::kv::{PageRef, PoolConfig};
-use lockstep_core::model::{ExecError, Executor, Sampler, SamplingSpec, TokenLogprobs, logprobs};
+use lockstep_core::model::{ExecError, Executor, RequestSampler, SamplingSpec, TokenLogprobs};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::forward::{attend_head_paged, rope, swiglu};
@@ -95,7 +95,7 @@ pub struct CpuExecutor {
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
-    samplers: BTreeMap<RequestId, (Sampler, Option<u8>)>,
+    samplers: BTreeMap<RequestId, RequestSampler>,
 }
 
 impl CpuExecutor {
@@ -170,6 +170,11 @@ impl CpuExecutor {
                         row.request
                     ));
                 }
+                if let Some(sampler) = self.samplers.get_mut(&row.request) {
+                    sampler
+                        .record(position as u32, token)
+                        .map_err(|e| format!("{}: {e}", row.request))?;
+                }
                 slots.push(Slot { row: r, position, token });
             }
             if row.sample {
@@ -182,11 +187,12 @@ impl CpuExecutor {
         let mut row_logprobs: Vec<Option<TokenLogprobs>> = Vec::with_capacity(sampling.len());
         for (&t, l) in sampling.iter().zip(&logits) {
             let row = &plan.rows[slots[t].row];
-            let (sampler, top) = self.samplers[&row.request];
             // The sampled token takes the position after the row's last.
-            let token = sampler.sample(l, row.positions.end);
+            let (token, lp) = self.samplers[&row.request]
+                .sample(l, row.positions.end)
+                .map_err(|e| format!("{}: {e}", row.request))?;
             sampled.push(token);
-            row_logprobs.push(top.map(|top| logprobs(l, token, top)));
+            row_logprobs.push(lp);
         }
         let mut by_row = vec![None; plan.rows.len()];
         for (&t, &token) in sampling.iter().zip(&sampled) {
@@ -407,7 +413,7 @@ impl CpuExecutor {
 
 impl Executor for CpuExecutor {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, (Sampler::new(spec.sampling), spec.logprobs));
+        self.samplers.insert(request, RequestSampler::new(spec));
     }
 
     fn end_request(&mut self, request: RequestId) {

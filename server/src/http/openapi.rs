@@ -268,9 +268,14 @@ fn common_properties(config: &AppConfig) -> Value {
                         (default: all the context leaves)",
     }));
     let stop_string = json!({ "type": "string", "maxLength": STOP_CHARS_MAX });
-    let only_zero = nullable(json!({
-        "type": "number", "minimum": 0, "maximum": 0, "description": "not supported: only 0",
-    }));
+    let penalty = |what: &str| {
+        nullable(json!({
+            "type": "number", "minimum": -2, "maximum": 2, "default": 0,
+            "description": format!(
+                "subtracted from the logit of each token already in the output {what}"
+            ),
+        }))
+    };
     json!({
         "model": nullable(json!({
             "type": "string", "enum": [config.model_name],
@@ -311,8 +316,8 @@ fn common_properties(config: &AppConfig) -> Value {
             }))),
             "only with `stream`: true",
         ),
-        "presence_penalty": only_zero.clone(),
-        "frequency_penalty": only_zero,
+        "presence_penalty": penalty("once"),
+        "frequency_penalty": penalty("per occurrence"),
         "logit_bias": nullable(json!({
             "type": "object", "maxProperties": 0, "description": "not supported: only empty",
         })),
@@ -815,6 +820,8 @@ mod tests {
             top_k: Some(at("top_k", "minimum") as i64),
             max_tokens: Some(at("max_tokens", "maximum") as u32),
             n: Some(at("n", "maximum") as u32),
+            presence_penalty: Some(at("presence_penalty", "maximum")),
+            frequency_penalty: Some(at("frequency_penalty", "minimum")),
             seed: Some(i64::MIN),
             stop: Some(Stop::Many(vec![widest.clone(); stops as usize])),
             ..CommonRequest::default()
@@ -839,6 +846,14 @@ mod tests {
             },
             CommonRequest { n: Some(at("n", "maximum") as u32 + 1), ..Default::default() },
             CommonRequest { n: Some(at("n", "minimum") as u32 - 1), ..Default::default() },
+            CommonRequest {
+                presence_penalty: Some(at("presence_penalty", "maximum") + 0.01),
+                ..Default::default()
+            },
+            CommonRequest {
+                frequency_penalty: Some(at("frequency_penalty", "minimum") - 0.01),
+                ..Default::default()
+            },
             CommonRequest {
                 stop: Some(Stop::Many(vec![String::new(); stops as usize + 1])),
                 ..Default::default()

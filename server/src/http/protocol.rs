@@ -1,6 +1,6 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions`, and their validation into
 //! what the engine runs. Every field OpenAI defines that we do not implement is refused with a
-//! message when it asks for something (a penalty, a logit bias), never silently ignored; fields that
+//! message when it asks for something (a logit bias), never silently ignored; fields that
 //! change nothing (`user`, `parallel_tool_calls`) are accepted. Unknown fields are ignored, as
 //! OpenAI's own server does.
 
@@ -135,14 +135,21 @@ impl CommonRequest {
                 format!("n must be within [1, {CHOICES_MAX}]"),
             ));
         }
-        for (name, value) in [
+        let mut penalties = [0f32; 2];
+        for (penalty, (name, value)) in penalties.iter_mut().zip([
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if value.is_some_and(|v| v != 0.0) {
-                return Err(ApiError::invalid(format!("{name} is not supported (only 0)")));
+        ]) {
+            let value = value.unwrap_or(0.0);
+            if !(-2.0..=2.0).contains(&value) {
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("{name} must be within [-2, 2]"),
+                ));
             }
+            *penalty = value as f32;
         }
+        let [presence_penalty, frequency_penalty] = penalties;
         if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
             return Err(ApiError::invalid_param("logit_bias", "logit_bias is not supported"));
         }
@@ -194,7 +201,19 @@ impl CommonRequest {
         let seed = self.seed.map_or(seed_if_none, |s| s as u64);
         Ok(GenerationParams {
             max_tokens,
-            spec: SamplingSpec { sampling: Sampling { temperature, top_p, top_k, seed }, logprobs },
+            spec: SamplingSpec {
+                sampling: Sampling {
+                    temperature,
+                    top_p,
+                    top_k,
+                    seed,
+                    presence_penalty,
+                    frequency_penalty,
+                },
+                logprobs,
+                // The prompt is encoded after validation: `respond::start` sets it.
+                prompt_tokens: 0,
+            },
             stops,
             ignore_eos: self.ignore_eos,
             stream: self.stream,

@@ -10,6 +10,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{Stream, StreamExt};
+use lockstep_core::model::SamplingSpec;
 use lockstep_core::sched::{AdmissionError, NewRequest};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -119,8 +120,8 @@ async fn start(
         priority: 0,
         cache_salt: 0,
     };
-    let stream =
-        state.engine.submit(request, params.spec).await.map_err(|e| submit_error(state, e))?;
+    let spec = SamplingSpec { prompt_tokens, ..params.spec };
+    let stream = state.engine.submit(request, spec).await.map_err(|e| submit_error(state, e))?;
     let deadline = tokio::time::Instant::now() + state.config.request_time_max;
     let recording =
         draft.zip(input_ids).map(|(d, ids)| d.begin(stream.id().0, ids, params, &state.metrics));

@@ -130,6 +130,15 @@ pub struct TraceSampling {
     /// 0: every token.
     pub top_k: u32,
     pub seed: u64,
+    /// Absent in traces written before penalties were served: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub presence_penalty: f32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frequency_penalty: f32,
+}
+
+fn is_zero(value: &f32) -> bool {
+    *value == 0.0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -226,6 +226,8 @@ impl Draft {
                 top_p: sampling.top_p,
                 top_k: sampling.top_k,
                 seed: sampling.seed,
+                presence_penalty: sampling.presence_penalty,
+                frequency_penalty: sampling.frequency_penalty,
             },
             stop: params.stops.clone(),
             ignore_eos: params.ignore_eos,

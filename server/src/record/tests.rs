@@ -14,8 +14,16 @@ fn params() -> GenerationParams {
     GenerationParams {
         max_tokens: Some(8),
         spec: SamplingSpec {
-            sampling: Sampling { temperature: 0.7, top_p: 0.9, top_k: 40, seed: u64::MAX },
+            sampling: Sampling {
+                temperature: 0.7,
+                top_p: 0.9,
+                top_k: 40,
+                seed: u64::MAX,
+                presence_penalty: 0.0,
+                frequency_penalty: 0.25,
+            },
             logprobs: None,
+            prompt_tokens: 0,
         },
         stops: vec!["\n\n".into()],
         ignore_eos: false,

@@ -51,6 +51,7 @@ usage:
                                 `explore --shrink` prints; LIST is 0,3,7 or - for none
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
+  --penalties       two requests in three get presence/frequency penalties (none of their own)
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";
@@ -194,6 +195,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         if flag == "--no-fast-forward" {
             fast_forward = false;
+            i += 1;
+            continue;
+        }
+        if flag == "--penalties" {
+            import.penalties = true;
+            import_args.push(flag.to_owned());
             i += 1;
             continue;
         }

@@ -55,6 +55,15 @@ impl SimTrace {
         if !(request.temperature.is_finite() && request.temperature >= 0.0) {
             return Err(format!("temperature {} is not a number ≥ 0", request.temperature));
         }
+        for (name, penalty) in [
+            ("presence penalty", request.presence_penalty),
+            ("frequency penalty", request.frequency_penalty),
+        ] {
+            // What the server accepts; NaN fails the range too.
+            if !(-2.0..=2.0).contains(&penalty) {
+                return Err(format!("{name} {penalty} is not within [-2, 2]"));
+            }
+        }
         Ok(())
     }
 }
@@ -122,6 +131,8 @@ mod tests {
             max_tokens: 1,
             temperature: 0.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 
@@ -154,7 +165,7 @@ mod tests {
     #[test]
     fn each_check_fires() {
         type Spoil = fn(&mut SimTrace);
-        let cases: [(&str, Spoil); 13] = [
+        let cases: [(&str, Spoil); 15] = [
             ("vocab_size is 0", |t| t.vocab_size = 0),
             ("no requests", |t| t.requests.clear()),
             ("index 7", |t| t.requests[2].index = 7),
@@ -162,6 +173,8 @@ mod tests {
             ("token id 10", |t| t.requests[2].input[1] = 10),
             ("max_tokens is 0", |t| t.requests[2].max_tokens = 0),
             ("temperature", |t| t.requests[2].temperature = f32::NAN),
+            ("presence penalty NaN", |t| t.requests[2].presence_penalty = f32::NAN),
+            ("frequency penalty 2.5", |t| t.requests[2].frequency_penalty = 2.5),
             ("turn 2 out of a session", |t| t.requests[3].turn = 2),
             ("session 3 before session 2", |t| t.requests[3].session = Some(3)),
             ("turn 3 of session 0: 2 expected", |t| t.requests[2].turn = 3),

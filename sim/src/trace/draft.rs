@@ -22,6 +22,8 @@ pub(crate) struct Draft {
     pub temperature: f32,
     /// `None`: the request's index (these traces are greedy, so it decides nothing).
     pub seed: Option<u64>,
+    /// (presence, frequency): a recorded request's penalties; none for the other formats.
+    pub penalties: (f32, f32),
 }
 
 /// A prompt as the file gives it.
@@ -92,6 +94,8 @@ pub(crate) fn finish(
                 .max(1),
             temperature: draft.temperature,
             seed: draft.seed.unwrap_or(index as u64),
+            presence_penalty: penalties(&draft, index, options).0,
+            frequency_penalty: penalties(&draft, index, options).1,
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -148,6 +152,16 @@ enum Unit {
     Session(u32),
     /// A request in no session, by its index.
     Alone(usize),
+}
+
+/// (presence, frequency) penalties of request `index`: its own, or with `--penalties` and none
+/// of its own, by `index`'s remainder by 3: none, a presence penalty, or both (one negative).
+fn penalties(draft: &Draft, index: usize, options: &ImportOptions) -> (f32, f32) {
+    match (options.penalties && draft.penalties == (0.0, 0.0), index % 3) {
+        (false, _) | (true, 0) => draft.penalties,
+        (true, 1) => (2.0, 0.0),
+        (true, _) => (-0.5, 1.25),
+    }
 }
 
 /// The drafts of the first units (sessions, or requests alone) in order of first appearance,
@@ -211,6 +225,7 @@ mod tests {
             output_tokens: 3,
             temperature: 0.0,
             seed: None,
+            penalties: (0.0, 0.0),
         }
     }
 

@@ -53,6 +53,9 @@ pub struct SimRequest {
     pub max_tokens: u32,
     pub temperature: f32,
     pub seed: u64,
+    /// OpenAI's penalties, each within [-2, 2]: a recorded request's, or `--penalties`'.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
 }
 
 /// When a request is sent.
@@ -99,6 +102,9 @@ pub struct ImportOptions {
     pub max_requests: Option<usize>,
     /// Seed of the token synthesis from hash ids.
     pub seed: u64,
+    /// Gives two requests in three of a trace without penalties some (`draft::penalties`), so
+    /// that the output-so-far every executor keeps for them meets the faults.
+    pub penalties: bool,
 }
 
 impl Default for ImportOptions {
@@ -110,6 +116,7 @@ impl Default for ImportOptions {
             max_output: None,
             max_requests: None,
             seed: 0,
+            penalties: false,
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             output_tokens: r.output_length,
             temperature: 0.0,
             seed: None,
+            penalties: (0.0, 0.0),
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

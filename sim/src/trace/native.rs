@@ -133,6 +133,7 @@ fn draft(
         output_tokens,
         temperature: sampling.temperature,
         seed: Some(sampling.seed),
+        penalties: (sampling.presence_penalty, sampling.frequency_penalty),
     })
 }
 

@@ -334,6 +334,7 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             output_tokens: turn.request.output,
             temperature: 0.0,
             seed: None,
+            penalties: (0.0, 0.0),
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

@@ -162,7 +162,14 @@ fn record(
         hash_ids,
         input_tokens: Some(input_tokens),
         max_tokens: Some(scaled(turn.request.output, scale).min(options.output_max)),
-        sampling: TraceSampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 },
+        sampling: TraceSampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        },
         stop: Vec::new(),
         // The recorded output lengths are what the model produced: generate all of them.
         ignore_eos: true,
