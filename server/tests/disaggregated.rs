@@ -222,6 +222,19 @@ async fn the_same_greedy_output_through_one_process_and_through_router_prefill_a
         let (_, through) = c.router.post("/v1/completions", &long).await;
         assert_ne!(text(&alone), text(&plain), "the penalties changed nothing");
         assert_eq!(text(&through), text(&alone), "{mode:?}: penalties through the router");
+        // Stop token ids reach the decode worker: the output ends where the single server's does.
+        let mut stopped = completion(&prompt(51, 9, 0), 40);
+        let (_, unstopped) = single.post("/v1/completions", &stopped).await;
+        let fifth =
+            text(&unstopped).split_whitespace().nth(4).unwrap().trim_start_matches('t').to_owned();
+        stopped["stop_token_ids"] = json!([fifth.parse::<u32>().unwrap()]);
+        let (_, alone) = single.post("/v1/completions", &stopped).await;
+        let (_, through) = c.router.post("/v1/completions", &stopped).await;
+        assert_eq!(alone["choices"][0]["finish_reason"], "stop", "{alone}");
+        assert_eq!(
+            (text(&through), &through["choices"][0]["finish_reason"]),
+            (text(&alone), &alone["choices"][0]["finish_reason"])
+        );
         let streamed = c.router.stream("/v1/completions", &json!({
             "model": "test-model", "prompt": prompt(99, 17, 0), "max_tokens": 6, "temperature": 0, "stream": true
         })).await;

@@ -240,6 +240,36 @@ async fn penalties_change_the_output_and_a_penalized_request_equals_itself_alone
     crowd.quiescent().await;
 }
 
+/// `stop_token_ids` (vLLM's): the output ends at the first of them, which is in `token_ids`
+/// but not in the text, whole or streamed, with finish reason `stop`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_token_ids_end_the_output_without_their_text() {
+    let server = TestServer::provenance(StepMode::Overlap, StepCost::ZERO).await;
+    let mut body = completion(&[9, 8, 7], 8);
+    body["return_token_ids"] = json!(true);
+    let (_, full) = server.post("/v1/completions", &body).await;
+    let ids: Vec<u64> = full["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    // The first token not seen before it: the output stops at its first occurrence.
+    let at = (1..ids.len()).find(|&i| !ids[..i].contains(&ids[i])).unwrap();
+    body["stop_token_ids"] = json!([ids[at], 999]);
+    let (status, stopped) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{stopped}");
+    let choice = &stopped["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["token_ids"].as_array().unwrap().len(), at + 1, "{stopped}");
+    let words: Vec<String> = ids[..at].iter().map(|t| format!(" t{t}")).collect();
+    assert_eq!(text_of(&stopped), words.concat(), "the stop token's text is left out");
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/completions", &body).await;
+    assert_eq!(streamed_text(&events), words.concat());
+    server.quiescent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_cut_the_output_across_tokens_and_free_the_request() {
     let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
@@ -286,6 +316,8 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 4_000_000_000u64}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "max_tokens": 0}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "n": 17}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": vec![5; 65]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": [1000]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "n": 0}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [[1, 2], [3]]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "top_p": 0}).to_string(), 400),

@@ -55,6 +55,9 @@ pub struct Generation {
     detok: Detokenizer,
     stop: StopMatcher,
     deadline: Instant,
+    /// Tokens that end the output (the engine finishes the request on them); their text is
+    /// left out.
+    stop_token_ids: Vec<u32>,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
     done: Option<Result<Finish, ApiError>>,
@@ -83,11 +86,18 @@ impl Generation {
             detok: Detokenizer::new(),
             stop: StopMatcher::new(stops),
             deadline,
+            stop_token_ids: Vec::new(),
             prompt_tokens,
             output_tokens: 0,
             done: None,
             record: None,
         }
+    }
+
+    /// The request's stop token ids (`stop_token_ids`).
+    pub fn with_stop_token_ids(mut self, ids: &[u32]) -> Generation {
+        self.stop_token_ids = ids.to_vec();
+        self
     }
 
     /// Records the output into `recording` (none: nothing is recorded).
@@ -166,7 +176,13 @@ impl Generation {
         if let Some(record) = self.record.as_mut() {
             record.token(token);
         }
-        let text = match self.detok.push(self.codec.as_ref(), token) {
+        // A stop token ends the output here (the engine's `Finished` follows): its text is not
+        // output, as EOS's is not.
+        let pushed = match self.stop_token_ids.contains(&token) {
+            true => Ok(String::new()),
+            false => self.detok.push(self.codec.as_ref(), token),
+        };
+        let text = match pushed {
             Ok(text) => text,
             Err(e) => {
                 self.stream = None;

@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use super::AppConfig;
 use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
 use lockstep_core::model::SamplingSpec;
+use lockstep_core::wire::STOP_TOKENS_MAX;
 
 /// Every route the router serves, as (method, path): the document describes exactly these, and
 /// the tests check the router answers each of them and no other method on their paths.
@@ -305,6 +306,13 @@ fn common_properties(config: &AppConfig) -> Value {
                  (the schema bounds characters at {STOP_CHARS_MAX}, which holds for any text)"
             ),
         },
+        "stop_token_ids": described(
+            nullable(json!({
+                "type": "array", "maxItems": STOP_TOKENS_MAX,
+                "items": { "type": "integer", "minimum": 0 },
+            })),
+            "vLLM's: token ids that end the output; their text is left out",
+        ),
         "n": described(
             nullable(json!({ "type": "integer", "minimum": 1, "maximum": CHOICES_MAX })),
             "completions of the prompt, each its own request (choice i samples with seed + i)",
@@ -812,6 +820,7 @@ mod tests {
         let at = |field: &str, bound: &str| p[field][bound].as_f64().expect("a bound");
         let stop_chars = p["stop"]["oneOf"][0]["maxLength"].as_u64().expect("maxLength");
         let stops = p["stop"]["oneOf"][1]["maxItems"].as_u64().expect("maxItems");
+        let stop_ids = p["stop_token_ids"]["maxItems"].as_u64().expect("maxItems") as usize;
         // The widest characters UTF-8 has, as many as the document allows.
         let widest = "😀".repeat(usize::try_from(stop_chars).expect("small"));
         let valid = CommonRequest {
@@ -821,6 +830,7 @@ mod tests {
             max_tokens: Some(at("max_tokens", "maximum") as u32),
             n: Some(at("n", "maximum") as u32),
             presence_penalty: Some(at("presence_penalty", "maximum")),
+            stop_token_ids: Some(vec![1; stop_ids]),
             frequency_penalty: Some(at("frequency_penalty", "minimum")),
             seed: Some(i64::MIN),
             stop: Some(Stop::Many(vec![widest.clone(); stops as usize])),
@@ -846,6 +856,7 @@ mod tests {
             },
             CommonRequest { n: Some(at("n", "maximum") as u32 + 1), ..Default::default() },
             CommonRequest { n: Some(at("n", "minimum") as u32 - 1), ..Default::default() },
+            CommonRequest { stop_token_ids: Some(vec![1; stop_ids + 1]), ..Default::default() },
             CommonRequest {
                 presence_penalty: Some(at("presence_penalty", "maximum") + 0.01),
                 ..Default::default()

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use lockstep_core::model::SamplingSpec;
-use lockstep_core::wire::Sampling;
+use lockstep_core::wire::{STOP_TOKENS_MAX, Sampling};
 
 /// Fields both endpoints share.
 #[derive(Debug, Default, Deserialize)]
@@ -25,6 +25,9 @@ pub struct CommonRequest {
     pub top_k: Option<i64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
+    /// vLLM's extension: token ids that end the output; their text is left out, as vLLM
+    /// leaves it out by default.
+    pub stop_token_ids: Option<Vec<u32>>,
     pub n: Option<u32>,
     #[serde(default)]
     pub stream: bool,
@@ -94,6 +97,7 @@ pub struct GenerationParams {
     pub max_tokens: Option<u32>,
     pub spec: SamplingSpec,
     pub stops: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
@@ -194,6 +198,13 @@ impl CommonRequest {
                 format!("at most {STOPS_MAX} stop strings of at most {STOP_BYTES_MAX} bytes"),
             ));
         }
+        let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > STOP_TOKENS_MAX {
+            return Err(ApiError::invalid_param(
+                "stop_token_ids",
+                format!("at most {STOP_TOKENS_MAX} stop token ids"),
+            ));
+        }
         if self.stream_options.is_some() && !self.stream {
             return Err(ApiError::invalid_param("stream_options", "stream_options needs stream"));
         }
@@ -215,6 +226,7 @@ impl CommonRequest {
                 prompt_tokens: 0,
             },
             stops,
+            stop_token_ids,
             ignore_eos: self.ignore_eos,
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),

@@ -91,6 +91,12 @@ async fn start(
             ),
         )));
     }
+    if let Some(token) = params.stop_token_ids.iter().find(|&&t| t >= state.codec.vocab_size()) {
+        return Err(refused(ApiError::invalid_param(
+            "stop_token_ids",
+            format!("token id {token} is outside the vocabulary of {}", state.codec.vocab_size()),
+        )));
+    }
     if let Some(token) = prompt.iter().find(|&&t| t >= state.codec.vocab_size()) {
         return Err(refused(ApiError::invalid_param(
             "prompt",
@@ -115,7 +121,7 @@ async fn start(
         id: lockstep_core::sched::RequestId(0),
         prompt,
         max_tokens,
-        stop_token_ids: Vec::new(),
+        stop_token_ids: params.stop_token_ids.clone(),
         ignore_eos: params.ignore_eos,
         priority: 0,
         cache_salt: 0,
@@ -125,8 +131,9 @@ async fn start(
     let deadline = tokio::time::Instant::now() + state.config.request_time_max;
     let recording =
         draft.zip(input_ids).map(|(d, ids)| d.begin(stream.id().0, ids, params, &state.metrics));
-    Ok(Generation::new(stream, state.codec.clone(), &params.stops, prompt_tokens, deadline)
-        .with_recording(recording))
+    let generation =
+        Generation::new(stream, state.codec.clone(), &params.stops, prompt_tokens, deadline);
+    Ok(generation.with_stop_token_ids(&params.stop_token_ids).with_recording(recording))
 }
 
 fn submit_error(state: &AppState, e: SubmitError) -> ApiError {

@@ -94,6 +94,9 @@ pub struct TraceRecord {
     pub sampling: TraceSampling,
     #[serde(default)]
     pub stop: Vec<String>,
+    /// Absent when none (and in traces written before they were served).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
     /// The client asked for server-sent events.

@@ -230,6 +230,7 @@ impl Draft {
                 frequency_penalty: sampling.frequency_penalty,
             },
             stop: params.stops.clone(),
+            stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
             stream: params.stream,
             output: Some(TraceOutput { token_ids: Vec::new(), finish_reason: TraceFinish::Abort }),

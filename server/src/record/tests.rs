@@ -26,6 +26,7 @@ fn params() -> GenerationParams {
             prompt_tokens: 0,
         },
         stops: vec!["\n\n".into()],
+        stop_token_ids: vec![],
         ignore_eos: false,
         stream: true,
         include_usage: false,

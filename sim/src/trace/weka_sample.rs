@@ -171,6 +171,7 @@ fn record(
             frequency_penalty: 0.0,
         },
         stop: Vec::new(),
+        stop_token_ids: Vec::new(),
         // The recorded output lengths are what the model produced: generate all of them.
         ignore_eos: true,
         stream: turn.request.kind == "s",
