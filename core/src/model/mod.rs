@@ -5,13 +5,13 @@
 
 mod digest;
 mod executor;
+mod output_tokens;
 mod page_store;
 mod provenance;
 mod sampling;
 
 pub use executor::{ExecError, Executor};
+pub use output_tokens::{OutputTokens, counts};
 pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;
-pub use sampling::{
-    OutputTokens, RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, counts, logprobs,
-};
+pub use sampling::{RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};

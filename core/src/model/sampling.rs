@@ -11,6 +11,7 @@
 //! which each executor learns from the plans' inputs (`OutputTokens`), so they too depend only
 //! on the request's own sequence.
 
+use super::output_tokens::{OutputTokens, counts};
 use crate::wire::Sampling;
 
 /// How one request samples, as its executor is told before any plan names it.
@@ -27,6 +28,8 @@ pub struct SamplingSpec {
 impl SamplingSpec {
     pub const GREEDY: SamplingSpec =
         SamplingSpec { sampling: Sampling::GREEDY, logprobs: None, prompt_tokens: 0 };
+    /// OpenAI's limit on `top_logprobs`.
+    pub const TOP_LOGPROBS_MAX: u8 = 20;
 
     /// A request's spec: its sampling, no log-probabilities, its prompt's length.
     pub fn for_prompt(sampling: Sampling, prompt_tokens: usize) -> SamplingSpec {
@@ -38,8 +41,6 @@ impl SamplingSpec {
     pub fn output_tokens(&self) -> Option<OutputTokens> {
         self.sampling.has_penalties().then(|| OutputTokens::new(self.prompt_tokens))
     }
-    /// OpenAI's limit on `top_logprobs`.
-    pub const TOP_LOGPROBS_MAX: u8 = 20;
 }
 
 /// The log-probabilities of one sampled token under the model's distribution (the raw logits,
@@ -147,9 +148,9 @@ impl Sampler {
 /// penalty means the same on each.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestSampler {
-    pub sampler: Sampler,
+    sampler: Sampler,
     /// Top log-probabilities to report (`SamplingSpec::logprobs`).
-    pub top: Option<u8>,
+    top: Option<u8>,
     output: Option<OutputTokens>,
 }
 
@@ -216,76 +217,6 @@ impl RequestSampler {
             }
         };
         Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
-    }
-}
-
-/// Each token of `output` with how often it occurs, by token.
-pub fn counts(output: &[u32]) -> Vec<(u32, u32)> {
-    let mut sorted = output.to_vec();
-    sorted.sort_unstable();
-    let mut counts: Vec<(u32, u32)> = Vec::new();
-    for token in sorted {
-        match counts.last_mut() {
-            Some((last, count)) if *last == token => *count += 1,
-            _ => counts.push((token, 1)),
-        }
-    }
-    counts
-}
-
-/// One request's output tokens by position, as an executor learns them from the plans it runs:
-/// every output token is the input of the position after it. So the record is the same whether
-/// the request ran alone, was preempted and recomputed (its recompute feeds the same tokens
-/// again), ran under overlap scheduling (its inputs resolved from the step before), or came
-/// from a prefill worker (the first output token is the decode worker's first input).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutputTokens {
-    prompt_tokens: u32,
-    /// The token at position `prompt_tokens + i`.
-    tokens: Vec<u32>,
-}
-
-impl OutputTokens {
-    pub fn new(prompt_tokens: u32) -> OutputTokens {
-        OutputTokens { prompt_tokens, tokens: Vec::new() }
-    }
-
-    /// `token` is the input at `position`. A prompt position is not output; a position already
-    /// known takes the new token and forgets the ones after it (they followed from the old one).
-    /// A position past the next unknown one is an error: the output before it is unknown, and a
-    /// penalty computed without it would be silently wrong.
-    pub fn record(&mut self, position: u32, token: u32) -> Result<(), String> {
-        let Some(at) = position.checked_sub(self.prompt_tokens) else { return Ok(()) };
-        let at = at as usize;
-        match at.cmp(&self.tokens.len()) {
-            std::cmp::Ordering::Less => {
-                if self.tokens[at] != token {
-                    self.tokens.truncate(at);
-                    self.tokens.push(token);
-                }
-            }
-            std::cmp::Ordering::Equal => self.tokens.push(token),
-            std::cmp::Ordering::Greater => {
-                return Err(format!(
-                    "output position {position} before {} was recorded (output starts at {})",
-                    self.prompt_tokens as usize + self.tokens.len(),
-                    self.prompt_tokens
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The output before `position`: what a token sampled for `position` is penalized by.
-    pub fn before(&self, position: u32) -> Result<&[u32], String> {
-        let len = position.saturating_sub(self.prompt_tokens) as usize;
-        self.tokens.get(..len).ok_or_else(|| {
-            format!(
-                "sampling position {position} with only {} output tokens known (output starts at {})",
-                self.tokens.len(),
-                self.prompt_tokens
-            )
-        })
     }
 }
 
@@ -405,26 +336,6 @@ mod tests {
         // A token past the logits (another vocabulary's) is skipped, not a panic.
         assert_eq!(penalized(1.0, 1.0, &[9]), [1.0, 2.0, 3.0, 4.0]);
         assert_eq!(counts(&[5, 1, 5, 5, 0]), vec![(0, 1), (1, 1), (5, 3)]);
-    }
-
-    #[test]
-    fn output_tokens_are_recorded_by_position_and_a_gap_is_an_error() {
-        let mut out = OutputTokens::new(3);
-        for (position, token) in [(0, 9), (1, 9), (2, 9), (3, 7), (4, 8)] {
-            out.record(position, token).unwrap();
-        }
-        assert_eq!(out.before(5).unwrap(), [7, 8], "the prompt's positions are not output");
-        assert_eq!(out.before(4).unwrap(), [7]);
-        assert_eq!(out.before(3).unwrap(), [] as [u32; 0]);
-        // A recompute feeds the same tokens again: nothing changes.
-        out.record(3, 7).unwrap();
-        assert_eq!(out.before(5).unwrap(), [7, 8]);
-        // Another token at a known position: the ones after it followed from the old one.
-        out.record(3, 6).unwrap();
-        assert_eq!(out.before(4).unwrap(), [6]);
-        assert!(out.before(5).is_err(), "position 4 is no longer known");
-        let err = out.record(6, 1).unwrap_err();
-        assert!(err.contains("output position 6 before 4"), "{err}");
     }
 
     #[test]
