@@ -167,9 +167,9 @@ def chat_n_choices_are_the_seeds_alone(t):
 
 
 @check
-def chat_penalties_are_taken(t):
+def chat_penalties_and_logit_bias_are_taken(t):
     r = t.chat(messages=USER, max_tokens=8, temperature=0, presence_penalty=1.5,
-               frequency_penalty=-0.5)
+               frequency_penalty=-0.5, logit_bias={"5": -100, "7": 3})
     expect(r.choices[0].finish_reason == "length", r.choices[0])
 
 

@@ -45,6 +45,7 @@ fn spec(id: u64) -> RequestSpec {
             seed: id,
             ..Sampling::GREEDY
         },
+        logit_bias: vec![(7, -100.0)],
     }
 }
 

@@ -12,7 +12,7 @@ use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,
 };
-use crate::wire::Sampling;
+use crate::wire::{RequestSpec, Sampling};
 
 mod cluster;
 
@@ -82,7 +82,8 @@ impl Harness {
         let (id, prompt_tokens) = (req.id, req.prompt.len());
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
-            self.model.start_request(id, SamplingSpec::for_prompt(sampling(id), prompt_tokens));
+            let spec = SamplingSpec::for_prompt(sampling(id), prompt_tokens);
+            self.model.start_request(id, SamplingSpec { logit_bias: logit_bias(id), ..spec });
             self.tokens.insert(id, Vec::new());
             self.finished.remove(&id);
         }
@@ -208,6 +209,25 @@ pub fn sampling(id: RequestId) -> Sampling {
         _ => (-0.5, 1.25),
     };
     Sampling { presence_penalty, frequency_penalty, ..Sampling::GREEDY }
+}
+
+/// Request `id`'s logit bias in the harnesses: on one request in four, a few tokens of the
+/// vocabulary pushed up or down far enough to change greedy choices.
+pub fn logit_bias(id: RequestId) -> Vec<(u32, f32)> {
+    match id.0 % 4 {
+        3 => vec![(5, 4.0), (17, -100.0), (40, 2.5), (u32::MAX, 1.0)],
+        _ => Vec::new(),
+    }
+}
+
+/// Request `id` as it travels between workers, sampled as the harnesses sample it (`sampling`,
+/// `logit_bias`): `run_alone` of the same id and prompt is its reference.
+pub fn request_spec(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> RequestSpec {
+    RequestSpec {
+        sampling: sampling(id),
+        logit_bias: logit_bias(id),
+        ..RequestSpec::new(id, prompt, max_tokens)
+    }
 }
 
 pub fn run_alone(config: &SchedConfig, req: &NewRequest) -> Vec<u32> {

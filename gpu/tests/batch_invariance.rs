@@ -40,6 +40,13 @@ fn sampling(id: RequestId) -> Sampling {
     }
 }
 
+/// Request `id`'s spec: its sampling, and on even ids a logit bias against a few common tokens.
+fn spec(id: RequestId, prompt_tokens: usize) -> SamplingSpec {
+    let logit_bias =
+        if id.0.is_multiple_of(2) { vec![(28, -2.0), (253, 1.5), (30, -100.0)] } else { vec![] };
+    SamplingSpec { logit_bias, ..SamplingSpec::for_prompt(sampling(id), prompt_tokens) }
+}
+
 fn config() -> SchedConfig {
     SchedConfig {
         pool: PoolConfig { pages_total: 160, page_tokens: 16, pins_max: 0 },
@@ -81,7 +88,7 @@ fn run(
     let mut executor =
         CpuExecutor::with_threads(weights.clone(), config.pool, config.running_max, threads);
     for r in requests {
-        executor.start_request(r.id, SamplingSpec::for_prompt(sampling(r.id), r.prompt.len()));
+        executor.start_request(r.id, spec(r.id, r.prompt.len()));
         sched.submit(r, Time::ZERO).unwrap();
     }
     let mut watched = Vec::new();
@@ -171,10 +178,9 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, prompt: Vec<u32>, span: u32
     }
     assert_eq!(alone_tokens, batch_tokens, "sampled tokens differ alone and in the batch");
 
-    // And both equal the single-sequence reference, sampling with the same generator and
+    // And both equal the single-sequence reference, sampling with the same generator, bias and
     // penalties (the output so far recorded as the executors record it: from the inputs).
-    let mut sampler =
-        RequestSampler::new(SamplingSpec::for_prompt(sampling(WATCHED), prompt.len()));
+    let mut sampler = RequestSampler::new(spec(WATCHED, prompt.len()));
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for (position, &t) in (0u32..).zip(&prompt) {

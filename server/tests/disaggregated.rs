@@ -222,6 +222,18 @@ async fn the_same_greedy_output_through_one_process_and_through_router_prefill_a
         let (_, through) = c.router.post("/v1/completions", &long).await;
         assert_ne!(text(&alone), text(&plain), "the penalties changed nothing");
         assert_eq!(text(&through), text(&alone), "{mode:?}: penalties through the router");
+        // A logit bias reaches both workers: the prefill worker's token and the decode worker's.
+        let mut biased = completion(&prompt(52, 9, 0), 8);
+        let (_, unbiased) = single.post("/v1/completions", &biased).await;
+        let words: Vec<String> = text(&unbiased)
+            .split_whitespace()
+            .map(|w| w.trim_start_matches('t').to_owned())
+            .collect();
+        biased["logit_bias"] = json!({ words[0].clone(): -100, words[3].clone(): -100 });
+        let (_, alone) = single.post("/v1/completions", &biased).await;
+        let (_, through) = c.router.post("/v1/completions", &biased).await;
+        assert_ne!(text(&alone), text(&unbiased));
+        assert_eq!(text(&through), text(&alone), "{mode:?}: a logit bias through the router");
         // Stop token ids reach the decode worker: the output ends where the single server's does.
         let mut stopped = completion(&prompt(51, 9, 0), 40);
         let (_, unstopped) = single.post("/v1/completions", &stopped).await;

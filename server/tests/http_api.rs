@@ -270,6 +270,38 @@ async fn stop_token_ids_end_the_output_without_their_text() {
     server.quiescent().await;
 }
 
+/// `logit_bias`: -100 on a greedy choice takes it away, whole and streamed, and a biased
+/// request equals itself alone in a crowd (chat too: the keys are the tokenizer's ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logit_bias_moves_the_choice_and_holds_in_a_crowd() {
+    let server = TestServer::provenance(StepMode::Overlap, slow_steps()).await;
+    let mut body = completion(&[4, 5, 6], 6);
+    body["return_token_ids"] = json!(true);
+    let (_, plain) = server.post("/v1/completions", &body).await;
+    let first = plain["choices"][0]["token_ids"][0].as_u64().unwrap();
+    body["logit_bias"] = json!({ first.to_string(): -100, "999": 100 });
+    let (status, biased) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{biased}");
+    let biased_first = biased["choices"][0]["token_ids"][0].as_u64().unwrap();
+    assert_ne!(biased_first, first, "the bias took the greedy choice away: {biased}");
+    body["stream"] = json!(true);
+    assert_eq!(streamed_text(&server.stream("/v1/completions", &body).await), text_of(&biased));
+    body["stream"] = json!(false);
+    let crowd: Vec<_> = (0..6)
+        .map(|i| {
+            let other = completion(&[7 + i, 8, 9], 6);
+            server.post_in_task("/v1/completions", if i == 3 { body.clone() } else { other })
+        })
+        .collect();
+    for (i, task) in crowd.into_iter().enumerate() {
+        let out = task.await.unwrap();
+        if i == 3 {
+            assert_eq!(text_of(&out), text_of(&biased), "the biased request in a crowd");
+        }
+    }
+    server.quiescent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_cut_the_output_across_tokens_and_free_the_request() {
     let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
@@ -318,6 +350,11 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": [1, 2], "n": 17}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": vec![5; 65]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": [1000]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"t5": 1}}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"5": 100.5}}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"1000": 1}}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"5": 1, "05": 2}}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": (0..301).map(|t| (t.to_string(), json!(1))).collect::<serde_json::Map<_, _>>()}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "n": 0}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [[1, 2], [3]]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "top_p": 0}).to_string(), 400),

@@ -15,7 +15,7 @@ use super::output_tokens::{OutputTokens, counts};
 use crate::wire::Sampling;
 
 /// How one request samples, as its executor is told before any plan names it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SamplingSpec {
     pub sampling: Sampling,
     /// Log-probabilities to report per sampled token: `None` for none, `Some(n)` for the chosen
@@ -23,18 +23,25 @@ pub struct SamplingSpec {
     pub logprobs: Option<u8>,
     /// The prompt's length: the output, which penalties count, starts at this position.
     pub prompt_tokens: u32,
+    /// OpenAI's `logit_bias`: (token, bias) added to the token's logit before anything else,
+    /// by token (`RequestSpec::logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl SamplingSpec {
-    pub const GREEDY: SamplingSpec =
-        SamplingSpec { sampling: Sampling::GREEDY, logprobs: None, prompt_tokens: 0 };
+    pub const GREEDY: SamplingSpec = SamplingSpec {
+        sampling: Sampling::GREEDY,
+        logprobs: None,
+        prompt_tokens: 0,
+        logit_bias: Vec::new(),
+    };
     /// OpenAI's limit on `top_logprobs`.
     pub const TOP_LOGPROBS_MAX: u8 = 20;
 
     /// A request's spec: its sampling, no log-probabilities, its prompt's length.
     pub fn for_prompt(sampling: Sampling, prompt_tokens: usize) -> SamplingSpec {
         let prompt_tokens = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
-        SamplingSpec { sampling, logprobs: None, prompt_tokens }
+        SamplingSpec { sampling, logprobs: None, prompt_tokens, logit_bias: Vec::new() }
     }
 
     /// The record of the output penalties need, if this request has penalties.
@@ -152,14 +159,20 @@ pub struct RequestSampler {
     /// Top log-probabilities to report (`SamplingSpec::logprobs`).
     top: Option<u8>,
     output: Option<OutputTokens>,
+    /// By token.
+    logit_bias: Vec<(u32, f32)>,
 }
 
 impl RequestSampler {
     pub fn new(spec: SamplingSpec) -> RequestSampler {
+        let output = spec.output_tokens();
+        let mut logit_bias = spec.logit_bias;
+        logit_bias.sort_by_key(|&(token, _)| token);
         RequestSampler {
             sampler: Sampler::new(spec.sampling),
             top: spec.logprobs,
-            output: spec.output_tokens(),
+            output,
+            logit_bias,
         }
     }
 
@@ -171,25 +184,41 @@ impl RequestSampler {
         }
     }
 
-    /// Whether sampling needs the logits on the host: not greedy, penalties, or log-probabilities.
+    /// Whether sampling needs the logits on the host: not greedy, a bias or penalties, or
+    /// log-probabilities.
     pub fn needs_logits(&self) -> bool {
-        !self.sampler.is_greedy() || self.output.is_some() || self.top.is_some()
+        !self.sampler.is_greedy()
+            || self.output.is_some()
+            || !self.logit_bias.is_empty()
+            || self.top.is_some()
     }
 
-    /// The token for `position` from `logits` (index = token id), penalized by the output
-    /// before it, and its log-probabilities under the raw logits if asked for (as vLLM reports
-    /// them by default).
+    /// Whether the logits are changed before the draw: a bias or penalties.
+    fn adjusts(&self) -> bool {
+        self.output.is_some() || !self.logit_bias.is_empty()
+    }
+
+    /// The token for `position` from `logits` (index = token id), biased, then penalized by the
+    /// output before it, and its log-probabilities under the raw logits if asked for (as vLLM
+    /// reports them by default).
     pub fn sample(
         &self,
         logits: &[f32],
         position: u32,
     ) -> Result<(u32, Option<TokenLogprobs>), String> {
-        let token = match &self.output {
-            None => self.sampler.sample(logits, position),
-            Some(output) => {
-                let mut penalized = logits.to_vec();
-                self.sampler.penalize(&mut penalized, output.before(position)?);
-                self.sampler.sample(&penalized, position)
+        let token = match self.adjusts() {
+            false => self.sampler.sample(logits, position),
+            true => {
+                let mut adjusted = logits.to_vec();
+                for &(token, bias) in &self.logit_bias {
+                    if let Some(logit) = adjusted.get_mut(token as usize) {
+                        *logit += bias;
+                    }
+                }
+                if let Some(output) = &self.output {
+                    self.sampler.penalize(&mut adjusted, output.before(position)?);
+                }
+                self.sampler.sample(&adjusted, position)
             }
         };
         Ok((token, self.top.map(|top| logprobs(logits, token, top))))
@@ -203,17 +232,24 @@ impl RequestSampler {
         position: u32,
         token_of: impl Fn(u32) -> u32,
     ) -> Result<(u32, Option<TokenLogprobs>), String> {
-        let chosen = match &self.output {
-            None => self.sampler.sample(logits, position),
-            Some(output) => {
-                let counts = counts(output.before(position)?);
-                let mut penalized = logits.to_vec();
-                for (i, logit) in (0u32..).zip(&mut penalized) {
-                    if let Ok(at) = counts.binary_search_by_key(&token_of(i), |&(token, _)| token) {
+        let chosen = match self.adjusts() {
+            false => self.sampler.sample(logits, position),
+            true => {
+                let counts = match &self.output {
+                    Some(output) => counts(output.before(position)?),
+                    None => Vec::new(),
+                };
+                let mut adjusted = logits.to_vec();
+                for (i, logit) in (0u32..).zip(&mut adjusted) {
+                    let token = token_of(i);
+                    if let Ok(at) = self.logit_bias.binary_search_by_key(&token, |&(t, _)| t) {
+                        *logit += self.logit_bias[at].1;
+                    }
+                    if let Ok(at) = counts.binary_search_by_key(&token, |&(t, _)| t) {
                         *logit = self.sampler.penalized(*logit, counts[at].1);
                     }
                 }
-                self.sampler.sample(&penalized, position)
+                self.sampler.sample(&adjusted, position)
             }
         };
         Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
@@ -345,6 +381,7 @@ mod tests {
             sampling: Sampling { presence_penalty: presence, ..Sampling::GREEDY },
             logprobs: Some(1),
             prompt_tokens: 2,
+            logit_bias: Vec::new(),
         };
         let mut plain = RequestSampler::new(spec(0.0));
         let mut penalized = RequestSampler::new(spec(0.5));
@@ -368,6 +405,26 @@ mod tests {
         let (chosen, _) = penalized.sample_candidates(&[3.0, 2.9], 3, |i| i + 1).unwrap();
         assert_eq!(chosen, 1);
         assert!(penalized.sample(&logits, 9).is_err(), "an output position never recorded");
+    }
+
+    #[test]
+    fn a_logit_bias_is_added_before_the_penalties_and_the_draw() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        let spec = |bias: Vec<(u32, f32)>, presence| SamplingSpec {
+            sampling: Sampling { presence_penalty: presence, ..Sampling::GREEDY },
+            logit_bias: bias,
+            ..SamplingSpec::for_prompt(Sampling::GREEDY, 0)
+        };
+        let biased = RequestSampler::new(spec(vec![(3, 3.5), (9, 100.0)], 0.0));
+        assert!(biased.needs_logits(), "a bias needs the logits even when greedy");
+        assert_eq!(biased.sample(&logits, 0).unwrap().0, 3, "0.0 + 3.5 beats 3.0");
+        // Biased up to 3.6, then penalized by 1.0 for being in the output: 2.9 wins.
+        let mut both = RequestSampler::new(spec(vec![(1, 0.6)], 1.0));
+        both.record(0, 1).unwrap();
+        assert_eq!(both.sample(&logits, 1).unwrap().0, 2);
+        // The same over candidates: token 3 is candidate 0.
+        let (chosen, _) = biased.sample_candidates(&[1.0, 3.0], 0, |i| 3 - 2 * i).unwrap();
+        assert_eq!(chosen, 0, "1.0 + 3.5 beats 3.0");
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub fn local_id(key: TransferKey) -> RequestId {
 }
 
 fn sampling_spec(request: &RequestSpec) -> SamplingSpec {
-    SamplingSpec::for_prompt(request.sampling, request.prompt.len())
+    let spec = SamplingSpec::for_prompt(request.sampling, request.prompt.len());
+    SamplingSpec { logit_bias: request.logit_bias.clone(), ..spec }
 }
 
 fn new_request(key: TransferKey, request: &RequestSpec) -> NewRequest {

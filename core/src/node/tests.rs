@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::Time;
 use crate::sched::{FinishReason, RequestId, StepMode};
-use crate::testing::{Cluster, ClusterConfig, DECODE, End, request, run_alone, small_config};
+use crate::testing::{
+    Cluster, ClusterConfig, DECODE, End, request, request_spec, run_alone, small_config,
+};
 use crate::wire::{Message, RequestSpec, TransferKey};
 
 fn prompt(id: u64, len: u32, shared: u32) -> Vec<u32> {
@@ -18,7 +20,7 @@ fn prompt(id: u64, len: u32, shared: u32) -> Vec<u32> {
 }
 
 fn spec(id: u64, len: u32, shared: u32, max_tokens: u32) -> RequestSpec {
-    RequestSpec::new(RequestId(id), prompt(id, len, shared), max_tokens)
+    request_spec(RequestId(id), prompt(id, len, shared), max_tokens)
 }
 
 fn alone(config: &crate::sched::SchedConfig, spec: &RequestSpec) -> Vec<u32> {

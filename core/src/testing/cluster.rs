@@ -291,10 +291,8 @@ impl Cluster {
                         |i| if i < shared { 1 + i % 90 } else { 1 + (i * 7 + id as u32 * 13) % 90 },
                     )
                     .collect();
-                let mut spec =
-                    RequestSpec::new(RequestId(id), prompt, u32::from(max_tokens % 12) + 1);
-                spec.sampling = super::sampling(spec.id);
-                let _ = self.submit(spec);
+                let max_tokens = u32::from(max_tokens % 12) + 1;
+                let _ = self.submit(super::request_spec(RequestId(id), prompt, max_tokens));
             }
             ClusterOp::Deliver(i) => {
                 if let Some(i) = pick(self.network.len(), i) {

@@ -16,6 +16,8 @@ pub const WIRE_VERSION: u8 = 4;
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
 pub const STOP_TOKENS_MAX: usize = 64;
+/// Tokens a request's `logit_bias` may name (OpenAI documents 300).
+pub const LOGIT_BIAS_MAX: usize = 300;
 pub const PAGES_MAX: usize = 1 << 22;
 /// Output tokens in one `Tokens` message: a step's worth, with room to spare.
 pub const TOKENS_PER_MESSAGE_MAX: usize = 1 << 16;
@@ -60,7 +62,12 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
         bound("stop tokens", request.stop_token_ids.len(), STOP_TOKENS_MAX)?;
         let sampling = &request.sampling;
         finite_penalty("presence penalty", sampling.presence_penalty)?;
-        finite_penalty("frequency penalty", sampling.frequency_penalty).map(drop)
+        finite_penalty("frequency penalty", sampling.frequency_penalty)?;
+        bound("logit bias", request.logit_bias.len(), LOGIT_BIAS_MAX)?;
+        for &(_, bias) in &request.logit_bias {
+            finite_penalty("logit bias", bias)?;
+        }
+        Ok(())
     };
     match message {
         Message::Reserve { request, .. } => spec(request),
@@ -318,6 +325,11 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     w.u64(spec.sampling.seed);
     w.f32(spec.sampling.presence_penalty);
     w.f32(spec.sampling.frequency_penalty);
+    w.u64(spec.logit_bias.len() as u64);
+    for &(token, bias) in &spec.logit_bias {
+        w.u32(token);
+        w.f32(bias);
+    }
 }
 
 fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
@@ -337,11 +349,19 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
             presence_penalty: read_penalty(r, "presence penalty")?,
             frequency_penalty: read_penalty(r, "frequency penalty")?,
         },
+        logit_bias: read_logit_bias(r)?,
     })
 }
 
-/// A penalty is subtracted from logits: NaN or an infinity would make every one of them NaN or
-/// infinite, so it is refused on both sides of the wire (the HTTP edge bounds them to [-2, 2]).
+fn read_logit_bias(r: &mut Reader<'_>) -> Result<Vec<(u32, f32)>, WireError> {
+    // Each entry is at least a one-byte token and a four-byte bias.
+    let len = r.len("logit bias", LOGIT_BIAS_MAX, 5)?;
+    (0..len).map(|_| Ok((r.u32("biased token")?, read_penalty(r, "logit bias")?))).collect()
+}
+
+/// A penalty or bias is added to logits: NaN or an infinity would make them NaN or infinite, so
+/// it is refused on both sides of the wire (the HTTP edge bounds penalties to [-2, 2], biases to
+/// [-100, 100]).
 fn finite_penalty(what: &'static str, value: f32) -> Result<f32, WireError> {
     match value.is_finite() {
         true => Ok(value),

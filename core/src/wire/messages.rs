@@ -85,6 +85,9 @@ pub struct RequestSpec {
     pub priority: i32,
     pub cache_salt: u64,
     pub sampling: Sampling,
+    /// OpenAI's `logit_bias`: added to each named token's logit before sampling; by token, at
+    /// most `LOGIT_BIAS_MAX`, each finite.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl RequestSpec {
@@ -100,6 +103,7 @@ impl RequestSpec {
             priority: 0,
             cache_salt: 0,
             sampling: Sampling::GREEDY,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -42,6 +42,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
         any::<i32>(),
         any::<u64>(),
         (-1e6f32..1e6, 0f32..1.0, any::<u32>(), any::<u64>(), -2f32..2.0, -1e30f32..1e30),
+        prop::collection::vec((any::<u32>(), -100f32..100.0), 0..8),
     )
         .prop_map(
             |(
@@ -53,6 +54,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 priority,
                 cache_salt,
                 (t, p, k, s, presence, frequency),
+                logit_bias,
             )| RequestSpec {
                 id: RequestId(id),
                 prompt,
@@ -69,6 +71,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                     presence_penalty: presence,
                     frequency_penalty: frequency,
                 },
+                logit_bias,
             },
         )
 }
@@ -300,7 +303,15 @@ fn encode_refuses_what_every_decoder_refuses() {
     request.stop_token_ids.truncate(STOP_TOKENS_MAX);
     let frame = encode_frame(&envelope(request.clone()), Vec::new()).unwrap();
     assert_eq!(decode_frame(&frame).unwrap(), envelope(request.clone()));
-    // A penalty that is not finite: refused by the encoder, and by a decoder that gets one.
+    // A bias list over its bound, or a bias or penalty that is not finite: refused by the
+    // encoder, and by a decoder that gets one.
+    let mut biased = request.clone();
+    biased.logit_bias = vec![(1, 0.5); LOGIT_BIAS_MAX + 1];
+    let err = encode_frame(&envelope(biased.clone()), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::TooLong { what: "logit bias", .. }), "{err}");
+    biased.logit_bias = vec![(1, f32::NAN)];
+    let err = encode_frame(&envelope(biased), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::Invalid { what: "logit bias", .. }), "{err}");
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut penalized = request.clone();
         penalized.sampling.frequency_penalty = bad;

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::AppConfig;
 use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
 use lockstep_core::model::SamplingSpec;
-use lockstep_core::wire::STOP_TOKENS_MAX;
+use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
 
 /// Every route the router serves, as (method, path): the document describes exactly these, and
 /// the tests check the router answers each of them and no other method on their paths.
@@ -327,7 +327,10 @@ fn common_properties(config: &AppConfig) -> Value {
         "presence_penalty": penalty("once"),
         "frequency_penalty": penalty("per occurrence"),
         "logit_bias": nullable(json!({
-            "type": "object", "maxProperties": 0, "description": "not supported: only empty",
+            "type": "object", "maxProperties": LOGIT_BIAS_MAX,
+            "additionalProperties": { "type": "number", "minimum": -100, "maximum": 100 },
+            "description": "token ids (decimal keys, each in the vocabulary) to a bias added to \
+                            their logits before sampling",
         })),
         "ignore_eos": { "type": "boolean", "default": false },
         "return_token_ids": { "type": "boolean", "default": false },

@@ -1,6 +1,6 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions`, and their validation into
 //! what the engine runs. Every field OpenAI defines that we do not implement is refused with a
-//! message when it asks for something (a logit bias), never silently ignored; fields that
+//! message when it asks for something, never silently ignored; fields that
 //! change nothing (`user`, `parallel_tool_calls`) are accepted. Unknown fields are ignored, as
 //! OpenAI's own server does.
 
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use lockstep_core::model::SamplingSpec;
-use lockstep_core::wire::{STOP_TOKENS_MAX, Sampling};
+use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX, Sampling};
 
 /// Fields both endpoints share.
 #[derive(Debug, Default, Deserialize)]
@@ -154,9 +154,7 @@ impl CommonRequest {
             *penalty = value as f32;
         }
         let [presence_penalty, frequency_penalty] = penalties;
-        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return Err(ApiError::invalid_param("logit_bias", "logit_bias is not supported"));
-        }
+        let logit_bias = self.logit_bias.as_ref().map(logit_bias).transpose()?.unwrap_or_default();
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::invalid_param(
@@ -224,6 +222,7 @@ impl CommonRequest {
                 logprobs,
                 // The prompt is encoded after validation: `respond::start` sets it.
                 prompt_tokens: 0,
+                logit_bias,
             },
             stops,
             stop_token_ids,
@@ -234,6 +233,28 @@ impl CommonRequest {
             choices,
         })
     }
+}
+
+/// OpenAI's `logit_bias`: token ids (as the object's keys) to a bias within [-100, 100], at most
+/// `LOGIT_BIAS_MAX` of them; by token. Whether each id is in the vocabulary is checked with the
+/// prompt (`respond::start`).
+fn logit_bias(map: &serde_json::Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |why: String| ApiError::invalid_param("logit_bias", why);
+    if map.len() > LOGIT_BIAS_MAX {
+        return Err(bad(format!("at most {LOGIT_BIAS_MAX} tokens")));
+    }
+    let mut biases = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let token = key.parse::<u32>().map_err(|_| bad(format!("{key:?} is not a token id")))?;
+        let bias = value.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+        let bias = bias.ok_or_else(|| bad(format!("{key}: a bias must be within [-100, 100]")))?;
+        biases.push((token, bias as f32));
+    }
+    biases.sort_by_key(|&(token, _)| token);
+    if let Some(pair) = biases.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(bad(format!("token {} is given twice", pair[0].0)));
+    }
+    Ok(biases)
 }
 
 /// A completion prompt: text, or token ids. A list of one is taken as its one element; more

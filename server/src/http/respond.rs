@@ -91,6 +91,13 @@ async fn start(
             ),
         )));
     }
+    let biased = params.spec.logit_bias.iter().map(|&(token, _)| token);
+    if let Some(token) = biased.clone().find(|&t| t >= state.codec.vocab_size()) {
+        return Err(refused(ApiError::invalid_param(
+            "logit_bias",
+            format!("token id {token} is outside the vocabulary of {}", state.codec.vocab_size()),
+        )));
+    }
     if let Some(token) = params.stop_token_ids.iter().find(|&&t| t >= state.codec.vocab_size()) {
         return Err(refused(ApiError::invalid_param(
             "stop_token_ids",
@@ -126,7 +133,7 @@ async fn start(
         priority: 0,
         cache_salt: 0,
     };
-    let spec = SamplingSpec { prompt_tokens, ..params.spec };
+    let spec = SamplingSpec { prompt_tokens, ..params.spec.clone() };
     let stream = state.engine.submit(request, spec).await.map_err(|e| submit_error(state, e))?;
     let deadline = tokio::time::Instant::now() + state.config.request_time_max;
     let recording =

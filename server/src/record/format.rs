@@ -97,6 +97,9 @@ pub struct TraceRecord {
     /// Absent when none (and in traces written before they were served).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_token_ids: Vec<u32>,
+    /// (token, bias), by token; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
     #[serde(default)]
     pub ignore_eos: bool,
     /// The client asked for server-sent events.

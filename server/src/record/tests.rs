@@ -24,6 +24,7 @@ fn params() -> GenerationParams {
             },
             logprobs: None,
             prompt_tokens: 0,
+            logit_bias: vec![(3, -1.5)],
         },
         stops: vec!["\n\n".into()],
         stop_token_ids: vec![],

@@ -172,6 +172,7 @@ impl RouterEngine {
             priority: request.priority,
             cache_salt: request.cache_salt,
             sampling: spec.sampling,
+            logit_bias: spec.logit_bias,
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {

@@ -64,6 +64,24 @@ impl SimTrace {
                 return Err(format!("{name} {penalty} is not within [-2, 2]"));
             }
         }
+        // What the server accepts: at most 300 tokens of the vocabulary, each once.
+        if request.logit_bias.len() > 300 {
+            return Err(format!(
+                "a logit bias of {} tokens (at most 300)",
+                request.logit_bias.len()
+            ));
+        }
+        let mut biased = std::collections::BTreeSet::new();
+        for &(token, bias) in &request.logit_bias {
+            if token >= self.vocab_size
+                || !biased.insert(token)
+                || !(-100.0..=100.0).contains(&bias)
+            {
+                return Err(format!(
+                    "logit bias {bias} for token {token}: a token of the vocabulary, once, within [-100, 100]"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -133,6 +151,7 @@ mod tests {
             seed: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -165,7 +184,7 @@ mod tests {
     #[test]
     fn each_check_fires() {
         type Spoil = fn(&mut SimTrace);
-        let cases: [(&str, Spoil); 15] = [
+        let cases: [(&str, Spoil); 17] = [
             ("vocab_size is 0", |t| t.vocab_size = 0),
             ("no requests", |t| t.requests.clear()),
             ("index 7", |t| t.requests[2].index = 7),
@@ -175,6 +194,8 @@ mod tests {
             ("temperature", |t| t.requests[2].temperature = f32::NAN),
             ("presence penalty NaN", |t| t.requests[2].presence_penalty = f32::NAN),
             ("frequency penalty 2.5", |t| t.requests[2].frequency_penalty = 2.5),
+            ("logit bias 1 for token 10", |t| t.requests[2].logit_bias = vec![(10, 1.0)]),
+            ("logit bias 101 for token 1", |t| t.requests[2].logit_bias = vec![(1, 101.0)]),
             ("turn 2 out of a session", |t| t.requests[3].turn = 2),
             ("session 3 before session 2", |t| t.requests[3].session = Some(3)),
             ("turn 3 of session 0: 2 expected", |t| t.requests[2].turn = 3),

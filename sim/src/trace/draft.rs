@@ -24,6 +24,8 @@ pub(crate) struct Draft {
     pub seed: Option<u64>,
     /// (presence, frequency): a recorded request's penalties; none for the other formats.
     pub penalties: (f32, f32),
+    /// A recorded request's `logit_bias`; none for the other formats.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// A prompt as the file gives it.
@@ -96,6 +98,7 @@ pub(crate) fn finish(
             seed: draft.seed.unwrap_or(index as u64),
             presence_penalty: penalties(&draft, index, options).0,
             frequency_penalty: penalties(&draft, index, options).1,
+            logit_bias: draft.logit_bias.clone(),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -226,6 +229,7 @@ mod tests {
             temperature: 0.0,
             seed: None,
             penalties: (0.0, 0.0),
+            logit_bias: Vec::new(),
         }
     }
 

@@ -56,6 +56,8 @@ pub struct SimRequest {
     /// OpenAI's penalties, each within [-2, 2]: a recorded request's, or `--penalties`'.
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// (token, bias): a recorded request's `logit_bias`.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// When a request is sent.

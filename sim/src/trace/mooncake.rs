@@ -27,6 +27,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             temperature: 0.0,
             seed: None,
             penalties: (0.0, 0.0),
+            logit_bias: Vec::new(),
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

@@ -134,6 +134,7 @@ fn draft(
         temperature: sampling.temperature,
         seed: Some(sampling.seed),
         penalties: (sampling.presence_penalty, sampling.frequency_penalty),
+        logit_bias: record.logit_bias.clone(),
     })
 }
 

@@ -335,6 +335,7 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             temperature: 0.0,
             seed: None,
             penalties: (0.0, 0.0),
+            logit_bias: Vec::new(),
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

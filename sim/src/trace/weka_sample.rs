@@ -172,6 +172,7 @@ fn record(
         },
         stop: Vec::new(),
         stop_token_ids: Vec::new(),
+        logit_bias: Vec::new(),
         // The recorded output lengths are what the model produced: generate all of them.
         ignore_eos: true,
         stream: turn.request.kind == "s",
