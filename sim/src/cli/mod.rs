@@ -51,7 +51,8 @@ usage:
                                 `explore --shrink` prints; LIST is 0,3,7 or - for none
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
-  --penalties       two requests in three get presence/frequency penalties (none of their own)
+  --logit-adjustments  two requests in three get presence/frequency penalties, one in four a
+                    logit bias (those with none of their own)
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";
@@ -198,8 +199,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             i += 1;
             continue;
         }
-        if flag == "--penalties" {
-            import.penalties = true;
+        if flag == "--logit-adjustments" {
+            import.logit_adjustments = true;
             import_args.push(flag.to_owned());
             i += 1;
             continue;

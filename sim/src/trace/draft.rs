@@ -98,7 +98,7 @@ pub(crate) fn finish(
             seed: draft.seed.unwrap_or(index as u64),
             presence_penalty: penalties(&draft, index, options).0,
             frequency_penalty: penalties(&draft, index, options).1,
-            logit_bias: draft.logit_bias.clone(),
+            logit_bias: logit_bias(&draft, index, vocab_size, options),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -157,14 +157,33 @@ enum Unit {
     Alone(usize),
 }
 
-/// (presence, frequency) penalties of request `index`: its own, or with `--penalties` and none
-/// of its own, by `index`'s remainder by 3: none, a presence penalty, or both (one negative).
+/// (presence, frequency) penalties of request `index`: its own, or with `--logit-adjustments`
+/// and none of its own, by `index`'s remainder by 3: none, a presence penalty, or both (one
+/// negative).
 fn penalties(draft: &Draft, index: usize, options: &ImportOptions) -> (f32, f32) {
-    match (options.penalties && draft.penalties == (0.0, 0.0), index % 3) {
+    match (options.logit_adjustments && draft.penalties == (0.0, 0.0), index % 3) {
         (false, _) | (true, 0) => draft.penalties,
         (true, 1) => (2.0, 0.0),
         (true, _) => (-0.5, 1.25),
     }
+}
+
+/// Request `index`'s logit bias: its own, or with `--logit-adjustments` and none of its own, on
+/// one request in four, a few tokens of the vocabulary pushed up or down (by token).
+fn logit_bias(
+    draft: &Draft,
+    index: usize,
+    vocab_size: u32,
+    options: &ImportOptions,
+) -> Vec<(u32, f32)> {
+    if !(options.logit_adjustments && draft.logit_bias.is_empty() && index % 4 == 3) {
+        return draft.logit_bias.clone();
+    }
+    let mut bias: Vec<(u32, f32)> =
+        [(5, 4.0), (17, -100.0), (40, 2.5)].into_iter().map(|(t, b)| (t % vocab_size, b)).collect();
+    bias.sort_by_key(|&(token, _)| token);
+    bias.dedup_by_key(|&mut (token, _)| token);
+    bias
 }
 
 /// The drafts of the first units (sessions, or requests alone) in order of first appearance,

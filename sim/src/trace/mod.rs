@@ -53,10 +53,10 @@ pub struct SimRequest {
     pub max_tokens: u32,
     pub temperature: f32,
     pub seed: u64,
-    /// OpenAI's penalties, each within [-2, 2]: a recorded request's, or `--penalties`'.
+    /// OpenAI's penalties, each within [-2, 2]: a recorded request's, or `--logit-adjustments`'.
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
-    /// (token, bias): a recorded request's `logit_bias`.
+    /// (token, bias), by token: a recorded request's `logit_bias`, or `--logit-adjustments`'.
     pub logit_bias: Vec<(u32, f32)>,
 }
 
@@ -104,9 +104,11 @@ pub struct ImportOptions {
     pub max_requests: Option<usize>,
     /// Seed of the token synthesis from hash ids.
     pub seed: u64,
-    /// Gives two requests in three of a trace without penalties some (`draft::penalties`), so
-    /// that the output-so-far every executor keeps for them meets the faults.
-    pub penalties: bool,
+    /// Gives two requests in three of a trace without penalties some, and one in four without
+    /// a logit bias one (`draft::penalties`, `draft::logit_bias`), so that the output-so-far
+    /// every executor keeps for penalties, and the bias every worker must be handed, meet the
+    /// faults.
+    pub logit_adjustments: bool,
 }
 
 impl Default for ImportOptions {
@@ -118,7 +120,7 @@ impl Default for ImportOptions {
             max_output: None,
             max_requests: None,
             seed: 0,
-            penalties: false,
+            logit_adjustments: false,
         }
     }
 }
