@@ -91,24 +91,17 @@ async fn start(
             ),
         )));
     }
-    let biased = params.spec.logit_bias.iter().map(|&(token, _)| token);
-    if let Some(token) = biased.clone().find(|&t| t >= state.codec.vocab_size()) {
-        return Err(refused(ApiError::invalid_param(
-            "logit_bias",
-            format!("token id {token} is outside the vocabulary of {}", state.codec.vocab_size()),
-        )));
-    }
-    if let Some(token) = params.stop_token_ids.iter().find(|&&t| t >= state.codec.vocab_size()) {
-        return Err(refused(ApiError::invalid_param(
-            "stop_token_ids",
-            format!("token id {token} is outside the vocabulary of {}", state.codec.vocab_size()),
-        )));
-    }
-    if let Some(token) = prompt.iter().find(|&&t| t >= state.codec.vocab_size()) {
-        return Err(refused(ApiError::invalid_param(
-            "prompt",
-            format!("token id {token} is outside the vocabulary of {}", state.codec.vocab_size()),
-        )));
+    let vocab = state.codec.vocab_size();
+    let biased: Vec<u32> = params.spec.logit_bias.iter().map(|&(token, _)| token).collect();
+    for (param, ids) in
+        [("prompt", &prompt), ("stop_token_ids", &params.stop_token_ids), ("logit_bias", &biased)]
+    {
+        if let Some(token) = ids.iter().find(|&&t| t >= vocab) {
+            return Err(refused(ApiError::invalid_param(
+                param,
+                format!("token id {token} is outside the vocabulary of {vocab}"),
+            )));
+        }
     }
     let max_tokens = match params.max_tokens {
         Some(n) if u64::from(prompt_tokens) + u64::from(n) > u64::from(context) => {
