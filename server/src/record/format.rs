@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use lockstep_core::sched::FinishReason;
+use lockstep_core::wire::Sampling;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -141,6 +142,19 @@ pub struct TraceSampling {
     pub presence_penalty: f32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frequency_penalty: f32,
+}
+
+impl From<Sampling> for TraceSampling {
+    fn from(s: Sampling) -> TraceSampling {
+        TraceSampling {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            seed: s.seed,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+        }
+    }
 }
 
 fn is_zero(value: &f32) -> bool {

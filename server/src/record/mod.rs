@@ -209,7 +209,6 @@ impl Draft {
     ) -> Recording {
         let Arrival { recorder, arrival, session } = self.arrival;
         let turn = session.as_deref().map(|s| recorder.next_turn(s));
-        let sampling = params.spec.sampling;
         let record = TraceRecord {
             request_id,
             session,
@@ -221,14 +220,7 @@ impl Draft {
             hash_ids: Vec::new(),
             input_tokens: None,
             max_tokens: params.max_tokens,
-            sampling: TraceSampling {
-                temperature: sampling.temperature,
-                top_p: sampling.top_p,
-                top_k: sampling.top_k,
-                seed: sampling.seed,
-                presence_penalty: sampling.presence_penalty,
-                frequency_penalty: sampling.frequency_penalty,
-            },
+            sampling: TraceSampling::from(params.spec.sampling),
             stop: params.stops.clone(),
             stop_token_ids: params.stop_token_ids.clone(),
             logit_bias: params.spec.logit_bias.clone(),

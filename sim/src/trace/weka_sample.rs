@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use lockstep_core::wire::Sampling;
 use lockstep_server::record::{TraceHeader, TraceRecord, TraceSampling, TraceTimings};
 
 use super::draft::scaled;
@@ -162,14 +163,7 @@ fn record(
         hash_ids,
         input_tokens: Some(input_tokens),
         max_tokens: Some(scaled(turn.request.output, scale).min(options.output_max)),
-        sampling: TraceSampling {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-        },
+        sampling: TraceSampling::from(Sampling::GREEDY),
         stop: Vec::new(),
         stop_token_ids: Vec::new(),
         logit_bias: Vec::new(),
