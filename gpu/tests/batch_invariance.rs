@@ -26,10 +26,11 @@ const WATCHED: RequestId = RequestId(0);
 /// Each request samples with a seed of its own (`SEED` and its id).
 const SEED: u64 = 7;
 
-/// Penalties on two requests of three, the watched one among them: the output so far that
-/// penalties read must be the same alone and in the crowd.
+/// Penalties and a min-p on two requests of three, the watched one among them: the output so
+/// far that penalties read must be the same alone and in the crowd.
 fn sampling(id: RequestId) -> Sampling {
-    let (presence_penalty, frequency_penalty) = if id.0 % 3 == 2 { (0.0, 0.0) } else { (0.6, 0.4) };
+    let (presence_penalty, frequency_penalty, min_p) =
+        if id.0 % 3 == 2 { (0.0, 0.0, 0.0) } else { (0.6, 0.4, 0.02) };
     Sampling {
         temperature: 0.9,
         top_k: 40,
@@ -37,6 +38,7 @@ fn sampling(id: RequestId) -> Sampling {
         seed: SEED ^ id.0,
         presence_penalty,
         frequency_penalty,
+        min_p,
     }
 }
 

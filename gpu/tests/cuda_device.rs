@@ -539,6 +539,7 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
         seed: 7 ^ id,
         presence_penalty: if id % 3 == 2 { 0.0 } else { 0.6 },
         frequency_penalty: if id % 3 == 2 { 0.0 } else { 0.4 },
+        min_p: 0.0,
     };
     let prompt: Vec<u32> = (0..5).map(|i| (11 + 37 * i) % vocab).collect();
     let watched = (request(0, prompt, 6), sampling(0));

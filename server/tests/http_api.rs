@@ -240,6 +240,24 @@ async fn penalties_change_the_output_and_a_penalized_request_equals_itself_alone
     crowd.quiescent().await;
 }
 
+/// `min_p` (vLLM's) of 1 keeps only the most likely token: a hot sampled request gives the
+/// greedy output; a small one leaves sampling sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_p_of_one_samples_the_greedy_output() {
+    let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let greedy = completion(&[3, 1, 4, 1, 5], 12);
+    let (_, expected) = server.post("/v1/completions", &greedy).await;
+    let mut hot = greedy.clone();
+    (hot["temperature"], hot["seed"]) = (json!(2.0), json!(11));
+    let (_, sampled) = server.post("/v1/completions", &hot).await;
+    assert_ne!(text_of(&sampled), text_of(&expected), "temperature 2 draws otherwise");
+    hot["min_p"] = json!(1.0);
+    let (status, cut) = server.post("/v1/completions", &hot).await;
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(text_of(&cut), text_of(&expected));
+    server.quiescent().await;
+}
+
 /// `stop_token_ids` (vLLM's): the output ends at the first of them, which is in `token_ids`
 /// but not in the text, whole or streamed, with finish reason `stop`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,6 +368,7 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": [1, 2], "n": 17}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": vec![5; 65]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": [1000]}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "min_p": 1.5}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"t5": 1}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"5": 100.5}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"1000": 1}}).to_string(), 400),

@@ -128,6 +128,16 @@ impl Sampler {
             .collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
+        if p.min_p > 0.0 {
+            // Decreasing: the candidates above the cut are a prefix. The first always stays.
+            let floor = f64::from(p.min_p) * probs[0];
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            order.truncate(keep);
+            probs.truncate(keep);
+            // Top-p's mass is of what is left, as when min-p sets the rest to -inf first (vLLM).
+            let kept: f64 = probs.iter().sum();
+            probs.iter_mut().for_each(|q| *q /= kept);
+        }
         if p.top_p < 1.0 {
             let mut mass = 0.0;
             let keep = probs.iter().position(|&q| {
@@ -336,6 +346,31 @@ mod tests {
         // Draws are independent of order: position 40 alone draws what it drew in sequence.
         let s = Sampler::new(params(0.8, 0, 0.95, 7));
         assert_eq!(s.sample(&logits, 40), draw(7)[40]);
+    }
+
+    #[test]
+    fn min_p_cuts_below_its_share_of_the_most_likely_and_top_p_reads_what_is_left() {
+        // Probabilities about 0.64, 0.24, 0.09, 0.03 at temperature 1.
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let drawn = |min_p: f32, top_p: f32| {
+            let s = Sampler::new(Sampling { min_p, ..params(1.0, 0, top_p, 3) });
+            let mut counts = [0u32; 4];
+            for position in 0..20_000 {
+                counts[s.sample(&logits, position) as usize] += 1;
+            }
+            counts
+        };
+        // 0.2 * 0.64 = 0.128: tokens 2 and 3 are cut.
+        let counts = drawn(0.2, 1.0);
+        assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
+        let share = f64::from(counts[0]) / 20_000.0;
+        assert!((share - 0.64 / 0.88).abs() < 0.02, "top token drawn {share}");
+        // What is left is about 0.73 and 0.27: a top-p of 0.7 keeps the first alone (it would
+        // keep two of the uncut four, whose first has 0.64).
+        assert_eq!(drawn(0.2, 0.7), [20_000, 0, 0, 0]);
+        assert!(drawn(0.0, 0.7)[1] > 0);
+        // A min-p of 1 keeps the most likely only; ties of it stay.
+        assert_eq!(drawn(1.0, 1.0), [20_000, 0, 0, 0]);
     }
 
     #[test]

@@ -325,6 +325,7 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     w.u64(spec.sampling.seed);
     w.f32(spec.sampling.presence_penalty);
     w.f32(spec.sampling.frequency_penalty);
+    w.f32(spec.sampling.min_p);
     w.u64(spec.logit_bias.len() as u64);
     for &(token, bias) in &spec.logit_bias {
         w.u32(token);
@@ -348,6 +349,7 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
             seed: r.u64("seed")?,
             presence_penalty: read_penalty(r, "presence penalty")?,
             frequency_penalty: read_penalty(r, "frequency penalty")?,
+            min_p: r.f32("min p")?,
         },
         logit_bias: read_logit_bias(r)?,
     })

@@ -55,6 +55,9 @@ pub struct Sampling {
     /// (`model::Sampler::penalize`). Zero: none.
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// vLLM's: a candidate less likely than `min_p` times the most likely one is cut (after the
+    /// temperature and top-k, before top-p). 0: no cut.
+    pub min_p: f32,
 }
 
 impl Sampling {
@@ -66,6 +69,7 @@ impl Sampling {
         seed: 0,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
+        min_p: 0.0,
     };
 
     /// Whether the output so far changes the logits (either penalty is not zero).

@@ -41,7 +41,15 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
         any::<bool>(),
         any::<i32>(),
         any::<u64>(),
-        (-1e6f32..1e6, 0f32..1.0, any::<u32>(), any::<u64>(), -2f32..2.0, -1e30f32..1e30),
+        (
+            -1e6f32..1e6,
+            0f32..1.0,
+            any::<u32>(),
+            any::<u64>(),
+            -2f32..2.0,
+            -1e30f32..1e30,
+            0f32..1.0,
+        ),
         prop::collection::vec((any::<u32>(), -100f32..100.0), 0..8),
     )
         .prop_map(
@@ -53,7 +61,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 ignore_eos,
                 priority,
                 cache_salt,
-                (t, p, k, s, presence, frequency),
+                (t, p, k, s, presence, frequency, min_p),
                 logit_bias,
             )| RequestSpec {
                 id: RequestId(id),
@@ -70,6 +78,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                     seed: s,
                     presence_penalty: presence,
                     frequency_penalty: frequency,
+                    min_p,
                 },
                 logit_bias,
             },

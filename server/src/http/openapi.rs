@@ -324,6 +324,10 @@ fn common_properties(config: &AppConfig) -> Value {
             }))),
             "only with `stream`: true",
         ),
+        "min_p": described(
+            nullable(json!({ "type": "number", "minimum": 0, "maximum": 1, "default": 0 })),
+            "vLLM's: candidates below this share of the most likely one's probability are cut",
+        ),
         "presence_penalty": penalty("once"),
         "frequency_penalty": penalty("per occurrence"),
         "logit_bias": nullable(json!({
@@ -833,6 +837,7 @@ mod tests {
             max_tokens: Some(at("max_tokens", "maximum") as u32),
             n: Some(at("n", "maximum") as u32),
             presence_penalty: Some(at("presence_penalty", "maximum")),
+            min_p: Some(at("min_p", "maximum")),
             stop_token_ids: Some(vec![1; stop_ids]),
             frequency_penalty: Some(at("frequency_penalty", "minimum")),
             seed: Some(i64::MIN),
@@ -860,6 +865,8 @@ mod tests {
             CommonRequest { n: Some(at("n", "maximum") as u32 + 1), ..Default::default() },
             CommonRequest { n: Some(at("n", "minimum") as u32 - 1), ..Default::default() },
             CommonRequest { stop_token_ids: Some(vec![1; stop_ids + 1]), ..Default::default() },
+            CommonRequest { min_p: Some(at("min_p", "maximum") + 0.01), ..Default::default() },
+            CommonRequest { min_p: Some(at("min_p", "minimum") - 0.01), ..Default::default() },
             CommonRequest {
                 presence_penalty: Some(at("presence_penalty", "maximum") + 0.01),
                 ..Default::default()

@@ -24,6 +24,9 @@ pub struct CommonRequest {
     pub top_p: Option<f64>,
     /// vLLM's extension: -1 or 0 keep every token.
     pub top_k: Option<i64>,
+    /// vLLM's extension: candidates below this share of the most likely one's probability are
+    /// cut; 0 keeps every token.
+    pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     /// vLLM's extension: token ids that end the output; their text is left out, as vLLM
@@ -176,6 +179,10 @@ impl CommonRequest {
                 return Err(ApiError::invalid_param("top_k", "top_k must be -1, 0 or positive"));
             }
         };
+        let min_p = self.min_p.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&min_p) {
+            return Err(ApiError::invalid_param("min_p", "min_p must be within [0, 1]"));
+        }
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
             return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
@@ -219,6 +226,7 @@ impl CommonRequest {
                     seed,
                     presence_penalty,
                     frequency_penalty,
+                    min_p: min_p as f32,
                 },
                 logprobs,
                 // The prompt is encoded after validation: `respond::start` sets it.

@@ -142,6 +142,8 @@ pub struct TraceSampling {
     pub presence_penalty: f32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frequency_penalty: f32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_p: f32,
 }
 
 impl From<Sampling> for TraceSampling {
@@ -153,6 +155,7 @@ impl From<Sampling> for TraceSampling {
             seed: s.seed,
             presence_penalty: s.presence_penalty,
             frequency_penalty: s.frequency_penalty,
+            min_p: s.min_p,
         }
     }
 }

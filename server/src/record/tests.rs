@@ -21,6 +21,7 @@ fn params() -> GenerationParams {
                 seed: u64::MAX,
                 presence_penalty: 0.0,
                 frequency_penalty: 0.25,
+                min_p: 0.05,
             },
             logprobs: None,
             prompt_tokens: 0,
