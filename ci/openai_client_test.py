@@ -169,7 +169,8 @@ def chat_n_choices_are_the_seeds_alone(t):
 @check
 def chat_penalties_and_logit_bias_are_taken(t):
     r = t.chat(messages=USER, max_tokens=8, temperature=0, presence_penalty=1.5,
-               frequency_penalty=-0.5, logit_bias={"5": -100, "7": 3})
+               frequency_penalty=-0.5, logit_bias={"5": -100, "7": 3},
+               extra_body={"repetition_penalty": 1.2, "min_p": 0.1, "stop_token_ids": [999]})
     expect(r.choices[0].finish_reason == "length", r.choices[0])
 
 

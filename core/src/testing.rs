@@ -79,10 +79,9 @@ impl Harness {
     }
 
     pub fn submit(&mut self, req: NewRequest) -> Result<(), AdmissionError> {
-        let (id, prompt_tokens) = (req.id, req.prompt.len());
+        let (id, spec) = (req.id, SamplingSpec::for_prompt(sampling(req.id), &req.prompt));
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
-            let spec = SamplingSpec::for_prompt(sampling(id), prompt_tokens);
             self.model.start_request(id, SamplingSpec { logit_bias: logit_bias(id), ..spec });
             self.tokens.insert(id, Vec::new());
             self.finished.remove(&id);
@@ -199,16 +198,17 @@ impl Harness {
 
 /// A request's output when it runs alone in a fresh harness with the same config: the oracle.
 /// How the harnesses sample request `id`: greedy, and by `id`'s remainder by 3 with no penalty,
-/// a presence penalty, or both penalties, so that the output-so-far every executor keeps for
-/// penalties is checked against the request alone through preemption, overlap, prefix reuse
-/// and (`cluster`) the prefill-to-decode hand-over.
+/// a presence penalty, or all three penalties, so that the output-so-far every executor keeps for
+/// penalties (and the prompt's tokens the repetition penalty reads) is checked against the
+/// request alone through preemption, overlap, prefix reuse and (`cluster`) the prefill-to-decode
+/// hand-over.
 pub fn sampling(id: RequestId) -> Sampling {
-    let (presence_penalty, frequency_penalty) = match id.0 % 3 {
-        0 => (0.0, 0.0),
-        1 => (2.0, 0.0),
-        _ => (-0.5, 1.25),
+    let (presence_penalty, frequency_penalty, repetition_penalty) = match id.0 % 3 {
+        0 => (0.0, 0.0, 1.0),
+        1 => (2.0, 0.0, 1.0),
+        _ => (-0.5, 1.25, 1.5),
     };
-    Sampling { presence_penalty, frequency_penalty, ..Sampling::GREEDY }
+    Sampling { presence_penalty, frequency_penalty, repetition_penalty, ..Sampling::GREEDY }
 }
 
 /// Request `id`'s logit bias in the harnesses: on one request in four, a few tokens of the

@@ -26,8 +26,9 @@ const WATCHED: RequestId = RequestId(0);
 /// Each request samples with a seed of its own (`SEED` and its id).
 const SEED: u64 = 7;
 
-/// Penalties and a min-p on two requests of three, the watched one among them: the output so
-/// far that penalties read must be the same alone and in the crowd.
+/// Penalties and a min-p on two requests of three, the watched one among them, and a repetition
+/// penalty on one in three: the output so far that penalties read must be the same alone and
+/// in the crowd.
 fn sampling(id: RequestId) -> Sampling {
     let (presence_penalty, frequency_penalty, min_p) =
         if id.0 % 3 == 2 { (0.0, 0.0, 0.0) } else { (0.6, 0.4, 0.02) };
@@ -39,14 +40,16 @@ fn sampling(id: RequestId) -> Sampling {
         presence_penalty,
         frequency_penalty,
         min_p,
+        // The watched one's reads its prompt's tokens too.
+        repetition_penalty: if id.0.is_multiple_of(3) { 1.2 } else { 1.0 },
     }
 }
 
 /// Request `id`'s spec: its sampling, and on even ids a logit bias against a few common tokens.
-fn spec(id: RequestId, prompt_tokens: usize) -> SamplingSpec {
+fn spec(id: RequestId, prompt: &[u32]) -> SamplingSpec {
     let logit_bias =
         if id.0.is_multiple_of(2) { vec![(28, -2.0), (253, 1.5), (30, -100.0)] } else { vec![] };
-    SamplingSpec { logit_bias, ..SamplingSpec::for_prompt(sampling(id), prompt_tokens) }
+    SamplingSpec { logit_bias, ..SamplingSpec::for_prompt(sampling(id), prompt) }
 }
 
 fn config() -> SchedConfig {
@@ -90,7 +93,7 @@ fn run(
     let mut executor =
         CpuExecutor::with_threads(weights.clone(), config.pool, config.running_max, threads);
     for r in requests {
-        executor.start_request(r.id, spec(r.id, r.prompt.len()));
+        executor.start_request(r.id, spec(r.id, &r.prompt));
         sched.submit(r, Time::ZERO).unwrap();
     }
     let mut watched = Vec::new();
@@ -182,7 +185,7 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, prompt: Vec<u32>, span: u32
 
     // And both equal the single-sequence reference, sampling with the same generator, bias and
     // penalties (the output so far recorded as the executors record it: from the inputs).
-    let mut sampler = RequestSampler::new(spec(WATCHED, prompt.len()));
+    let mut sampler = RequestSampler::new(spec(WATCHED, &prompt));
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for (position, &t) in (0u32..).zip(&prompt) {

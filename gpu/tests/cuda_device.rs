@@ -157,7 +157,7 @@ fn run(
     let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut runs = Runs::new();
     for (r, sampling) in requests {
-        backend.start(r.id, SamplingSpec::for_prompt(sampling, r.prompt.len()));
+        backend.start(r.id, SamplingSpec::for_prompt(sampling, &r.prompt));
         runs.insert(r.id, (Vec::new(), Vec::new()));
         sched.submit(r, Time::ZERO).unwrap();
     }
@@ -540,6 +540,7 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, vocab: u32) -> [(Vec<u32>, 
         presence_penalty: if id % 3 == 2 { 0.0 } else { 0.6 },
         frequency_penalty: if id % 3 == 2 { 0.0 } else { 0.4 },
         min_p: 0.0,
+        repetition_penalty: if id % 3 == 2 { 1.0 } else { 1.3 },
     };
     let prompt: Vec<u32> = (0..5).map(|i| (11 + 37 * i) % vocab).collect();
     let watched = (request(0, prompt, 6), sampling(0));

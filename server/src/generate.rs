@@ -114,7 +114,7 @@ pub fn run(options: &Options) -> Result<(), String> {
         Device::Cuda(_) => return options.device.check(),
     };
     let id = RequestId(0);
-    executor.start_request(id, SamplingSpec::for_prompt(options.sampling, prompt.len()));
+    executor.start_request(id, SamplingSpec::for_prompt(options.sampling, &prompt));
     let request = NewRequest {
         id,
         prompt,

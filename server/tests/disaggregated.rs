@@ -218,6 +218,7 @@ async fn the_same_greedy_output_through_one_process_and_through_router_prefill_a
         let (_, plain) = single.post("/v1/completions", &long).await;
         long["presence_penalty"] = json!(-2.0);
         long["frequency_penalty"] = json!(0.5);
+        long["repetition_penalty"] = json!(1.3);
         let (_, alone) = single.post("/v1/completions", &long).await;
         let (_, through) = c.router.post("/v1/completions", &long).await;
         assert_ne!(text(&alone), text(&plain), "the penalties changed nothing");

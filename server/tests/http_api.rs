@@ -218,17 +218,21 @@ async fn penalties_change_the_output_and_a_penalized_request_equals_itself_alone
     };
     let alone = TestServer::provenance(StepMode::Overlap, StepCost::ZERO).await;
     let penalties = [(-2.0, 0.0), (0.0, -1.5), (1.0, 2.0), (-1.0, 0.5)];
+    // The last two also with a repetition penalty (which reads the prompt's tokens too).
     let mut expected = Vec::new();
     for (i, &(presence, frequency)) in (0..).zip(&penalties) {
         let (_, plain) = alone.post("/v1/completions", &body(i, 0.0, 0.0)).await;
-        let (status, penalized) =
-            alone.post("/v1/completions", &body(i, presence, frequency)).await;
+        let mut penalized_body = body(i, presence, frequency);
+        if i >= 2 {
+            penalized_body["repetition_penalty"] = json!(1.4);
+        }
+        let (status, penalized) = alone.post("/v1/completions", &penalized_body).await;
         assert_eq!(status, 200, "{penalized}");
         if presence < 0.0 || frequency < 0.0 {
             // Rewarding repeats shows within 150 tokens of a 1000-token vocabulary.
             assert_ne!(text_of(&penalized), text_of(&plain), "request {i}: no change");
         }
-        expected.push((body(i, presence, frequency), text_of(&penalized)));
+        expected.push((penalized_body, text_of(&penalized)));
     }
     alone.quiescent().await;
     let crowd = TestServer::provenance(StepMode::Overlap, slow_steps()).await;
@@ -369,6 +373,8 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": vec![5; 65]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "stop_token_ids": [1000]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "min_p": 1.5}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "repetition_penalty": 0}).to_string(), 400),
+        ("/v1/completions", json!({"prompt": [1, 2], "repetition_penalty": 2.5}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"t5": 1}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"5": 100.5}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"1000": 1}}).to_string(), 400),

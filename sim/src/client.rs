@@ -217,6 +217,7 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
         "seed": request.seed as i64,
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": request.repetition_penalty,
         // OpenAI's form: token ids as the object's keys.
         "logit_bias": request.logit_bias.iter().map(|&(token, bias)| (token.to_string(), json!(bias))).collect::<serde_json::Map<_, _>>(),
         "stream": true,

@@ -135,6 +135,7 @@ fn thinking_trace() -> SimTrace {
                 seed: u64::from(session * 10 + turn),
                 presence_penalty: 0.0,
                 frequency_penalty: 0.0,
+                repetition_penalty: 1.0,
                 logit_bias: Vec::new(),
             });
         }

@@ -35,6 +35,7 @@ fn trace() -> SimTrace {
             seed: i as u64 * 1_000_003,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
             logit_bias: Vec::new(),
         });
     }

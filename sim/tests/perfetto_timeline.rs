@@ -25,6 +25,7 @@ fn trace() -> SimTrace {
             seed: 1,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
             logit_bias: Vec::new(),
         })
         .collect();

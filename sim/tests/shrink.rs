@@ -72,6 +72,7 @@ fn a_kept_turn_keeps_the_turn_it_waits_on_and_is_renumbered() {
         seed: index as u64,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
+        repetition_penalty: 1.0,
         logit_bias: Vec::new(),
     };
     let think = Duration::from_millis(5);

@@ -128,7 +128,7 @@ fn sampling_follows_the_seed_and_logprobs_come_when_asked() {
             seed,
             ..crate::wire::Sampling::GREEDY
         };
-        let spec = SamplingSpec { logprobs, ..SamplingSpec::for_prompt(sampling, 0) };
+        let spec = SamplingSpec { logprobs, ..SamplingSpec::for_prompt(sampling, &[]) };
         m.start_request(RequestId(1), spec);
         m.start_request(RequestId(2), SamplingSpec::GREEDY);
         let first = m.execute(&run.first).unwrap();

@@ -23,6 +23,10 @@ pub struct SamplingSpec {
     pub logprobs: Option<u8>,
     /// The prompt's length: the output, which penalties count, starts at this position.
     pub prompt_tokens: u32,
+    /// The prompt's distinct tokens, by token, when the request has a repetition penalty (which
+    /// counts them; empty otherwise): a decode worker's executor never sees the prompt's tokens
+    /// as inputs, nor does one whose prefix cache held them.
+    pub prompt_vocabulary: Vec<u32>,
     /// OpenAI's `logit_bias`: (token, bias) added to the token's logit before anything else,
     /// by token (`RequestSpec::logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
@@ -33,15 +37,29 @@ impl SamplingSpec {
         sampling: Sampling::GREEDY,
         logprobs: None,
         prompt_tokens: 0,
+        prompt_vocabulary: Vec::new(),
         logit_bias: Vec::new(),
     };
     /// OpenAI's limit on `top_logprobs`.
     pub const TOP_LOGPROBS_MAX: u8 = 20;
 
-    /// A request's spec: its sampling, no log-probabilities, its prompt's length.
-    pub fn for_prompt(sampling: Sampling, prompt_tokens: usize) -> SamplingSpec {
-        let prompt_tokens = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
-        SamplingSpec { sampling, logprobs: None, prompt_tokens, logit_bias: Vec::new() }
+    /// A request's spec: its sampling, no log-probabilities or bias, and what its prompt tells
+    /// the penalties (`with_prompt`).
+    pub fn for_prompt(sampling: Sampling, prompt: &[u32]) -> SamplingSpec {
+        SamplingSpec { sampling, ..SamplingSpec::GREEDY }.with_prompt(prompt)
+    }
+
+    /// This spec for a request of `prompt`: its length, and its distinct tokens if the
+    /// repetition penalty reads them.
+    pub fn with_prompt(self, prompt: &[u32]) -> SamplingSpec {
+        let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        let mut prompt_vocabulary = Vec::new();
+        if self.sampling.repetition_penalty != 1.0 {
+            prompt_vocabulary = prompt.to_vec();
+            prompt_vocabulary.sort_unstable();
+            prompt_vocabulary.dedup();
+        }
+        SamplingSpec { prompt_tokens, prompt_vocabulary, ..self }
     }
 
     /// The record of the output penalties need, if this request has penalties.
@@ -88,24 +106,44 @@ impl Sampler {
         self.params.has_penalties()
     }
 
-    /// OpenAI's penalties on `logits` (index = token id), given the request's output so far:
-    /// each token that occurs `count > 0` times there loses `frequency_penalty * count`, then
-    /// `presence_penalty` (vLLM's order). Tokens past the end of `logits` are skipped.
-    pub fn penalize(&self, logits: &mut [f32], output: &[u32]) {
+    /// The penalties on `logits` (index = token id), given the request's output so far and its
+    /// prompt's distinct tokens (`SamplingSpec::prompt_vocabulary`): every token of either
+    /// `penalized`. Tokens past the end of `logits` are skipped.
+    pub fn penalize(&self, logits: &mut [f32], output: &[u32], prompt_vocabulary: &[u32]) {
         if !self.has_penalties() {
             return;
         }
-        for (token, count) in counts(output) {
+        let counts = counts(output);
+        let mut tokens: Vec<u32> = counts
+            .iter()
+            .map(|&(token, _)| token)
+            .chain(prompt_vocabulary.iter().copied())
+            .collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        for token in tokens {
             if let Some(logit) = logits.get_mut(token as usize) {
-                *logit = self.penalized(*logit, count);
+                let (count, in_prompt) = occurrences(&counts, prompt_vocabulary, token);
+                *logit = self.penalized(*logit, count, in_prompt);
             }
         }
     }
 
-    /// A logit whose token occurs `count` times in the output (`count > 0`), penalized.
-    pub fn penalized(&self, logit: f32, count: u32) -> f32 {
+    /// A logit whose token occurs `count` times in the output and, if `in_prompt`, in the
+    /// prompt, penalized in vLLM's order: the repetition penalty (if it occurs in either:
+    /// divided if positive, multiplied if not), then OpenAI's `frequency_penalty * count` and
+    /// `presence_penalty` (if it occurs in the output).
+    pub fn penalized(&self, logit: f32, count: u32, in_prompt: bool) -> f32 {
         let p = self.params;
-        (logit - p.frequency_penalty * count as f32) - p.presence_penalty
+        let mut logit = logit;
+        if count > 0 || in_prompt {
+            let r = p.repetition_penalty;
+            logit = if logit > 0.0 { logit / r } else { logit * r };
+        }
+        if count > 0 {
+            logit = (logit - p.frequency_penalty * count as f32) - p.presence_penalty;
+        }
+        logit
     }
 
     /// The token at sequence position `position`, drawn from `logits` (index = token id).
@@ -169,6 +207,8 @@ pub struct RequestSampler {
     /// Top log-probabilities to report (`SamplingSpec::logprobs`).
     top: Option<u8>,
     output: Option<OutputTokens>,
+    /// `SamplingSpec::prompt_vocabulary`.
+    prompt_vocabulary: Vec<u32>,
     /// By token.
     logit_bias: Vec<(u32, f32)>,
 }
@@ -182,6 +222,7 @@ impl RequestSampler {
             sampler: Sampler::new(spec.sampling),
             top: spec.logprobs,
             output,
+            prompt_vocabulary: spec.prompt_vocabulary,
             logit_bias,
         }
     }
@@ -226,7 +267,8 @@ impl RequestSampler {
                     }
                 }
                 if let Some(output) = &self.output {
-                    self.sampler.penalize(&mut adjusted, output.before(position)?);
+                    let output = output.before(position)?;
+                    self.sampler.penalize(&mut adjusted, output, &self.prompt_vocabulary);
                 }
                 self.sampler.sample(&adjusted, position)
             }
@@ -255,8 +297,9 @@ impl RequestSampler {
                     if let Ok(at) = self.logit_bias.binary_search_by_key(&token, |&(t, _)| t) {
                         *logit += self.logit_bias[at].1;
                     }
-                    if let Ok(at) = counts.binary_search_by_key(&token, |&(t, _)| t) {
-                        *logit = self.sampler.penalized(*logit, counts[at].1);
+                    let (count, in_prompt) = occurrences(&counts, &self.prompt_vocabulary, token);
+                    if self.output.is_some() {
+                        *logit = self.sampler.penalized(*logit, count, in_prompt);
                     }
                 }
                 self.sampler.sample(&adjusted, position)
@@ -264,6 +307,13 @@ impl RequestSampler {
         };
         Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
     }
+}
+
+/// How often `token` occurs in the output (`counts`, by token) and whether it is in the prompt
+/// (`prompt_vocabulary`, by token).
+fn occurrences(counts: &[(u32, u32)], prompt_vocabulary: &[u32], token: u32) -> (u32, bool) {
+    let count = counts.binary_search_by_key(&token, |&(t, _)| t).map_or(0, |at| counts[at].1);
+    (count, prompt_vocabulary.binary_search(&token).is_ok())
 }
 
 /// The index of the largest logit; ties go to the lowest index.
@@ -396,7 +446,7 @@ mod tests {
                 ..params(0.0, 0, 1.0, 0)
             };
             let mut logits = [1.0f32, 2.0, 3.0, 4.0];
-            Sampler::new(p).penalize(&mut logits, output);
+            Sampler::new(p).penalize(&mut logits, output, &[]);
             logits
         };
         assert_eq!(penalized(0.0, 0.0, &[3, 3]), [1.0, 2.0, 3.0, 4.0], "no penalty, no change");
@@ -410,13 +460,38 @@ mod tests {
     }
 
     #[test]
+    fn the_repetition_penalty_divides_or_multiplies_prompt_and_output_tokens_first() {
+        let p =
+            Sampling { repetition_penalty: 2.0, frequency_penalty: 0.5, ..params(0.0, 0, 1.0, 0) };
+        let mut logits = [1.0f32, -2.0, 3.0, 4.0, 6.0];
+        // Token 0 in the prompt and the output twice, 1 in the prompt, 3 in the output, 4 in
+        // neither; the vocabulary's last token is not penalized by an out-of-range id.
+        Sampler::new(p).penalize(&mut logits, &[0, 3, 0, 7], &[0, 1, 9]);
+        assert_eq!(logits, [1.0 / 2.0 - 1.0, -2.0 * 2.0, 3.0, 4.0 / 2.0 - 0.5, 6.0]);
+        // Over candidates the same: token 9 is candidate 0 (in the prompt), token 3 candidate 1.
+        let spec = SamplingSpec::for_prompt(p, &[9, 1, 1]);
+        assert_eq!(spec.prompt_vocabulary, [1, 9]);
+        let mut sampler = RequestSampler::new(spec);
+        for (position, token) in [(0, 9), (1, 1), (2, 1), (3, 3)] {
+            sampler.record(position, token).unwrap();
+        }
+        // 5.0 / 2 = 2.5 against (4.0 / 2) - 0.5 = 1.5 and an untouched 2.4.
+        let (chosen, _) =
+            sampler.sample_candidates(&[5.0, 4.0, 2.4], 4, |i| [9, 3, 8][i as usize]).unwrap();
+        assert_eq!(chosen, 0);
+        let (chosen, _) =
+            sampler.sample_candidates(&[4.0, 4.0, 2.4], 4, |i| [9, 3, 8][i as usize]).unwrap();
+        assert_eq!(chosen, 2, "2.0 and 1.5 against 2.4");
+        assert!(SamplingSpec::for_prompt(Sampling::GREEDY, &[1, 2]).prompt_vocabulary.is_empty());
+    }
+
+    #[test]
     fn a_request_sampler_penalizes_only_with_penalties_and_reports_raw_logprobs() {
         let logits = [1.0f32, 3.0, 2.9, 0.0];
         let spec = |presence| SamplingSpec {
             sampling: Sampling { presence_penalty: presence, ..Sampling::GREEDY },
             logprobs: Some(1),
-            prompt_tokens: 2,
-            logit_bias: Vec::new(),
+            ..SamplingSpec::for_prompt(Sampling::GREEDY, &[1, 1])
         };
         let mut plain = RequestSampler::new(spec(0.0));
         let mut penalized = RequestSampler::new(spec(0.5));
@@ -448,7 +523,7 @@ mod tests {
         let spec = |bias: Vec<(u32, f32)>, presence| SamplingSpec {
             sampling: Sampling { presence_penalty: presence, ..Sampling::GREEDY },
             logit_bias: bias,
-            ..SamplingSpec::for_prompt(Sampling::GREEDY, 0)
+            ..SamplingSpec::for_prompt(Sampling::GREEDY, &[])
         };
         let biased = RequestSampler::new(spec(vec![(3, 3.5), (9, 100.0)], 0.0));
         assert!(biased.needs_logits(), "a bias needs the logits even when greedy");

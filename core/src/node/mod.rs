@@ -33,7 +33,7 @@ pub fn local_id(key: TransferKey) -> RequestId {
 }
 
 fn sampling_spec(request: &RequestSpec) -> SamplingSpec {
-    let spec = SamplingSpec::for_prompt(request.sampling, request.prompt.len());
+    let spec = SamplingSpec::for_prompt(request.sampling, &request.prompt);
     SamplingSpec { logit_bias: request.logit_bias.clone(), ..spec }
 }
 

@@ -63,6 +63,7 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
         let sampling = &request.sampling;
         finite_penalty("presence penalty", sampling.presence_penalty)?;
         finite_penalty("frequency penalty", sampling.frequency_penalty)?;
+        finite_penalty("repetition penalty", sampling.repetition_penalty)?;
         bound("logit bias", request.logit_bias.len(), LOGIT_BIAS_MAX)?;
         for &(_, bias) in &request.logit_bias {
             finite_penalty("logit bias", bias)?;
@@ -326,6 +327,7 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     w.f32(spec.sampling.presence_penalty);
     w.f32(spec.sampling.frequency_penalty);
     w.f32(spec.sampling.min_p);
+    w.f32(spec.sampling.repetition_penalty);
     w.u64(spec.logit_bias.len() as u64);
     for &(token, bias) in &spec.logit_bias {
         w.u32(token);
@@ -350,6 +352,7 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
             presence_penalty: read_penalty(r, "presence penalty")?,
             frequency_penalty: read_penalty(r, "frequency penalty")?,
             min_p: r.f32("min p")?,
+            repetition_penalty: read_penalty(r, "repetition penalty")?,
         },
         logit_bias: read_logit_bias(r)?,
     })

@@ -58,6 +58,9 @@ pub struct Sampling {
     /// vLLM's: a candidate less likely than `min_p` times the most likely one is cut (after the
     /// temperature and top-k, before top-p). 0: no cut.
     pub min_p: f32,
+    /// vLLM's (and Hugging Face's): a token of the prompt or the output so far has its logit
+    /// divided by this if positive, multiplied if not, before the other penalties. 1: none.
+    pub repetition_penalty: f32,
 }
 
 impl Sampling {
@@ -70,11 +73,14 @@ impl Sampling {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         min_p: 0.0,
+        repetition_penalty: 1.0,
     };
 
-    /// Whether the output so far changes the logits (either penalty is not zero).
+    /// Whether the output so far changes the logits (a penalty that is not its no-op).
     pub fn has_penalties(&self) -> bool {
-        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
     }
 }
 

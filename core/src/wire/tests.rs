@@ -79,6 +79,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                     presence_penalty: presence,
                     frequency_penalty: frequency,
                     min_p,
+                    repetition_penalty: 1.25,
                 },
                 logit_bias,
             },

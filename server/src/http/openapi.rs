@@ -328,6 +328,14 @@ fn common_properties(config: &AppConfig) -> Value {
             nullable(json!({ "type": "number", "minimum": 0, "maximum": 1, "default": 0 })),
             "vLLM's: candidates below this share of the most likely one's probability are cut",
         ),
+        "repetition_penalty": described(
+            nullable(json!({
+                "type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 2,
+                "default": 1,
+            })),
+            "vLLM's: the logit of a token of the prompt or the output so far is divided by it if \
+             positive, multiplied if not",
+        ),
         "presence_penalty": penalty("once"),
         "frequency_penalty": penalty("per occurrence"),
         "logit_bias": nullable(json!({
@@ -838,6 +846,7 @@ mod tests {
             n: Some(at("n", "maximum") as u32),
             presence_penalty: Some(at("presence_penalty", "maximum")),
             min_p: Some(at("min_p", "maximum")),
+            repetition_penalty: Some(at("repetition_penalty", "maximum")),
             stop_token_ids: Some(vec![1; stop_ids]),
             frequency_penalty: Some(at("frequency_penalty", "minimum")),
             seed: Some(i64::MIN),
@@ -867,6 +876,14 @@ mod tests {
             CommonRequest { stop_token_ids: Some(vec![1; stop_ids + 1]), ..Default::default() },
             CommonRequest { min_p: Some(at("min_p", "maximum") + 0.01), ..Default::default() },
             CommonRequest { min_p: Some(at("min_p", "minimum") - 0.01), ..Default::default() },
+            CommonRequest {
+                repetition_penalty: Some(at("repetition_penalty", "minimum")),
+                ..Default::default()
+            },
+            CommonRequest {
+                repetition_penalty: Some(at("repetition_penalty", "maximum") + 0.01),
+                ..Default::default()
+            },
             CommonRequest {
                 presence_penalty: Some(at("presence_penalty", "maximum") + 0.01),
                 ..Default::default()

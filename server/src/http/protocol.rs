@@ -27,6 +27,9 @@ pub struct CommonRequest {
     /// vLLM's extension: candidates below this share of the most likely one's probability are
     /// cut; 0 keeps every token.
     pub min_p: Option<f64>,
+    /// vLLM's extension: a token of the prompt or the output so far has its logit divided by
+    /// this if positive, multiplied if not; 1 is none.
+    pub repetition_penalty: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     /// vLLM's extension: token ids that end the output; their text is left out, as vLLM
@@ -183,6 +186,13 @@ impl CommonRequest {
         if !(0.0..=1.0).contains(&min_p) {
             return Err(ApiError::invalid_param("min_p", "min_p must be within [0, 1]"));
         }
+        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
+        if !(repetition_penalty > 0.0 && repetition_penalty <= 2.0) {
+            return Err(ApiError::invalid_param(
+                "repetition_penalty",
+                "repetition_penalty must be within (0, 2]",
+            ));
+        }
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
             return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
@@ -227,11 +237,12 @@ impl CommonRequest {
                     presence_penalty,
                     frequency_penalty,
                     min_p: min_p as f32,
+                    repetition_penalty: repetition_penalty as f32,
                 },
                 logprobs,
-                // The prompt is encoded after validation: `respond::start` sets it.
-                prompt_tokens: 0,
                 logit_bias,
+                // The prompt is encoded after validation: `respond::start` sets these.
+                ..SamplingSpec::GREEDY
             },
             stops,
             stop_token_ids,

@@ -10,7 +10,6 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{Stream, StreamExt};
-use lockstep_core::model::SamplingSpec;
 use lockstep_core::sched::{AdmissionError, NewRequest};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -117,6 +116,7 @@ async fn start(
         None => context - prompt_tokens,
     };
     let input_ids = draft.as_ref().map(|_| prompt.clone());
+    let spec = params.spec.clone().with_prompt(&prompt);
     let request = NewRequest {
         id: lockstep_core::sched::RequestId(0),
         prompt,
@@ -126,7 +126,6 @@ async fn start(
         priority: 0,
         cache_salt: 0,
     };
-    let spec = SamplingSpec { prompt_tokens, ..params.spec.clone() };
     let stream = state.engine.submit(request, spec).await.map_err(|e| submit_error(state, e))?;
     let deadline = tokio::time::Instant::now() + state.config.request_time_max;
     let recording =

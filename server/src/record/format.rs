@@ -144,6 +144,8 @@ pub struct TraceSampling {
     pub frequency_penalty: f32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub min_p: f32,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub repetition_penalty: f32,
 }
 
 impl From<Sampling> for TraceSampling {
@@ -156,8 +158,17 @@ impl From<Sampling> for TraceSampling {
             presence_penalty: s.presence_penalty,
             frequency_penalty: s.frequency_penalty,
             min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
         }
     }
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+fn is_one(value: &f32) -> bool {
+    *value == 1.0
 }
 
 fn is_zero(value: &f32) -> bool {

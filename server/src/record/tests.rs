@@ -22,10 +22,10 @@ fn params() -> GenerationParams {
                 presence_penalty: 0.0,
                 frequency_penalty: 0.25,
                 min_p: 0.05,
+                repetition_penalty: 1.1,
             },
-            logprobs: None,
-            prompt_tokens: 0,
             logit_bias: vec![(3, -1.5)],
+            ..SamplingSpec::GREEDY
         },
         stops: vec!["\n\n".into()],
         stop_token_ids: vec![],

@@ -64,6 +64,10 @@ impl SimTrace {
                 return Err(format!("{name} {penalty} is not within [-2, 2]"));
             }
         }
+        let repetition = request.repetition_penalty;
+        if !(repetition > 0.0 && repetition <= 2.0) {
+            return Err(format!("repetition penalty {repetition} is not within (0, 2]"));
+        }
         // What the server accepts: at most 300 tokens of the vocabulary, each once.
         if request.logit_bias.len() > 300 {
             return Err(format!(
@@ -151,6 +155,7 @@ mod tests {
             seed: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
             logit_bias: Vec::new(),
         }
     }
@@ -184,7 +189,7 @@ mod tests {
     #[test]
     fn each_check_fires() {
         type Spoil = fn(&mut SimTrace);
-        let cases: [(&str, Spoil); 17] = [
+        let cases: [(&str, Spoil); 18] = [
             ("vocab_size is 0", |t| t.vocab_size = 0),
             ("no requests", |t| t.requests.clear()),
             ("index 7", |t| t.requests[2].index = 7),
@@ -194,6 +199,7 @@ mod tests {
             ("temperature", |t| t.requests[2].temperature = f32::NAN),
             ("presence penalty NaN", |t| t.requests[2].presence_penalty = f32::NAN),
             ("frequency penalty 2.5", |t| t.requests[2].frequency_penalty = 2.5),
+            ("repetition penalty 0 ", |t| t.requests[2].repetition_penalty = 0.0),
             ("logit bias 1 for token 10", |t| t.requests[2].logit_bias = vec![(10, 1.0)]),
             ("logit bias 101 for token 1", |t| t.requests[2].logit_bias = vec![(1, 101.0)]),
             ("turn 2 out of a session", |t| t.requests[3].turn = 2),

@@ -22,8 +22,9 @@ pub(crate) struct Draft {
     pub temperature: f32,
     /// `None`: the request's index (these traces are greedy, so it decides nothing).
     pub seed: Option<u64>,
-    /// (presence, frequency): a recorded request's penalties; none for the other formats.
-    pub penalties: (f32, f32),
+    /// (presence, frequency, repetition): a recorded request's penalties; none (0, 0, 1) for the
+    /// other formats.
+    pub penalties: (f32, f32, f32),
     /// A recorded request's `logit_bias`; none for the other formats.
     pub logit_bias: Vec<(u32, f32)>,
 }
@@ -98,6 +99,7 @@ pub(crate) fn finish(
             seed: draft.seed.unwrap_or(index as u64),
             presence_penalty: penalties(&draft, index, options).0,
             frequency_penalty: penalties(&draft, index, options).1,
+            repetition_penalty: penalties(&draft, index, options).2,
             logit_bias: logit_bias(&draft, index, vocab_size, options),
         });
     }
@@ -157,16 +159,19 @@ enum Unit {
     Alone(usize),
 }
 
-/// (presence, frequency) penalties of request `index`: its own, or with `--logit-adjustments`
-/// and none of its own, by `index`'s remainder by 3: none, a presence penalty, or both (one
-/// negative).
-fn penalties(draft: &Draft, index: usize, options: &ImportOptions) -> (f32, f32) {
-    match (options.logit_adjustments && draft.penalties == (0.0, 0.0), index % 3) {
+/// (presence, frequency, repetition) penalties of request `index`: its own, or with
+/// `--logit-adjustments` and none of its own, by `index`'s remainder by 3: none, a presence
+/// penalty, or all three (one negative).
+fn penalties(draft: &Draft, index: usize, options: &ImportOptions) -> (f32, f32, f32) {
+    match (options.logit_adjustments && draft.penalties == NO_PENALTIES, index % 3) {
         (false, _) | (true, 0) => draft.penalties,
-        (true, 1) => (2.0, 0.0),
-        (true, _) => (-0.5, 1.25),
+        (true, 1) => (2.0, 0.0, 1.0),
+        (true, _) => (-0.5, 1.25, 1.5),
     }
 }
+
+/// (presence, frequency, repetition) as no penalty at all.
+pub(crate) const NO_PENALTIES: (f32, f32, f32) = (0.0, 0.0, 1.0);
 
 /// Request `index`'s logit bias: its own, or with `--logit-adjustments` and none of its own, on
 /// one request in four, a few tokens of the vocabulary pushed up or down (by token).
@@ -247,7 +252,7 @@ mod tests {
             output_tokens: 3,
             temperature: 0.0,
             seed: None,
-            penalties: (0.0, 0.0),
+            penalties: NO_PENALTIES,
             logit_bias: Vec::new(),
         }
     }

@@ -56,6 +56,8 @@ pub struct SimRequest {
     /// OpenAI's penalties, each within [-2, 2]: a recorded request's, or `--logit-adjustments`'.
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// vLLM's, within (0, 2]; 1: none.
+    pub repetition_penalty: f32,
     /// (token, bias), by token: a recorded request's `logit_bias`, or `--logit-adjustments`'.
     pub logit_bias: Vec<(u32, f32)>,
 }

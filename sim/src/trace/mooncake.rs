@@ -26,7 +26,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             output_tokens: r.output_length,
             temperature: 0.0,
             seed: None,
-            penalties: (0.0, 0.0),
+            penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
         })
         .collect();

@@ -133,7 +133,11 @@ fn draft(
         output_tokens,
         temperature: sampling.temperature,
         seed: Some(sampling.seed),
-        penalties: (sampling.presence_penalty, sampling.frequency_penalty),
+        penalties: (
+            sampling.presence_penalty,
+            sampling.frequency_penalty,
+            sampling.repetition_penalty,
+        ),
         logit_bias: record.logit_bias.clone(),
     })
 }

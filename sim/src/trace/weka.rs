@@ -334,7 +334,7 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             output_tokens: turn.request.output,
             temperature: 0.0,
             seed: None,
-            penalties: (0.0, 0.0),
+            penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
         })
         .collect();
