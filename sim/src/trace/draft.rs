@@ -86,6 +86,8 @@ pub(crate) fn finish(
             Start::At(at) => Start::At(at - first_at),
             after @ Start::After { .. } => after,
         };
+        let (presence_penalty, frequency_penalty, repetition_penalty) =
+            penalties(&draft, index, options);
         requests.push(SimRequest {
             index,
             session,
@@ -97,9 +99,9 @@ pub(crate) fn finish(
                 .max(1),
             temperature: draft.temperature,
             seed: draft.seed.unwrap_or(index as u64),
-            presence_penalty: penalties(&draft, index, options).0,
-            frequency_penalty: penalties(&draft, index, options).1,
-            repetition_penalty: penalties(&draft, index, options).2,
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
             logit_bias: logit_bias(&draft, index, vocab_size, options),
         });
     }
