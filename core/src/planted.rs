@@ -63,13 +63,16 @@ pub enum PlantedBug {
     HeartbeatNotExtendingLease,
     /// Missing class: a restarted worker's old-incarnation state kept.
     OldIncarnationStateKept,
+    /// Missing class: per-request sampling state (the output so far that penalties count) lost
+    /// at the prefill-to-decode hand-over: the decode worker counts from one position late.
+    SamplerStateLostAtHandOver,
     /// The incident: decode read a page a transfer had not finished writing (80 agent sessions).
     DecodeReadsUnfinishedTransfer,
 }
 
 impl PlantedBug {
     /// Every class, in the order above.
-    pub const ALL: [PlantedBug; 24] = [
+    pub const ALL: [PlantedBug; 25] = [
         PlantedBug::SlotReuse,
         PlantedBug::FreeWhileWriteLands,
         PlantedBug::FreeBeforeLastReader,
@@ -93,6 +96,7 @@ impl PlantedBug {
         PlantedBug::LeaseShorterThanWrite,
         PlantedBug::HeartbeatNotExtendingLease,
         PlantedBug::OldIncarnationStateKept,
+        PlantedBug::SamplerStateLostAtHandOver,
         PlantedBug::DecodeReadsUnfinishedTransfer,
     ];
 
@@ -122,6 +126,7 @@ impl PlantedBug {
             PlantedBug::LeaseShorterThanWrite => "lease-shorter-than-write",
             PlantedBug::HeartbeatNotExtendingLease => "heartbeat-not-extending-lease",
             PlantedBug::OldIncarnationStateKept => "old-incarnation-state-kept",
+            PlantedBug::SamplerStateLostAtHandOver => "sampler-state-lost-at-hand-over",
             PlantedBug::DecodeReadsUnfinishedTransfer => "decode-reads-unfinished-transfer",
         }
     }

@@ -38,6 +38,11 @@ impl Scenario {
         let mut options = ImportOptions::default();
         let mut args = self.import.iter();
         while let Some(&flag) = args.next() {
+            // The one trace option without a value.
+            if flag == "--logit-adjustments" {
+                options.logit_adjustments = true;
+                continue;
+            }
             let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
             let bad = || format!("{flag}: {value:?} is not a valid number");
             match flag {
@@ -45,6 +50,7 @@ impl Scenario {
                 "--max-input" => options.max_input = Some(value.parse().map_err(|_| bad())?),
                 "--max-output" => options.max_output = Some(value.parse().map_err(|_| bad())?),
                 "--max-requests" => options.max_requests = Some(value.parse().map_err(|_| bad())?),
+                "--vocab" => options.vocab_size = value.parse().map_err(|_| bad())?,
                 other => return Err(format!("{other} is not a trace option of a scenario")),
             }
         }
@@ -156,6 +162,27 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
         // A restarted worker stays unreachable under its old incarnation: caught only by requests
         // sent after the faults heal, so a trace that keeps sending past them.
         OldIncarnationStateKept => s(WEKA_80, WEKA_SMALL, OneP1D, Heavy, 0, Liveness),
+        // Penalties on two requests in three over a small vocabulary, so that the provenance
+        // model's candidates meet the output they count; caught once a penalized request's
+        // first token repeats.
+        SamplerStateLostAtHandOver => s(
+            MOONCAKE,
+            &[
+                "--scale-tokens",
+                "0.05",
+                "--max-output",
+                "64",
+                "--max-requests",
+                "200",
+                "--vocab",
+                "64",
+                "--logit-adjustments",
+            ],
+            TwoP2D,
+            Heavy,
+            0,
+            EqualAlone,
+        ),
         DecodeReadsUnfinishedTransfer => s(
             WEKA_80,
             &["--scale-tokens", "0.25", "--max-output", "64", "--max-requests", "160"],

@@ -99,5 +99,6 @@ planted_classes! {
     lease_shorter_than_write: LeaseShorterThanWrite,
     heartbeat_not_extending_lease: HeartbeatNotExtendingLease,
     old_incarnation_state_kept: OldIncarnationStateKept,
+    sampler_state_lost_at_hand_over: SamplerStateLostAtHandOver,
     decode_reads_unfinished_transfer: DecodeReadsUnfinishedTransfer,
 }

@@ -235,8 +235,12 @@ impl DecodeNode {
         now: Time,
     ) {
         let id = local_id(key);
-        self.outputs
-            .push_back(DecodeNodeOutput::Start { request: id, spec: sampling_spec(request) });
+        let mut spec = sampling_spec(request);
+        if crate::planted!(SamplerStateLostAtHandOver) {
+            // The first output token (the prefill worker's) taken for the prompt's last.
+            spec.prompt_tokens += 1;
+        }
+        self.outputs.push_back(DecodeNodeOutput::Start { request: id, spec });
         match self.sched.hand_over(id, pages.clone(), cached_pages, first_token, now) {
             Ok(()) => {
                 if let Some(stream) = self.streams.get_mut(&id) {
