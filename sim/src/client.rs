@@ -208,6 +208,9 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
         Ok(c) => c,
         Err(e) => return Ending::Failed { why: e },
     };
+    // OpenAI's form: token ids as the object's keys.
+    let logit_bias: serde_json::Map<String, Value> =
+        request.logit_bias.iter().map(|&(token, bias)| (token.to_string(), json!(bias))).collect();
     let body = json!({
         "model": "provenance",
         "prompt": request.input,
@@ -218,8 +221,7 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
         "repetition_penalty": request.repetition_penalty,
-        // OpenAI's form: token ids as the object's keys.
-        "logit_bias": request.logit_bias.iter().map(|&(token, bias)| (token.to_string(), json!(bias))).collect::<serde_json::Map<_, _>>(),
+        "logit_bias": logit_bias,
         "stream": true,
     });
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {

@@ -14,4 +14,6 @@ pub use executor::{ExecError, Executor};
 pub use output_tokens::{OutputTokens, counts};
 pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;
-pub use sampling::{RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs};
+pub use sampling::{
+    RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs, record_outputs,
+};

@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::digest::{Digests, mix};
-use super::{ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs};
+use super::{
+    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
+};
 use crate::invariant::InvariantViolation;
 use crate::kv::PoolConfig;
 use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
@@ -108,6 +110,7 @@ impl Executor for ProvenanceModel {
             // is left of the table as it was.
             self.digests.table_cut(row.slot, row.page_table_from);
         }
+        record_outputs(&mut self.samplers, plan, &self.recent).map_err(ExecError)?;
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
         let mut row_logprobs = Vec::new();
@@ -121,11 +124,6 @@ impl Executor for ProvenanceModel {
             }
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
                 let token = self.recent.resolve(*input).map_err(ExecError)?;
-                if let Some(sampler) = self.samplers.get_mut(&row.request) {
-                    sampler
-                        .record(position, token)
-                        .map_err(|e| ExecError(format!("{}: {e}", row.request)))?;
-                }
                 let previous = match position {
                     0 => 0x5eed,
                     p => self.read(row.slot, p - 1)?,

@@ -11,7 +11,10 @@
 //! which each executor learns from the plans' inputs (`OutputTokens`), so they too depend only
 //! on the request's own sequence.
 
+use std::collections::BTreeMap;
+
 use super::output_tokens::{OutputTokens, counts};
+use crate::sched::{RecentSamples, RequestId, StepPlan};
 use crate::wire::Sampling;
 
 /// How one request samples, as its executor is told before any plan names it.
@@ -307,6 +310,26 @@ impl RequestSampler {
         };
         Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
     }
+}
+
+/// Records each row's inputs into its request's sampler (`RequestSampler::record`), for the
+/// requests whose penalties read their output; the others cost nothing. Every executor calls it
+/// once a step, before it samples; `recent` resolves the overlap placeholders.
+pub fn record_outputs(
+    samplers: &mut BTreeMap<RequestId, RequestSampler>,
+    plan: &StepPlan,
+    recent: &RecentSamples,
+) -> Result<(), String> {
+    for row in &plan.rows {
+        let Some(sampler) = samplers.get_mut(&row.request).filter(|s| s.output.is_some()) else {
+            continue;
+        };
+        for (position, &input) in row.positions.clone().zip(plan.row_inputs(row)) {
+            let token = recent.resolve(input)?;
+            sampler.record(position, token).map_err(|e| format!("{}: {e}", row.request))?;
+        }
+    }
+    Ok(())
 }
 
 /// How often `token` occurs in the output (`counts`, by token) and whether it is in the prompt

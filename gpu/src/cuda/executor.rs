@@ -30,7 +30,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enu
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::{
-    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs,
+    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
 };
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
@@ -272,14 +272,7 @@ impl CudaExecutor {
             }
         }
         self.tables.apply(plan)?;
-        // Each request's output so far, for its penalties (a no-op for one without).
-        for row in &plan.rows {
-            let Some(sampler) = self.samplers.get_mut(&row.request) else { continue };
-            for (position, &input) in row.positions.clone().zip(plan.row_inputs(row)) {
-                let token = self.recent.resolve(input)?;
-                sampler.record(position, token).map_err(|e| format!("{}: {e}", row.request))?;
-            }
-        }
+        record_outputs(&mut self.samplers, plan, &self.recent)?;
         let (tables, recent) = (&self.tables, &self.recent);
         let mut arrays = StepArrays::build(
             plan,

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use lockstep_core::kv::{PageRef, PoolConfig};
-use lockstep_core::model::{ExecError, Executor, RequestSampler, SamplingSpec, TokenLogprobs};
+use lockstep_core::model::{
+    ExecError, Executor, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
+};
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::forward::{attend_head_paged, rope, swiglu};
@@ -143,6 +145,7 @@ impl CpuExecutor {
             }
         }
         self.tables.apply(plan)?;
+        record_outputs(&mut self.samplers, plan, &self.recent)?;
         let c = &self.weights.config;
         let mut slots = Vec::with_capacity(plan.input_tokens.len());
         // Per row, the cache index of every position its tokens write or read, checked before the
@@ -169,11 +172,6 @@ impl CpuExecutor {
                         "{}: token {token} is outside the vocabulary",
                         row.request
                     ));
-                }
-                if let Some(sampler) = self.samplers.get_mut(&row.request) {
-                    sampler
-                        .record(position as u32, token)
-                        .map_err(|e| format!("{}: {e}", row.request))?;
                 }
                 slots.push(Slot { row: r, position, token });
             }
