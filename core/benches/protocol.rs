@@ -46,6 +46,7 @@ fn spec(id: u64) -> RequestSpec {
             ..Sampling::GREEDY
         },
         logit_bias: vec![(7, -100.0)],
+        grammar: None,
     }
 }
 

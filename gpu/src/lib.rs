@@ -14,6 +14,7 @@ pub mod chat;
 pub mod cuda;
 pub mod default_model;
 pub mod gguf;
+pub mod grammar;
 pub mod launch_options;
 pub mod llama;
 pub mod model;

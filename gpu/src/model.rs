@@ -3,12 +3,13 @@
 //! `tokenizer_config.json`), whichever `path` is.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
 use crate::chat::{self, Message};
 use crate::gguf::{Gguf, MetadataValue};
+use crate::grammar::GrammarCompiler;
 use crate::llama::{LlamaWeights, LoadError, load_hf_dir};
 use crate::tokenizer::Tokenizer;
 
@@ -21,6 +22,8 @@ pub struct Model {
     pub chat_template: Option<String>,
     /// Tokens that end a completion (end of sequence, end of turn), in increasing order.
     pub stop_tokens: Vec<u32>,
+    /// Built at the first constrained request (a token trie of the vocabulary), then shared.
+    grammars: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl Model {
@@ -41,7 +44,13 @@ impl Model {
             Some(MetadataValue::String(t)) => Some(t.clone()),
             _ => None,
         };
-        Ok(Model { weights: Arc::new(weights), tokenizer, chat_template, stop_tokens })
+        Ok(Model {
+            weights: Arc::new(weights),
+            tokenizer,
+            chat_template,
+            stop_tokens,
+            grammars: OnceLock::new(),
+        })
     }
 
     fn load_hf(dir: &Path) -> Result<Model, LoadError> {
@@ -81,7 +90,16 @@ impl Model {
             tokenizer,
             chat_template,
             stop_tokens: sorted(stops),
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// The compiler of constrained requests' grammars over this model's vocabulary, built once.
+    pub fn grammars(&self) -> Result<Arc<GrammarCompiler>, String> {
+        let built = self
+            .grammars
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer, &self.stop_tokens).map(Arc::new));
+        built.clone()
     }
 
     /// `messages` through the model's chat template, ending with the assistant's turn opened

@@ -185,7 +185,7 @@ fn alone_and_in_a_crowd(weights: &Arc<LlamaWeights>, prompt: Vec<u32>, span: u32
 
     // And both equal the single-sequence reference, sampling with the same generator, bias and
     // penalties (the output so far recorded as the executors record it: from the inputs).
-    let mut sampler = RequestSampler::new(spec(WATCHED, &prompt));
+    let mut sampler = RequestSampler::new(spec(WATCHED, &prompt), None);
     let mut sequence = Sequence::new(&weights.config);
     let mut logits = Vec::new();
     for (position, &t) in (0u32..).zip(&prompt) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockstep_core::kv::PoolConfig;
-use lockstep_core::model::ProvenanceModel;
+use lockstep_core::model::{GrammarCompiler, ProvenanceModel};
 use lockstep_core::sched::{SchedConfig, StepMode};
 #[cfg(feature = "cuda")]
 use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions};
@@ -438,7 +438,29 @@ pub(crate) fn cpu_executor(options: &ServeOptions, loaded: &Loaded) -> CpuExecut
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let sched = &loaded.sched;
-    CpuExecutor::with_threads(loaded.model.weights.clone(), sched.pool, sched.running_max, threads)
+    let executor = CpuExecutor::with_threads(
+        loaded.model.weights.clone(),
+        sched.pool,
+        sched.running_max,
+        threads,
+    );
+    match grammars(&loaded.model) {
+        Some(grammars) => executor.with_grammars(grammars),
+        None => executor,
+    }
+}
+
+/// The model's grammar compiler for its executor, built at start (a token trie of the
+/// vocabulary); a model whose tokenizer llguidance cannot read serves without constrained
+/// decoding, and its HTTP edge refuses `response_format` with the same reason.
+pub(crate) fn grammars(model: &Model) -> Option<Arc<dyn GrammarCompiler>> {
+    match model.grammars() {
+        Ok(grammars) => Some(grammars),
+        Err(e) => {
+            tracing::warn!(error = %e, "constrained decoding is off");
+            None
+        }
+    }
 }
 
 fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
@@ -454,7 +476,10 @@ fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
         Device::Cuda(n) => {
             let weights = loaded.model.weights.clone();
             let executor = cuda_executor(weights, &loaded.sched, n, options.cuda_launch)?;
-            ThreadRunner::spawn(executor, jobs_max)
+            match grammars(&loaded.model) {
+                Some(grammars) => ThreadRunner::spawn(executor.with_grammars(grammars), jobs_max),
+                None => ThreadRunner::spawn(executor, jobs_max),
+            }
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(n) => return Err(built_without_cuda(n)),

@@ -200,12 +200,18 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     let (r1, r2) = (records[&request_id(&chat1_out)], records[&request_id(&chat2_out)]);
     assert_eq!((r1.session.as_deref(), r1.turn), (Some("sess-1"), Some(1)));
     assert_eq!((r2.session.as_deref(), r2.turn), (Some("sess-1"), Some(2)));
-    let sent = RequestInput::Chat { messages: turn1.clone(), tools: None, tool_choice: None };
+    let sent = RequestInput::Chat {
+        messages: turn1.clone(),
+        tools: None,
+        tool_choice: None,
+        response_format: None,
+    };
     assert_eq!(r1.request, Some(sent));
     let sent = RequestInput::Chat {
         messages: turn2.clone(),
         tools: Some(tools.clone()),
         tool_choice: Some(json!("auto")),
+        response_format: None,
     };
     assert_eq!(r2.request, Some(sent));
     assert_eq!(r1.input_ids, codec.encode_chat(&turn1, None, "").unwrap());

@@ -5,12 +5,14 @@
 
 mod digest;
 mod executor;
+mod grammar;
 mod output_tokens;
 mod page_store;
 mod provenance;
 mod sampling;
 
 pub use executor::{ExecError, Executor};
+pub use grammar::{Grammar, GrammarCompiler, TokenMask, TokenMatcher};
 pub use output_tokens::{OutputTokens, counts};
 pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;

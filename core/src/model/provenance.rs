@@ -94,7 +94,7 @@ impl ProvenanceModel {
 
 impl Executor for ProvenanceModel {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, RequestSampler::new(spec));
+        self.samplers.insert(request, RequestSampler::new(spec, None));
     }
 
     fn end_request(&mut self, request: RequestId) {
@@ -134,10 +134,10 @@ impl Executor for ProvenanceModel {
             }
             if row.sample {
                 // Out of the map while `sample` (which takes `self`) reads it.
-                let sampler = self.samplers.remove(&row.request).ok_or_else(|| {
+                let mut sampler = self.samplers.remove(&row.request).ok_or_else(|| {
                     ExecError(format!("{}: a sampling row of a request never started", row.request))
                 })?;
-                let drawn = self.sample(row.slot, row.positions.end, &sampler);
+                let drawn = self.sample(row.slot, row.positions.end, &mut sampler);
                 self.samplers.insert(row.request, sampler);
                 let (token, lp) = drawn?;
                 sampled.push(token);
@@ -224,7 +224,7 @@ impl ProvenanceModel {
         &mut self,
         slot: u32,
         len: u32,
-        sampler: &RequestSampler,
+        sampler: &mut RequestSampler,
     ) -> Result<(u32, Option<TokenLogprobs>), ExecError> {
         let digest = self.digest(slot, len)?;
         let count = CANDIDATES.min(self.vocab_size);

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use super::grammar::{Constraint, Grammar, GrammarCompiler};
 use super::output_tokens::{OutputTokens, counts};
 use crate::sched::{RecentSamples, RequestId, StepPlan};
 use crate::wire::Sampling;
@@ -33,6 +34,8 @@ pub struct SamplingSpec {
     /// OpenAI's `logit_bias`: (token, bias) added to the token's logit before anything else,
     /// by token (`RequestSpec::logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the output must follow, if any (`RequestSpec::grammar`).
+    pub grammar: Option<Grammar>,
 }
 
 impl SamplingSpec {
@@ -42,6 +45,7 @@ impl SamplingSpec {
         prompt_tokens: 0,
         prompt_vocabulary: Vec::new(),
         logit_bias: Vec::new(),
+        grammar: None,
     };
     /// OpenAI's limit on `top_logprobs`.
     pub const TOP_LOGPROBS_MAX: u8 = 20;
@@ -65,9 +69,10 @@ impl SamplingSpec {
         SamplingSpec { prompt_tokens, prompt_vocabulary, ..self }
     }
 
-    /// The record of the output penalties need, if this request has penalties.
+    /// The record of the output that penalties and a grammar read, if the request has either.
     pub fn output_tokens(&self) -> Option<OutputTokens> {
-        self.sampling.has_penalties().then(|| OutputTokens::new(self.prompt_tokens))
+        let reads_output = self.sampling.has_penalties() || self.grammar.is_some();
+        reads_output.then(|| OutputTokens::new(self.prompt_tokens))
     }
 }
 
@@ -202,9 +207,9 @@ impl Sampler {
 }
 
 /// What an executor keeps for a request it has started: its sampler, the log-probabilities it
-/// asked for, and, with penalties, its output so far. Every executor samples through this, so a
-/// penalty means the same on each.
-#[derive(Clone, Debug, PartialEq)]
+/// asked for, its grammar compiled, and, with penalties or a grammar, its output so far. Every
+/// executor samples through this, so a penalty or a grammar means the same on each.
+#[derive(Clone, Debug)]
 pub struct RequestSampler {
     sampler: Sampler,
     /// Top log-probabilities to report (`SamplingSpec::logprobs`).
@@ -214,10 +219,13 @@ pub struct RequestSampler {
     prompt_vocabulary: Vec<u32>,
     /// By token.
     logit_bias: Vec<(u32, f32)>,
+    constraint: Option<Constraint>,
 }
 
 impl RequestSampler {
-    pub fn new(spec: SamplingSpec) -> RequestSampler {
+    /// A sampler for `spec`; its grammar, if it has one, compiled by `grammars` (without one,
+    /// or if the grammar fails there, sampling the request is an error).
+    pub fn new(spec: SamplingSpec, grammars: Option<&dyn GrammarCompiler>) -> RequestSampler {
         let output = spec.output_tokens();
         let mut logit_bias = spec.logit_bias;
         logit_bias.sort_by_key(|&(token, _)| token);
@@ -227,6 +235,7 @@ impl RequestSampler {
             output,
             prompt_vocabulary: spec.prompt_vocabulary,
             logit_bias,
+            constraint: spec.grammar.map(|grammar| Constraint::compile(&grammar, grammars)),
         }
     }
 
@@ -238,8 +247,8 @@ impl RequestSampler {
         }
     }
 
-    /// Whether sampling needs the logits on the host: not greedy, a bias or penalties, or
-    /// log-probabilities.
+    /// Whether sampling needs the logits on the host: not greedy, a bias, penalties or a
+    /// grammar, or log-probabilities.
     pub fn needs_logits(&self) -> bool {
         !self.sampler.is_greedy()
             || self.output.is_some()
@@ -249,32 +258,40 @@ impl RequestSampler {
 
     /// Whether the logits are changed before the draw: a bias or penalties.
     fn adjusts(&self) -> bool {
-        self.output.is_some() || !self.logit_bias.is_empty()
+        self.sampler.has_penalties() || !self.logit_bias.is_empty()
+    }
+
+    /// The tokens the grammar allows at `position`, if the request has one.
+    fn allowed(&mut self, position: u32) -> Result<Option<super::TokenMask>, String> {
+        let Some(constraint) = self.constraint.as_mut() else { return Ok(None) };
+        let output = self.output.as_ref().ok_or("a grammar without its output record")?;
+        constraint.allowed(output.before(position)?).map(Some)
     }
 
     /// The token for `position` from `logits` (index = token id), biased, then penalized by the
-    /// output before it, and its log-probabilities under the raw logits if asked for (as vLLM
-    /// reports them by default).
+    /// output before it, then drawn among the tokens its grammar allows (as if the others' logits
+    /// were -inf), and its log-probabilities under the raw logits if asked for (as vLLM reports
+    /// them by default).
     pub fn sample(
-        &self,
+        &mut self,
         logits: &[f32],
         position: u32,
     ) -> Result<(u32, Option<TokenLogprobs>), String> {
-        let token = match self.adjusts() {
-            false => self.sampler.sample(logits, position),
-            true => {
-                let mut adjusted = logits.to_vec();
-                for &(token, bias) in &self.logit_bias {
-                    if let Some(logit) = adjusted.get_mut(token as usize) {
-                        *logit += bias;
-                    }
+        let allowed = self.allowed(position)?;
+        let token = if self.adjusts() {
+            let mut adjusted = logits.to_vec();
+            for &(token, bias) in &self.logit_bias {
+                if let Some(logit) = adjusted.get_mut(token as usize) {
+                    *logit += bias;
                 }
-                if let Some(output) = &self.output {
-                    let output = output.before(position)?;
-                    self.sampler.penalize(&mut adjusted, output, &self.prompt_vocabulary);
-                }
-                self.sampler.sample(&adjusted, position)
             }
+            if let Some(output) = &self.output {
+                let output = output.before(position)?;
+                self.sampler.penalize(&mut adjusted, output, &self.prompt_vocabulary);
+            }
+            self.draw(&adjusted, position, allowed.as_ref(), |i| i)?
+        } else {
+            self.draw(logits, position, allowed.as_ref(), |i| i)?
         };
         Ok((token, self.top.map(|top| logprobs(logits, token, top))))
     }
@@ -282,38 +299,58 @@ impl RequestSampler {
     /// `sample` over candidates: `logits[i]` is token `token_of(i)`'s. Returns the candidate's
     /// index and its log-probabilities over the candidates (indices, not tokens).
     pub fn sample_candidates(
-        &self,
+        &mut self,
         logits: &[f32],
         position: u32,
         token_of: impl Fn(u32) -> u32,
     ) -> Result<(u32, Option<TokenLogprobs>), String> {
-        let chosen = match self.adjusts() {
-            false => self.sampler.sample(logits, position),
-            true => {
-                let counts = match &self.output {
-                    Some(output) => counts(output.before(position)?),
-                    None => Vec::new(),
-                };
-                let mut adjusted = logits.to_vec();
-                for (i, logit) in (0u32..).zip(&mut adjusted) {
-                    let token = token_of(i);
-                    if let Ok(at) = self.logit_bias.binary_search_by_key(&token, |&(t, _)| t) {
-                        *logit += self.logit_bias[at].1;
-                    }
-                    let (count, in_prompt) = occurrences(&counts, &self.prompt_vocabulary, token);
-                    if self.output.is_some() {
-                        *logit = self.sampler.penalized(*logit, count, in_prompt);
-                    }
+        let allowed = self.allowed(position)?;
+        let chosen = if self.adjusts() {
+            let counts = match &self.output {
+                Some(output) => counts(output.before(position)?),
+                None => Vec::new(),
+            };
+            let mut adjusted = logits.to_vec();
+            for (i, logit) in (0u32..).zip(&mut adjusted) {
+                let token = token_of(i);
+                if let Ok(at) = self.logit_bias.binary_search_by_key(&token, |&(t, _)| t) {
+                    *logit += self.logit_bias[at].1;
                 }
-                self.sampler.sample(&adjusted, position)
+                let (count, in_prompt) = occurrences(&counts, &self.prompt_vocabulary, token);
+                if self.sampler.has_penalties() {
+                    *logit = self.sampler.penalized(*logit, count, in_prompt);
+                }
             }
+            self.draw(&adjusted, position, allowed.as_ref(), &token_of)?
+        } else {
+            self.draw(logits, position, allowed.as_ref(), &token_of)?
         };
         Ok((chosen, self.top.map(|top| logprobs(logits, chosen, top))))
+    }
+
+    /// The index drawn from `logits` (index `i` is token `token_of(i)`), among the allowed
+    /// tokens only when there is a grammar: the draw sees them in index order, as it would see
+    /// the whole row with every other logit at -inf, without relying on -inf arithmetic.
+    fn draw(
+        &self,
+        logits: &[f32],
+        position: u32,
+        allowed: Option<&super::TokenMask>,
+        token_of: impl Fn(u32) -> u32,
+    ) -> Result<u32, String> {
+        let Some(mask) = allowed else { return Ok(self.sampler.sample(logits, position)) };
+        let indices: Vec<u32> =
+            (0..logits.len() as u32).filter(|&i| mask.allows(token_of(i))).collect();
+        if indices.is_empty() {
+            return Err(format!("the grammar allows no token of the {} sampled", logits.len()));
+        }
+        let kept: Vec<f32> = indices.iter().map(|&i| logits[i as usize]).collect();
+        Ok(indices[self.sampler.sample(&kept, position) as usize])
     }
 }
 
 /// Records each row's inputs into its request's sampler (`RequestSampler::record`), for the
-/// requests whose penalties read their output; the others cost nothing. Every executor calls it
+/// requests whose penalties or grammar read their output; the others cost nothing. Every executor calls it
 /// once a step, before it samples; `recent` resolves the overlap placeholders.
 pub fn record_outputs(
     samplers: &mut BTreeMap<RequestId, RequestSampler>,
@@ -392,6 +429,7 @@ fn uniform(seed: u64, position: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{TokenMask, TokenMatcher};
 
     fn params(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> Sampling {
         Sampling { temperature, top_k, top_p, seed, ..Sampling::GREEDY }
@@ -494,7 +532,7 @@ mod tests {
         // Over candidates the same: token 9 is candidate 0 (in the prompt), token 3 candidate 1.
         let spec = SamplingSpec::for_prompt(p, &[9, 1, 1]);
         assert_eq!(spec.prompt_vocabulary, [1, 9]);
-        let mut sampler = RequestSampler::new(spec);
+        let mut sampler = RequestSampler::new(spec, None);
         for (position, token) in [(0, 9), (1, 1), (2, 1), (3, 3)] {
             sampler.record(position, token).unwrap();
         }
@@ -516,14 +554,14 @@ mod tests {
             logprobs: Some(1),
             ..SamplingSpec::for_prompt(Sampling::GREEDY, &[1, 1])
         };
-        let mut plain = RequestSampler::new(spec(0.0));
-        let mut penalized = RequestSampler::new(spec(0.5));
+        let mut plain = RequestSampler::new(spec(0.0), None);
+        let mut penalized = RequestSampler::new(spec(0.5), None);
         for sampler in [&mut plain, &mut penalized] {
             for (position, token) in [(0, 1), (1, 1), (2, 1)] {
                 sampler.record(position, token).unwrap();
             }
         }
-        assert!(!RequestSampler::new(SamplingSpec::GREEDY).needs_logits());
+        assert!(!RequestSampler::new(SamplingSpec::GREEDY, None).needs_logits());
         assert!(penalized.needs_logits() && plain.needs_logits(), "logprobs need them too");
         let (token, lp) = plain.sample(&logits, 3).unwrap();
         assert_eq!(token, 1);
@@ -540,6 +578,83 @@ mod tests {
         assert!(penalized.sample(&logits, 9).is_err(), "an output position never recorded");
     }
 
+    /// A grammar over tokens below 64: after an output of even length only even tokens, after
+    /// one of odd length only odd ones.
+    #[derive(Clone)]
+    struct Alternating;
+
+    impl TokenMatcher for Alternating {
+        fn allowed(&mut self, output: &[u32]) -> TokenMask {
+            let parity = output.len() % 2;
+            let word = if parity == 0 { 0x5555_5555 } else { 0xaaaa_aaaa };
+            TokenMask::from_words(vec![word, word])
+        }
+
+        fn boxed_clone(&self) -> Box<dyn TokenMatcher> {
+            Box::new(self.clone())
+        }
+    }
+
+    #[derive(Debug)]
+    struct JsonIsAlternating;
+
+    impl GrammarCompiler for JsonIsAlternating {
+        fn compile(&self, grammar: &Grammar) -> Result<Box<dyn TokenMatcher>, String> {
+            match grammar {
+                Grammar::JsonObject => Ok(Box::new(Alternating)),
+                _ => Err("only json_object".into()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_grammar_draws_among_its_tokens_by_the_output_before_the_position() {
+        let spec = |temperature| SamplingSpec {
+            grammar: Some(Grammar::JsonObject),
+            ..SamplingSpec::for_prompt(params(temperature, 0, 1.0, 5), &[40, 41])
+        };
+        let mut greedy = RequestSampler::new(spec(0.0), Some(&JsonIsAlternating));
+        assert!(greedy.needs_logits(), "a grammar samples on the host even when greedy");
+        let logits: Vec<f32> =
+            (0..70).map(|t| if t == 9 { 5.0 } else { t as f32 / 100.0 }).collect();
+        for (position, token) in [(0, 40), (1, 41)] {
+            greedy.record(position, token).unwrap();
+        }
+        // No output yet: even tokens only; 9 is the largest logit but odd, 68 is the largest
+        // even one, and 64 to 69 are past the grammar's mask.
+        assert_eq!(greedy.sample(&logits, 2).unwrap().0, 62);
+        greedy.record(2, 62).unwrap();
+        assert_eq!(greedy.sample(&logits, 3).unwrap().0, 9, "one output token: odd ones");
+        // After a recompute that took another path the mask follows the new output.
+        greedy.record(2, 8).unwrap();
+        greedy.record(3, 7).unwrap();
+        assert_eq!(greedy.sample(&logits, 4).unwrap().0, 62);
+        assert!(greedy.sample(&logits, 6).is_err(), "an output position never recorded");
+        // Drawn: never a token outside the mask, whatever the seed's draw.
+        let mut drawn = RequestSampler::new(spec(2.0), Some(&JsonIsAlternating));
+        drawn.record(0, 40).unwrap();
+        drawn.record(1, 41).unwrap();
+        let flat = vec![0.0f32; 64];
+        let tokens: Vec<u32> = (0..200).map(|_| drawn.sample(&flat, 2).unwrap().0).collect();
+        assert!(tokens.iter().all(|t| t % 2 == 0), "{tokens:?}");
+        let other: Vec<u32> =
+            (2..200).map(|p| drawn.clone().sample(&flat, p).map_or(1, |s| s.0)).collect();
+        assert!(other.iter().skip(1).all(|&t| t == 1), "positions past the output are errors");
+        // Over candidates: candidate i is token 10 + i; only the even ones may be drawn.
+        let (chosen, _) = greedy.sample_candidates(&[1.0, 3.0, 2.0, 4.0], 4, |i| 10 + i).unwrap();
+        assert_eq!(chosen, 2, "token 12, the largest even candidate");
+        // Without a compiler, or a grammar the compiler refuses: sampling is an error.
+        let mut without = RequestSampler::new(spec(0.0), None);
+        without.record(0, 40).unwrap();
+        without.record(1, 41).unwrap();
+        assert!(without.sample(&logits, 2).unwrap_err().contains("no grammar compiler"));
+        let refused = SamplingSpec { grammar: Some(Grammar::Lark("x".into())), ..spec(0.0) };
+        let mut refused = RequestSampler::new(refused, Some(&JsonIsAlternating));
+        refused.record(0, 40).unwrap();
+        refused.record(1, 41).unwrap();
+        assert!(refused.sample(&logits, 2).unwrap_err().contains("only json_object"));
+    }
+
     #[test]
     fn a_logit_bias_is_added_before_the_penalties_and_the_draw() {
         let logits = [1.0f32, 3.0, 2.9, 0.0];
@@ -548,11 +663,11 @@ mod tests {
             logit_bias: bias,
             ..SamplingSpec::for_prompt(Sampling::GREEDY, &[])
         };
-        let biased = RequestSampler::new(spec(vec![(3, 3.5), (9, 100.0)], 0.0));
+        let mut biased = RequestSampler::new(spec(vec![(3, 3.5), (9, 100.0)], 0.0), None);
         assert!(biased.needs_logits(), "a bias needs the logits even when greedy");
         assert_eq!(biased.sample(&logits, 0).unwrap().0, 3, "0.0 + 3.5 beats 3.0");
         // Biased up to 3.6, then penalized by 1.0 for being in the output: 2.9 wins.
-        let mut both = RequestSampler::new(spec(vec![(1, 0.6)], 1.0));
+        let mut both = RequestSampler::new(spec(vec![(1, 0.6)], 1.0), None);
         both.record(0, 1).unwrap();
         assert_eq!(both.sample(&logits, 1).unwrap().0, 2);
         // The same over candidates: token 3 is candidate 0.

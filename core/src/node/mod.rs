@@ -34,7 +34,11 @@ pub fn local_id(key: TransferKey) -> RequestId {
 
 fn sampling_spec(request: &RequestSpec) -> SamplingSpec {
     let spec = SamplingSpec::for_prompt(request.sampling, &request.prompt);
-    SamplingSpec { logit_bias: request.logit_bias.clone(), ..spec }
+    SamplingSpec {
+        logit_bias: request.logit_bias.clone(),
+        grammar: request.grammar.as_deref().cloned(),
+        ..spec
+    }
 }
 
 fn new_request(key: TransferKey, request: &RequestSpec) -> NewRequest {

@@ -8,16 +8,19 @@
 
 use super::codec::{Reader, WireError, Writer};
 use super::messages::*;
+use crate::model::Grammar;
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
 pub const STOP_TOKENS_MAX: usize = 64;
 /// Tokens a request's `logit_bias` may name (OpenAI documents 300).
 pub const LOGIT_BIAS_MAX: usize = 300;
+/// Bytes of a request's grammar text (a JSON Schema or a Lark grammar).
+pub const GRAMMAR_BYTES_MAX: usize = 256 << 10;
 pub const PAGES_MAX: usize = 1 << 22;
 /// Output tokens in one `Tokens` message: a step's worth, with room to spare.
 pub const TOKENS_PER_MESSAGE_MAX: usize = 1 << 16;
@@ -68,7 +71,8 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
         for &(_, bias) in &request.logit_bias {
             finite_penalty("logit bias", bias)?;
         }
-        Ok(())
+        let grammar = request.grammar.as_ref().map_or(0, |g| g.text().len());
+        bound("grammar", grammar, GRAMMAR_BYTES_MAX)
     };
     match message {
         Message::Reserve { request, .. } => spec(request),
@@ -333,6 +337,14 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
         w.u32(token);
         w.f32(bias);
     }
+    let (kind, text) = match spec.grammar.as_deref() {
+        None => (0, ""),
+        Some(Grammar::JsonObject) => (1, ""),
+        Some(Grammar::JsonSchema(schema)) => (2, schema.as_str()),
+        Some(Grammar::Lark(lark)) => (3, lark.as_str()),
+    };
+    w.u8(kind);
+    w.bytes(text.as_bytes());
 }
 
 fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
@@ -355,7 +367,28 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
             repetition_penalty: read_penalty(r, "repetition penalty")?,
         },
         logit_bias: read_logit_bias(r)?,
+        grammar: read_grammar(r)?,
     })
+}
+
+fn read_grammar(r: &mut Reader<'_>) -> Result<Option<Box<Grammar>>, WireError> {
+    let kind = r.u8("grammar kind")?;
+    let text = r.bytes("grammar", GRAMMAR_BYTES_MAX)?;
+    let text = std::str::from_utf8(text).map_err(|e| WireError::Invalid {
+        what: "grammar text (UTF-8)",
+        value: e.valid_up_to() as u64,
+    })?;
+    let empty = |grammar| match text.is_empty() {
+        true => Ok(grammar),
+        false => Err(WireError::Invalid { what: "grammar text of a JSON object", value: 0 }),
+    };
+    match kind {
+        0 => empty(None),
+        1 => empty(Some(Box::new(Grammar::JsonObject))),
+        2 => Ok(Some(Box::new(Grammar::JsonSchema(text.to_owned())))),
+        3 => Ok(Some(Box::new(Grammar::Lark(text.to_owned())))),
+        other => Err(WireError::Invalid { what: "grammar kind", value: u64::from(other) }),
+    }
 }
 
 fn read_logit_bias(r: &mut Reader<'_>) -> Result<Vec<(u32, f32)>, WireError> {

@@ -1,6 +1,7 @@
 //! The messages of the prefill-to-decode transfer protocol and of the router (DESIGN.md
 //! section 3, "pd"), as plain data. `frame.rs` turns them into bytes and back.
 
+use crate::model::Grammar;
 use crate::sched::{FinishReason, RequestId};
 
 /// A worker (router, prefill or decode) in a deployment.
@@ -98,6 +99,10 @@ pub struct RequestSpec {
     /// OpenAI's `logit_bias`: added to each named token's logit before sampling; by token, at
     /// most `LOGIT_BIAS_MAX`, each finite.
     pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the output must follow (OpenAI's `response_format`), its text at most
+    /// `GRAMMAR_BYTES_MAX` bytes. Boxed: most requests have none, and every message that
+    /// carries a spec would otherwise grow by it.
+    pub grammar: Option<Box<Grammar>>,
 }
 
 impl RequestSpec {
@@ -114,6 +119,7 @@ impl RequestSpec {
             cache_salt: 0,
             sampling: Sampling::GREEDY,
             logit_bias: Vec::new(),
+            grammar: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::Grammar;
 use crate::sched::{FinishReason, RequestId};
 
 fn endpoint() -> impl Strategy<Value = Endpoint> {
@@ -51,6 +52,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
             0f32..1.0,
         ),
         prop::collection::vec((any::<u32>(), -100f32..100.0), 0..8),
+        grammar(),
     )
         .prop_map(
             |(
@@ -63,6 +65,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 cache_salt,
                 (t, p, k, s, presence, frequency, min_p),
                 logit_bias,
+                grammar,
             )| RequestSpec {
                 id: RequestId(id),
                 prompt,
@@ -82,8 +85,18 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                     repetition_penalty: 1.25,
                 },
                 logit_bias,
+                grammar,
             },
         )
+}
+
+fn grammar() -> impl Strategy<Value = Option<Box<Grammar>>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(Box::new(Grammar::JsonObject))),
+        ".{0,40}".prop_map(|schema| Some(Box::new(Grammar::JsonSchema(schema)))),
+        ".{0,40}".prop_map(|lark| Some(Box::new(Grammar::Lark(lark)))),
+    ]
 }
 
 fn identity() -> impl Strategy<Value = LinkIdentity> {
@@ -252,7 +265,7 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![10, 0, 0, 0, 4, 3, 1, 2, 1, 2, 3, 4, 5, 6]
+        vec![10, 0, 0, 0, 5, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
@@ -260,8 +273,8 @@ fn bytes_are_pinned() {
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame[4] = 3;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 4 }));
-    frame[4] = 4;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 5 }));
+    frame[4] = 5;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }

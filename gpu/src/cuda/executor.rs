@@ -30,7 +30,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enu
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::{
-    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
+    ExecError, Executor, GrammarCompiler, PageStore, RequestSampler, SamplingSpec, TokenLogprobs,
+    record_outputs,
 };
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 use lockstep_core::wire::KvLayout;
@@ -109,6 +110,9 @@ pub struct CudaExecutor {
     tables: PageTables,
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, RequestSampler>,
+    /// What compiles the grammars of constrained requests (`with_grammars`); without it a
+    /// request with a grammar fails at its first draw.
+    grammars: Option<Arc<dyn GrammarCompiler>>,
     /// Steps run eagerly and as graph replays, for tests and benchmarks.
     pub steps_eager: u64,
     pub steps_replayed: u64,
@@ -218,11 +222,17 @@ impl CudaExecutor {
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
+            grammars: None,
             steps_eager: 0,
             steps_replayed: 0,
         };
         executor.set_launch_options(options.launch)?;
         Ok(executor)
+    }
+
+    /// This executor, compiling requests' grammars with `grammars` (the model's).
+    pub fn with_grammars(self, grammars: Arc<dyn GrammarCompiler>) -> CudaExecutor {
+        CudaExecutor { grammars: Some(grammars), ..self }
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -411,7 +421,7 @@ impl CudaExecutor {
         let mut logits_out = Vec::new();
         for (i, &r) in sample_rows.iter().enumerate() {
             let row = &plan.rows[r];
-            let sampler = &self.samplers[&row.request];
+            let sampler = self.samplers.get_mut(&row.request).ok_or("a request never started")?;
             let logits = match all_logits || sampler.needs_logits() {
                 true => {
                     let mut l = vec![0f32; vocab];
@@ -460,7 +470,8 @@ impl CudaExecutor {
 
 impl Executor for CudaExecutor {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, RequestSampler::new(spec));
+        let sampler = RequestSampler::new(spec, self.grammars.as_deref());
+        self.samplers.insert(request, sampler);
     }
 
     fn end_request(&mut self, request: RequestId) {

@@ -15,7 +15,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use lockstep_core::kv::{PageRef, PoolConfig};
 use lockstep_core::model::{
-    ExecError, Executor, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
+    ExecError, Executor, GrammarCompiler, RequestSampler, SamplingSpec, TokenLogprobs,
+    record_outputs,
 };
 use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
@@ -98,6 +99,9 @@ pub struct CpuExecutor {
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, RequestSampler>,
+    /// What compiles the grammars of constrained requests (`with_grammars`); without it a
+    /// request with a grammar fails at its first draw.
+    grammars: Option<Arc<dyn GrammarCompiler>>,
 }
 
 impl CpuExecutor {
@@ -130,7 +134,13 @@ impl CpuExecutor {
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
+            grammars: None,
         }
+    }
+
+    /// This executor, compiling requests' grammars with `grammars` (the model's).
+    pub fn with_grammars(self, grammars: Arc<dyn GrammarCompiler>) -> CpuExecutor {
+        CpuExecutor { grammars: Some(grammars), ..self }
     }
 
     /// Runs a step; returns the outputs and, per sampling row, the logits sampled from.
@@ -186,7 +196,8 @@ impl CpuExecutor {
         for (&t, l) in sampling.iter().zip(&logits) {
             let row = &plan.rows[slots[t].row];
             // The sampled token takes the position after the row's last.
-            let (token, lp) = self.samplers[&row.request]
+            let sampler = self.samplers.get_mut(&row.request).ok_or("a request never started")?;
+            let (token, lp) = sampler
                 .sample(l, row.positions.end)
                 .map_err(|e| format!("{}: {e}", row.request))?;
             sampled.push(token);
@@ -411,7 +422,8 @@ impl CpuExecutor {
 
 impl Executor for CpuExecutor {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, RequestSampler::new(spec));
+        let sampler = RequestSampler::new(spec, self.grammars.as_deref());
+        self.samplers.insert(request, sampler);
     }
 
     fn end_request(&mut self, request: RequestId) {

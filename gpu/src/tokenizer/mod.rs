@@ -104,6 +104,14 @@ impl Tokenizer {
         self.inner.decode(ids, !keep_special).map_err(|e| e.to_string())
     }
 
+    /// The tokenizer in Hugging Face's `tokenizer.json` format (what llguidance reads each
+    /// token's bytes from).
+    pub fn to_json(&self) -> Result<Value, String> {
+        let text =
+            self.inner.to_string(false).map_err(|e| format!("the tokenizer as JSON: {e}"))?;
+        serde_json::from_str(&text).map_err(|e| format!("the tokenizer as JSON: {e}"))
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

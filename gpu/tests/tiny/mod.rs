@@ -226,7 +226,7 @@ impl Rng {
 
 /// A byte-level BPE tokenizer: the 256 bytes in GPT-2's printable mapping, merges "h e" and
 /// "Ġ t", and the specials `<|im_start|>`, `<|im_end|>`.
-fn tokenizer_json() -> Value {
+pub fn tokenizer_json() -> Value {
     let mut vocab = serde_json::Map::new();
     for (id, ch) in byte_chars().into_iter().enumerate() {
         vocab.insert(ch.to_string(), json!(id));

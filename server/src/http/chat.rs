@@ -3,8 +3,9 @@
 //!
 //! `tool_choice`: `auto` (the default with tools) parses calls; `none` renders the tools but
 //! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
-//! assistant's turn with the start of a call to it, so the model continues inside the call.
-//! `required` needs constrained decoding, which we do not have: refused.
+//! assistant's turn with the start of a call to it, so the model continues inside the call;
+//! `required` holds the output to one or more calls by a grammar (`tool_calls::required_calls`,
+//! Hermes and Llama 3 JSON markup).
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use lockstep_core::model::TokenLogprobs;
+use lockstep_core::model::{Grammar, TokenLogprobs};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
@@ -23,10 +24,11 @@ use super::error::ApiError;
 use super::generation::{Generation, Next, Piece};
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
+use super::response_format;
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
-    ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, parse_complete,
+    ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, parse_complete, required_calls,
 };
 
 /// How the output's tool calls are read.
@@ -36,6 +38,8 @@ struct Tools {
     specs: Vec<ToolSpec>,
     /// Written at the start of the assistant's turn (a forced call's opening).
     prefix: String,
+    /// `required`'s: the output is calls.
+    grammar: Option<Grammar>,
 }
 
 pub(super) async fn handle(
@@ -90,35 +94,41 @@ async fn prepare(
             "top_logprobs needs logprobs",
         )));
     }
-    if let Some(format) = &request.response_format
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(invalid(ApiError::invalid_param(
-            "response_format",
-            "only response_format {\"type\": \"text\"} is supported",
-        )));
-    }
+    let mut grammar =
+        response_format::grammar(state, request.response_format.as_ref()).map_err(invalid)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let params = request
+    let mut params = request
         .common
         .validate(&state.config.model_name, logprobs, state.next_seed())
         .map_err(invalid)?;
     let (rendered_tools, tools) =
         tools(state, request.tools.as_deref(), request.tool_choice.as_ref()).map_err(invalid)?;
+    if let Some(calls) = tools.as_ref().and_then(|t| t.grammar.clone()) {
+        if grammar.is_some() {
+            return Err(invalid(ApiError::invalid_param(
+                "response_format",
+                "response_format and tool_choice \"required\" both hold the output to a \
+                 grammar: give one",
+            )));
+        }
+        grammar = Some(calls);
+    }
+    params.spec.grammar = grammar;
     let prefix = tools.as_ref().map_or("", |t| t.prefix.as_str());
     let prompt = state
         .codec
         .encode_chat(&request.messages, rendered_tools.as_deref(), prefix)
         .map_err(|e| invalid(ApiError::invalid_param("messages", e)))?;
     let draft = arrival.map(|a| {
-        let ChatRequest { messages, tools, tool_choice, .. } = request;
-        a.with_input(RequestInput::Chat { messages, tools, tool_choice })
+        let ChatRequest { messages, tools, tool_choice, response_format, .. } = request;
+        a.with_input(RequestInput::Chat { messages, tools, tool_choice, response_format })
     });
     let generations = start_choices(state, prompt, &params, draft).await?;
     Ok((generations, params, tools))
 }
 
-/// The tools to render into the prompt, and how to parse calls out of the output.
+/// The tools to render into the prompt, and how to parse calls out of the output (for
+/// `required`, with the grammar of the calls).
 fn tools(
     state: &AppState,
     offered: Option<&[Value]>,
@@ -132,15 +142,14 @@ fn tools(
         };
     };
     let specs = offered.iter().enumerate().map(tool_spec).collect::<Result<Vec<_>, _>>()?;
+    let mut required = false;
     let named = match choice {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s == "auto" => None,
         Some(Value::String(s)) if s == "none" => return Ok((Some(offered.to_vec()), None)),
         Some(Value::String(s)) if s == "required" => {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                "tool_choice \"required\" is not supported (it needs constrained decoding)",
-            ));
+            required = true;
+            None
         }
         Some(v) => Some(
             v.pointer("/function/name")
@@ -162,7 +171,12 @@ fn tools(
         ));
     };
     let Some(name) = named else {
-        return Ok((Some(offered.to_vec()), Some(Tools { format, specs, prefix: String::new() })));
+        let grammar = match required {
+            true => Some(calls_grammar(state, format, &specs)?),
+            false => None,
+        };
+        let tools = Tools { format, specs, prefix: String::new(), grammar };
+        return Ok((Some(offered.to_vec()), Some(tools)));
     };
     let at = specs.iter().position(|s| s.name == name).ok_or_else(|| {
         ApiError::invalid_param(
@@ -177,7 +191,23 @@ fn tools(
         _ => String::new(),
     };
     let specs = vec![specs[at].clone()];
-    Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix })))
+    Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix, grammar: None })))
+}
+
+/// `required`'s grammar, compiled once to check it (a tool's parameters schema the compiler
+/// cannot enforce is the client's 400).
+fn calls_grammar(
+    state: &AppState,
+    format: ToolFormat,
+    specs: &[ToolSpec],
+) -> Result<Grammar, ApiError> {
+    let invalid = |why: String| ApiError::invalid_param("tool_choice", why);
+    let grammar = required_calls(format, specs).map_err(invalid)?;
+    let compiler = state.codec.grammars().map_err(|e| invalid(format!("\"required\": {e}")))?;
+    compiler
+        .compile(&grammar)
+        .map_err(|e| invalid(format!("\"required\": the tools' schemas: {e}")))?;
+    Ok(grammar)
 }
 
 fn tool_spec((i, tool): (usize, &Value)) -> Result<ToolSpec, ApiError> {

@@ -13,6 +13,7 @@ mod logprobs;
 pub mod openapi;
 mod protocol;
 mod respond;
+mod response_format;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::AppConfig;
 use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
+use crate::tool_calls::ToolFormat;
 use lockstep_core::model::SamplingSpec;
 use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
 
@@ -386,15 +387,25 @@ fn chat_properties(config: &AppConfig) -> Value {
     );
     let choice_words = json!({ "type": "string", "enum": ["none", "auto"] });
     let (tools, tool_choice) = match config.tool_format {
-        Some(_) => (
-            json!({ "type": "array", "items": reference("Tool") }),
-            json!({
-                "oneOf": [choice_words, named],
-                "nullable": true,
-                "description": "\"required\" is refused (it needs constrained decoding); a \
-                                named function must be one of `tools`",
-            }),
-        ),
+        Some(format) => {
+            // "required" is a grammar of calls, written for the markups of plain text.
+            let words = match format {
+                ToolFormat::Hermes | ToolFormat::Llama3Json => {
+                    json!({ "type": "string", "enum": ["none", "auto", "required"] })
+                }
+                _ => choice_words,
+            };
+            (
+                json!({ "type": "array", "items": reference("Tool") }),
+                json!({
+                    "oneOf": [words, named],
+                    "nullable": true,
+                    "description": "\"required\" holds the output to calls of `tools` by a \
+                                    grammar (Hermes and Llama 3 JSON markup); a named function \
+                                    must be one of `tools`",
+                }),
+            )
+        }
         None => (
             json!({
                 "type": "array", "maxItems": 0,
@@ -413,9 +424,21 @@ fn chat_properties(config: &AppConfig) -> Value {
         })),
         "tools": nullable(tools),
         "tool_choice": tool_choice,
-        "response_format": nullable(object(&["type"], json!({
-            "type": { "type": "string", "enum": ["text"] },
-        }))),
+        "response_format": nullable(json!({
+            "type": "object",
+            "required": ["type"],
+            "description": "json_object and json_schema hold the output to JSON (llguidance \
+                over the model's vocabulary); a schema it cannot enforce, or a server whose \
+                vocabulary is synthetic, is a 400",
+            "properties": {
+                "type": { "type": "string", "enum": ["text", "json_object", "json_schema"] },
+                "json_schema": object(&["schema"], json!({
+                    "name": { "type": "string" },
+                    "schema": { "type": "object" },
+                    "strict": { "type": "boolean" },
+                })),
+            },
+        })),
     })
 }
 

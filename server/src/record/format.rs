@@ -125,6 +125,8 @@ pub enum RequestInput {
         tools: Option<Vec<Value>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_choice: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_format: Option<Value>,
     },
 }
 

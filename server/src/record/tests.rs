@@ -61,6 +61,7 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
         messages: vec![json!({"role": "user", "content": "hi"})],
         tools: None,
         tool_choice: None,
+        response_format: Some(json!({"type": "json_object"})),
     };
     for turn in 1..=2u64 {
         let draft = recorder.arrived(&session("s")).with_input(chat.clone());

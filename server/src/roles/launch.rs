@@ -323,8 +323,11 @@ impl Served {
             #[cfg(feature = "cuda")]
             (_, Device::Cuda(n)) => {
                 let weights = loaded.model.weights.clone();
-                let executor =
+                let mut executor =
                     serve::cuda_executor(weights, &loaded.sched, n, options.cuda_launch)?;
+                if let Some(grammars) = serve::grammars(&loaded.model) {
+                    executor = executor.with_grammars(grammars);
+                }
                 // The CPU executor's page layout: CPU and CUDA workers exchange pages.
                 let layout = executor.kv_layout();
                 (Executor::Cuda(Box::new(executor)), layout)

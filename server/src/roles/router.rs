@@ -173,6 +173,7 @@ impl RouterEngine {
             cache_salt: request.cache_salt,
             sampling: spec.sampling,
             logit_bias: spec.logit_bias,
+            grammar: spec.grammar.map(Box::new),
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {

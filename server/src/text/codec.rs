@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use lockstep_core::model::GrammarCompiler;
 use lockstep_gpu::model::Model;
 use serde_json::Value;
 
@@ -26,6 +27,8 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug + 'static {
     fn vocab_size(&self) -> u32;
     /// The text of one token, as OpenAI's log-probabilities show it.
     fn token_text(&self, id: u32) -> String;
+    /// What compiles constrained requests' grammars over this vocabulary, or why there is none.
+    fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String>;
 }
 
 #[derive(Debug)]
@@ -61,6 +64,10 @@ impl TextCodec for ModelCodec {
 
     fn token_text(&self, id: u32) -> String {
         self.0.tokenizer.decode(&[id], true).unwrap_or_default()
+    }
+
+    fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String> {
+        Ok(self.0.grammars()?)
     }
 }
 
@@ -128,6 +135,10 @@ impl TextCodec for SyntheticCodec {
 
     fn token_text(&self, id: u32) -> String {
         format!(" t{id}")
+    }
+
+    fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String> {
+        Err("constrained decoding needs a model's tokenizer; this vocabulary is synthetic".into())
     }
 }
 

@@ -31,6 +31,7 @@
 //! Hermes section one, so there a malformed call is content.
 
 mod format;
+mod grammar;
 mod resolve;
 mod split;
 mod stream;
@@ -38,6 +39,7 @@ mod stream;
 mod tests;
 
 pub use format::ToolFormat;
+pub use grammar::required_calls;
 pub use stream::{ToolCallStream, parse_complete};
 
 /// A tool the client offered: name, description, JSON-schema parameters (from the OpenAI

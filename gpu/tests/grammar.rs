@@ -1,0 +1,116 @@
+//! The grammar compiler over a real byte-level vocabulary (the tiny models' tokenizer), driven
+//! through outputs drawn under its own masks, with rollbacks as a preemption or a discarded
+//! overlap sample makes them. What must hold at every step:
+//! - the mask depends on the output alone: a matcher that has been everywhere answers what a
+//!   fresh one told the output at once answers;
+//! - it is never empty, and a stop token is in it exactly where the text so far is a whole value
+//!   of the grammar (checked by parsing it as JSON, and against the schema by hand).
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+mod tiny;
+
+use lockstep_core::model::{Grammar, GrammarCompiler as _, TokenMask};
+use lockstep_gpu::grammar::GrammarCompiler;
+use lockstep_gpu::tokenizer::Tokenizer;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+const VOCAB: u32 = 260;
+
+fn tokenizer() -> Tokenizer {
+    let config = json!({"eos_token": "<|im_end|>", "add_bos_token": false});
+    Tokenizer::from_hf(tiny::tokenizer_json().to_string().as_bytes(), Some(&config)).unwrap()
+}
+
+fn schema() -> Grammar {
+    Grammar::JsonSchema(
+        json!({
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["he", "t"]}},
+            "required": ["ok", "tag"],
+            "additionalProperties": false,
+        })
+        .to_string(),
+    )
+}
+
+fn allowed(mask: &TokenMask) -> Vec<u32> {
+    (0..VOCAB).filter(|&t| mask.allows(t)).collect()
+}
+
+/// Whether `text` is a whole value of `grammar`.
+fn complete(grammar: &Grammar, text: &str) -> bool {
+    let Ok(value) = serde_json::from_str::<Value>(text) else { return false };
+    match grammar {
+        Grammar::JsonObject => value.is_object(),
+        _ => {
+            value.as_object().is_some_and(|o| o.len() == 2)
+                && value["ok"].is_boolean()
+                && ["he", "t"].contains(&value["tag"].as_str().unwrap_or(""))
+        }
+    }
+}
+
+/// One walk: each step either draws the `pick`-th allowed token or, when `back` is above zero,
+/// forgets that many tokens of the output.
+fn walk(grammar: &Grammar, steps: &[(u16, u8)]) -> Result<(), TestCaseError> {
+    let tokenizer = tokenizer();
+    let compiler = GrammarCompiler::new(&tokenizer, &[tiny::IM_END]).unwrap();
+    let mut matcher = compiler.compile(grammar).unwrap();
+    let mut output: Vec<u32> = Vec::new();
+    for &(pick, back) in steps {
+        let mask = matcher.allowed(&output);
+        let fresh = compiler.compile(grammar).unwrap().allowed(&output);
+        prop_assert_eq!(allowed(&mask), allowed(&fresh), "after {:?}", output);
+        let tokens = allowed(&mask);
+        prop_assert!(!tokens.is_empty(), "an empty mask after {:?}", output);
+        let text = tokenizer.decode(&output, false).unwrap();
+        let ends = mask.allows(tiny::IM_END);
+        // A gap of blanks at the end is a whole value too: the grammar may end there.
+        prop_assert_eq!(ends, complete(grammar, &text), "{:?}", text);
+        if back > 0 {
+            output.truncate(output.len().saturating_sub(usize::from(back % 8)));
+            continue;
+        }
+        let token = tokens[usize::from(pick) % tokens.len()];
+        if token == tiny::IM_END {
+            break;
+        }
+        prop_assert!(token != tiny::IM_START, "a special token inside JSON");
+        output.push(token);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn a_json_object_grammar_answers_from_the_output_alone(
+        steps in prop::collection::vec((any::<u16>(), prop_oneof![6 => Just(0u8), 1 => 1u8..8]), 1..80)
+    ) {
+        walk(&Grammar::JsonObject, &steps)?;
+    }
+
+    #[test]
+    fn a_schema_grammar_answers_from_the_output_alone(
+        steps in prop::collection::vec((any::<u16>(), prop_oneof![6 => Just(0u8), 1 => 1u8..8]), 1..80)
+    ) {
+        walk(&schema(), &steps)?;
+    }
+}
+
+#[test]
+fn what_the_compiler_refuses_is_an_error_not_a_panic() {
+    let compiler = GrammarCompiler::new(&tokenizer(), &[tiny::IM_END]).unwrap();
+    for bad in ["not json", "{\"type\": \"sometimes\"}", "[1, 2]", "{\"$ref\": \"#/nowhere\"}"] {
+        let grammar = Grammar::JsonSchema(bad.into());
+        assert!(compiler.compile(&grammar).is_err(), "{bad} compiled");
+    }
+    assert!(compiler.compile(&Grammar::Lark("start: (".into())).is_err());
+    let lark = Grammar::Lark("start: \"he\" \"t\"".into());
+    let mut matcher = compiler.compile(&lark).unwrap();
+    assert_eq!(allowed(&matcher.allowed(&[])), [b'h' as u32, 256], "h alone, or the token he");
+    assert_eq!(allowed(&matcher.allowed(&[256, b't' as u32])), [tiny::IM_END]);
+}

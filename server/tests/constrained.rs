@@ -1,0 +1,339 @@
+//! Constrained decoding (`response_format`) on a real vocabulary: a tiny generated Hugging Face
+//! model, whose random weights would never write JSON by themselves. The output follows the
+//! schema whole and streamed, greedy and sampled, alone and in a crowd (each request equal to
+//! itself alone); what the server cannot enforce is a 400; and a router with a prefill and a
+//! decode worker, three `lockstep serve` processes, gives the output of one process: the grammar
+//! crosses the wire, and the decode worker's matcher starts from the prefill worker's token.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+mod common;
+#[path = "common/process.rs"]
+mod process;
+#[path = "../../gpu/tests/tiny/mod.rs"]
+mod tiny;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestServer, streamed_text};
+use lockstep_core::kv::PoolConfig;
+use lockstep_core::sched::{SchedConfig, StepMode};
+use lockstep_gpu::llama::CpuExecutor;
+use lockstep_gpu::model::Model;
+use lockstep_server::client::Connection;
+use lockstep_server::engine::{EngineConfig, ThreadRunner};
+use lockstep_server::http::AppConfig;
+use lockstep_server::text::ModelCodec;
+use lockstep_server::tool_calls::ToolFormat;
+use process::{Process, free_port};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no", "maybe"]},
+            "sure": {"type": "boolean"},
+            "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        },
+        "required": ["answer", "sure", "count"],
+        "additionalProperties": false,
+        // No blanks between tokens: random weights love them (the default allows 20 a gap).
+        "x-guidance": {"whitespace_flexible": false},
+    })
+}
+
+fn request(temperature: f64, seed: u64) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Is it raining?"}],
+        "max_tokens": 120,
+        "temperature": temperature,
+        "seed": seed,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema()}},
+    })
+}
+
+/// The reply's content, checked against `schema()` by hand.
+fn checked(out: &Value) -> String {
+    let choice = &out["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "the grammar ends the output: {out}");
+    let content = choice["message"]["content"].as_str().unwrap();
+    let reply: Value =
+        serde_json::from_str(content).unwrap_or_else(|e| panic!("not JSON ({e}): {content:?}"));
+    let fields = reply.as_object().unwrap_or_else(|| panic!("not an object: {content:?}"));
+    assert_eq!(fields.len(), 3, "{content:?}");
+    assert!(["yes", "no", "maybe"].contains(&reply["answer"].as_str().unwrap()), "{content:?}");
+    assert!(reply["sure"].is_boolean(), "{content:?}");
+    assert!((0..=99).contains(&reply["count"].as_u64().unwrap()), "{content:?}");
+    content.to_owned()
+}
+
+fn tiny_model_dir(tag: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("lockstep-constrained-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tiny::variants()[0].write(&dir);
+    dir
+}
+
+async fn cpu_server(model: Arc<Model>, tool_format: Option<ToolFormat>) -> TestServer {
+    let config = SchedConfig {
+        pool: PoolConfig { pages_total: 1024, page_tokens: 16, pins_max: 0 },
+        mode: StepMode::Overlap,
+        waiting_max: 16,
+        running_max: 4,
+        step_tokens_max: 64,
+        prefill_chunk_tokens_max: 32,
+        // Beyond the tiny model's own context: the tools' system message is long in bytes,
+        // which are its tokens.
+        request_tokens_max: 2048,
+        capture_sizes: vec![1, 2, 4],
+        eos_token_ids: model.stop_tokens.clone(),
+        queue_wait_max: Duration::from_secs(60),
+        prefix_cache: true,
+    };
+    let executor =
+        CpuExecutor::with_threads(model.weights.clone(), config.pool, config.running_max, 2)
+            .with_grammars(model.grammars().unwrap());
+    let mut engine = EngineConfig::new(config.clone());
+    engine.check_invariants = true;
+    let runner = ThreadRunner::spawn(executor, engine.executor_jobs_max()).unwrap();
+    let mut app = AppConfig::new("m", config.request_tokens_max);
+    app.tool_format = tool_format;
+    TestServer::start(engine, runner, Arc::new(ModelCodec(model)), app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_output_follows_the_schema_whole_streamed_and_in_a_crowd() {
+    let dir = tiny_model_dir("http");
+    let model = Arc::new(Model::load(&dir).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = cpu_server(model, None).await;
+    let mut alone = Vec::new();
+    for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.0, 2), (1.5, 3)] {
+        let body = request(temperature, seed);
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{out}");
+        let content = checked(&out);
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = server.stream("/v1/chat/completions", &streamed).await;
+        assert_eq!(streamed_text(&events), content, "streamed differs from whole");
+        alone.push(content);
+    }
+    assert!(alone.iter().any(|c| c != &alone[0]), "sampling drew one output for four seeds");
+    // The same four at once (a shared prefix, overlap steps): each equals itself alone.
+    let tasks: Vec<_> = [(0.0, 0), (1.0, 1), (1.0, 2), (1.5, 3)]
+        .into_iter()
+        .map(|(t, seed)| server.post_in_task("/v1/chat/completions", request(t, seed)))
+        .collect();
+    for (task, expected) in tasks.into_iter().zip(&alone) {
+        assert_eq!(&checked(&task.await.unwrap()), expected, "differs in a crowd");
+    }
+    // Any JSON object: the reply parses as one, or was cut by max_tokens inside one.
+    let mut body = request(1.0, 9);
+    body["response_format"] = json!({"type": "json_object"});
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    let content = out["choices"][0]["message"]["content"].as_str().unwrap();
+    // Blanks between tokens (outside strings) come 20 at most at a time.
+    let (mut blanks, mut in_string, mut escaped) = (0, false, false);
+    for c in content.chars() {
+        (in_string, escaped) = match (in_string, escaped, c) {
+            (true, false, '\\') => (true, true),
+            (true, false, '"') | (false, _, '"') => (!in_string, false),
+            (s, _, _) => (s, false),
+        };
+        blanks = if !in_string && c.is_ascii_whitespace() { blanks + 1 } else { 0 };
+        assert!(blanks <= 20, "a gap of over 20 blanks: {content:?}");
+    }
+    match out["choices"][0]["finish_reason"].as_str().unwrap() {
+        "stop" => {
+            assert!(serde_json::from_str::<Value>(content).unwrap().is_object(), "{content:?}")
+        }
+        _ => assert!(content.trim_start().starts_with('{'), "{content:?}"),
+    }
+    for (format, why) in [
+        (json!({"type": "xml"}), "type must be"),
+        (json!({"type": "json_schema", "json_schema": {"name": "x"}}), "schema is required"),
+        (json!({"type": "json_schema", "json_schema": {"schema": 7}}), "must be a JSON Schema"),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "sometimes"}}}),
+            "schema",
+        ),
+    ] {
+        body["response_format"] = format;
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{out}");
+        assert_eq!(out["error"]["param"], "response_format", "{out}");
+        assert!(out["error"]["message"].as_str().unwrap().contains(why), "{why}: {out}");
+    }
+    body["response_format"] = json!({"type": "text"});
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    server.quiescent().await;
+}
+
+fn tools() -> Value {
+    let tool = |name: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "parameters": parameters}});
+    json!([
+        tool(
+            "get_weather",
+            json!({
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city", "days"],
+                "additionalProperties": false,
+            })
+        ),
+        tool(
+            "get_time",
+            json!({
+                "type": "object",
+                "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                "required": ["zone"],
+                "additionalProperties": false,
+            })
+        ),
+    ])
+}
+
+/// Each call names a declared tool, with arguments its schema accepts.
+fn check_calls(out: &Value) -> usize {
+    let choice = &out["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{out}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{out}");
+    for call in calls {
+        let arguments: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match call["function"]["name"].as_str().unwrap() {
+            "get_weather" => {
+                assert!(["Paris", "Oslo"].contains(&arguments["city"].as_str().unwrap()), "{out}");
+                assert!((1..=7).contains(&arguments["days"].as_u64().unwrap()), "{out}");
+                assert_eq!(arguments.as_object().unwrap().len(), 2, "{out}");
+            }
+            "get_time" => assert!(["UTC", "CET"].contains(&arguments["zone"].as_str().unwrap())),
+            other => panic!("a call to {other}: {out}"),
+        }
+    }
+    calls.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_required_holds_the_output_to_calls_of_the_tools() {
+    let dir = tiny_model_dir("tools");
+    let model = Arc::new(Model::load(&dir).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+        let server = cpu_server(model.clone(), Some(format)).await;
+        for seed in 0..3 {
+            let body = json!({
+                "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools(),
+                "tool_choice": "required", "max_tokens": 300, "temperature": 1.0, "seed": seed,
+            });
+            let (status, out) = server.post("/v1/chat/completions", &body).await;
+            assert_eq!(status, 200, "{out}");
+            check_calls(&out);
+            // Without the grammar the random weights write no call.
+            let mut free = body.clone();
+            free["tool_choice"] = json!("auto");
+            let (_, out) = server.post("/v1/chat/completions", &free).await;
+            assert!(out["choices"][0]["message"]["tool_calls"].is_null(), "{format:?}: {out}");
+        }
+        let body = json!({
+            "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        });
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{out}");
+        assert!(out["error"]["message"].as_str().unwrap().contains("give one"), "{out}");
+        server.quiescent().await;
+    }
+    let server = cpu_server(model, Some(ToolFormat::DeepSeekV31)).await;
+    let body = json!({
+        "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "tool_choice": "required",
+    });
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out["error"]["message"].as_str().unwrap().contains("hermes or llama3_json"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synthetic_vocabulary_refuses_a_grammar_it_cannot_compile() {
+    let server =
+        TestServer::provenance(StepMode::Sync, lockstep_server::engine::StepCost::ZERO).await;
+    let (status, out) = server.post("/v1/chat/completions", &request(0.0, 0)).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out["error"]["message"].as_str().unwrap().contains("synthetic"), "{out}");
+}
+
+/// `lockstep serve --model model ARGS`, its output in `log`.
+fn serve(model: &Path, args: &[&str], log: &Path) -> Process {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--device", "cpu", "--threads", "1", "--kv-pages", "128", "--page-tokens", "4"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+/// `body`'s reply from the server on `port`, once it answers (a minute at most).
+async fn reply(port: u16, body: &Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(io) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+            && let Ok(mut c) = Connection::new(io).await
+            && let Ok(response) = c.post("/v1/chat/completions", &body.to_string()).await
+            && response.status.as_u16() == 200
+        {
+            return response.json().await.unwrap();
+        }
+        assert!(Instant::now() < deadline, "no reply from port {port}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_router_prefill_and_decode_give_the_constrained_output_of_one_process() {
+    let dir = tiny_model_dir("roles");
+    let model = dir.join("model");
+    tiny::variants()[0].write(&model);
+    let log = dir.join("serve.log");
+    let bodies = [request(0.0, 0), request(1.0, 5), request(1.5, 6)];
+    let port = free_port().to_string();
+    let one = serve(&model, &["--port", &port], &log);
+    let mut alone = Vec::new();
+    for body in &bodies {
+        alone.push(checked(&reply(port.parse().unwrap(), body).await));
+    }
+    drop(one);
+    let [decode_port, decode_peer, prefill_port, prefill_peer, router_port] =
+        std::array::from_fn(|_| free_port().to_string());
+    let decode_at = format!("2@127.0.0.1:{decode_peer}");
+    let prefill_at = format!("1@127.0.0.1:{prefill_peer}");
+    let decode = ["--role", "decode", "--worker-id", "2", "--port", &decode_port];
+    let _decode = serve(&model, &[&decode[..], &["--peer-port", &decode_peer]].concat(), &log);
+    let prefill = ["--role", "prefill", "--worker-id", "1", "--port", &prefill_port];
+    let prefill_peers = ["--peer-port", &prefill_peer, "--decode", &decode_at];
+    let _prefill = serve(&model, &[&prefill[..], &prefill_peers].concat(), &log);
+    let router = ["--role", "router", "--worker-id", "0", "--port", &router_port];
+    let router_peers = ["--prefill", &prefill_at, "--decode", &decode_at];
+    let _router = serve(&model, &[&router[..], &router_peers].concat(), &log);
+    for (body, expected) in bodies.iter().zip(&alone) {
+        let split = checked(&reply(router_port.parse().unwrap(), body).await);
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(&split, expected, "the split deployment's output differs\n{log_text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
