@@ -66,13 +66,16 @@ pub enum PlantedBug {
     /// Missing class: per-request sampling state (the output so far that penalties count) lost
     /// at the prefill-to-decode hand-over: the decode worker counts from one position late.
     SamplerStateLostAtHandOver,
+    /// Missing class: a request's grammar (`response_format`) not handed to the decode worker,
+    /// which then decodes it unconstrained after a constrained first token.
+    GrammarLostAtHandOver,
     /// The incident: decode read a page a transfer had not finished writing (80 agent sessions).
     DecodeReadsUnfinishedTransfer,
 }
 
 impl PlantedBug {
     /// Every class, in the order above.
-    pub const ALL: [PlantedBug; 25] = [
+    pub const ALL: [PlantedBug; 26] = [
         PlantedBug::SlotReuse,
         PlantedBug::FreeWhileWriteLands,
         PlantedBug::FreeBeforeLastReader,
@@ -97,6 +100,7 @@ impl PlantedBug {
         PlantedBug::HeartbeatNotExtendingLease,
         PlantedBug::OldIncarnationStateKept,
         PlantedBug::SamplerStateLostAtHandOver,
+        PlantedBug::GrammarLostAtHandOver,
         PlantedBug::DecodeReadsUnfinishedTransfer,
     ];
 
@@ -127,6 +131,7 @@ impl PlantedBug {
             PlantedBug::HeartbeatNotExtendingLease => "heartbeat-not-extending-lease",
             PlantedBug::OldIncarnationStateKept => "old-incarnation-state-kept",
             PlantedBug::SamplerStateLostAtHandOver => "sampler-state-lost-at-hand-over",
+            PlantedBug::GrammarLostAtHandOver => "grammar-lost-at-hand-over",
             PlantedBug::DecodeReadsUnfinishedTransfer => "decode-reads-unfinished-transfer",
         }
     }

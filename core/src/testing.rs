@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::Time;
 use crate::kv::PoolConfig;
-use crate::model::{Executor, ProvenanceModel, SamplingSpec};
+use crate::model::{Executor, Grammar, ProvenanceModel, SamplingSpec};
 use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,
@@ -82,7 +82,8 @@ impl Harness {
         let (id, spec) = (req.id, SamplingSpec::for_prompt(sampling(req.id), &req.prompt));
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
-            self.model.start_request(id, SamplingSpec { logit_bias: logit_bias(id), ..spec });
+            let spec = SamplingSpec { logit_bias: logit_bias(id), grammar: grammar(id), ..spec };
+            self.model.start_request(id, spec);
             self.tokens.insert(id, Vec::new());
             self.finished.remove(&id);
         }
@@ -220,12 +221,19 @@ pub fn logit_bias(id: RequestId) -> Vec<(u32, f32)> {
     }
 }
 
+/// Request `id`'s grammar in the harnesses: on one request in five, one the provenance model's
+/// synthetic compiler holds its draws to (a mask that follows the whole output).
+pub fn grammar(id: RequestId) -> Option<Grammar> {
+    (id.0 % 5 == 4).then_some(Grammar::JsonObject)
+}
+
 /// Request `id` as it travels between workers, sampled as the harnesses sample it (`sampling`,
-/// `logit_bias`): `run_alone` of the same id and prompt is its reference.
+/// `logit_bias`, `grammar`): `run_alone` of the same id and prompt is its reference.
 pub fn request_spec(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> RequestSpec {
     RequestSpec {
         sampling: sampling(id),
         logit_bias: logit_bias(id),
+        grammar: grammar(id).map(Box::new),
         ..RequestSpec::new(id, prompt, max_tokens)
     }
 }

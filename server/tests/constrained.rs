@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use common::{TestServer, streamed_text};
 use lockstep_core::kv::PoolConfig;
+use lockstep_core::model::SyntheticMatcher;
 use lockstep_core::sched::{SchedConfig, StepMode};
 use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::model::Model;
 use lockstep_server::client::Connection;
-use lockstep_server::engine::{EngineConfig, ThreadRunner};
+use lockstep_server::engine::{EngineConfig, StepCost, ThreadRunner};
 use lockstep_server::http::AppConfig;
 use lockstep_server::text::ModelCodec;
 use lockstep_server::tool_calls::ToolFormat;
@@ -134,6 +135,16 @@ async fn the_output_follows_the_schema_whole_streamed_and_in_a_crowd() {
     for (task, expected) in tasks.into_iter().zip(&alone) {
         assert_eq!(&checked(&task.await.unwrap()), expected, "differs in a crowd");
     }
+    // The completions endpoint takes it too (as vLLM's does).
+    let completion = json!({
+        "prompt": "Is it raining?", "max_tokens": 120, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema()}},
+    });
+    let (status, out) = server.post("/v1/completions", &completion).await;
+    assert_eq!(status, 200, "{out}");
+    let text = out["choices"][0]["text"].as_str().unwrap();
+    let as_chat = json!({"choices": [{"finish_reason": out["choices"][0]["finish_reason"], "message": {"content": text}}]});
+    checked(&as_chat);
     // Any JSON object: the reply parses as one, or was cut by max_tokens inside one.
     let mut body = request(1.0, 9);
     body["response_format"] = json!({"type": "json_object"});
@@ -264,12 +275,39 @@ async fn tool_choice_required_holds_the_output_to_calls_of_the_tools() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_synthetic_vocabulary_refuses_a_grammar_it_cannot_compile() {
-    let server =
-        TestServer::provenance(StepMode::Sync, lockstep_server::engine::StepCost::ZERO).await;
-    let (status, out) = server.post("/v1/chat/completions", &request(0.0, 0)).await;
-    assert_eq!(status, 400, "{out}");
-    assert!(out["error"]["message"].as_str().unwrap().contains("synthetic"), "{out}");
+async fn a_provenance_server_holds_its_draws_to_the_synthetic_grammar() {
+    let server = TestServer::provenance(StepMode::Overlap, StepCost::ZERO).await;
+    let ids = |out: &Value| -> Vec<u32> {
+        let text = out["choices"][0]["text"].as_str().unwrap();
+        text.split_whitespace().map(|w| w[1..].parse().unwrap()).collect()
+    };
+    let mut moved = false;
+    for seed in 0..4 {
+        let mut body = json!({
+            "prompt": [1, 2, 3, 4, 5], "max_tokens": 24, "temperature": 1.0, "seed": seed,
+            "response_format": {"type": "json_object"},
+        });
+        let (status, out) = server.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{out}");
+        let output = ids(&out);
+        for (i, &token) in output.iter().enumerate() {
+            let ruled_out = SyntheticMatcher::ruled_out(&output[..i]);
+            assert!(token == 0 || token % 3 != ruled_out, "token {i} of {output:?}");
+        }
+        body["response_format"] = json!({"type": "text"});
+        let (_, free) = server.post("/v1/completions", &body).await;
+        moved |= ids(&free) != output;
+    }
+    assert!(moved, "the grammar changed no draw in four requests");
+    let body = json!({
+        "prompt": [1, 2], "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+    });
+    assert_eq!(server.post("/v1/completions", &body).await.0, 200);
+    let mut body = json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}});
+    assert_eq!(server.post("/v1/chat/completions", &body).await.0, 200);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"schema": "{}"}});
+    assert_eq!(server.post("/v1/chat/completions", &body).await.0, 400);
+    server.quiescent().await;
 }
 
 /// `lockstep serve --model model ARGS`, its output in `log`.

@@ -182,14 +182,20 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!(records.len(), 6, "one record per request");
 
     let r = records[&request_id(&by_ids)];
-    assert_eq!(r.request, Some(RequestInput::Completions { prompt: json!([5, 6, 7]) }));
+    assert_eq!(
+        r.request,
+        Some(RequestInput::Completions { prompt: json!([5, 6, 7]), response_format: None })
+    );
     assert_eq!(r.input_ids, [5, 6, 7]);
     assert_eq!((r.max_tokens, r.sampling.temperature, r.stream), (Some(4), 0.0, false));
     assert_eq!(output(r), (ids(&by_ids["choices"][0]["token_ids"]), TraceFinish::Length));
     assert_eq!((r.session.as_ref(), r.turn), (None, None));
 
     let r = records[&request_id(&by_text)];
-    assert_eq!(r.request, Some(RequestInput::Completions { prompt: json!("t5 t6 t9 hello") }));
+    assert_eq!(
+        r.request,
+        Some(RequestInput::Completions { prompt: json!("t5 t6 t9 hello"), response_format: None })
+    );
     assert_eq!(r.input_ids, ids(&by_text["prompt_token_ids"]));
     assert_eq!(r.input_ids, codec.encode("t5 t6 t9 hello").unwrap());
     let s = r.sampling;

@@ -211,7 +211,7 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
     // OpenAI's form: token ids as the object's keys.
     let logit_bias: serde_json::Map<String, Value> =
         request.logit_bias.iter().map(|&(token, bias)| (token.to_string(), json!(bias))).collect();
-    let body = json!({
+    let mut body = json!({
         "model": "provenance",
         "prompt": request.input,
         "max_tokens": request.max_tokens,
@@ -224,6 +224,9 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
         "logit_bias": logit_bias,
         "stream": true,
     });
+    if request.constrained {
+        body["response_format"] = json!({"type": "json_object"});
+    }
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {
         Ok(r) => r,
         Err(e) => return Ending::Failed { why: e },

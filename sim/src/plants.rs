@@ -183,6 +183,26 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
             0,
             EqualAlone,
         ),
+        // One request in five with a grammar (the same scenario): caught once a constrained
+        // request's decode worker draws a token its mask rules out.
+        GrammarLostAtHandOver => s(
+            MOONCAKE,
+            &[
+                "--scale-tokens",
+                "0.05",
+                "--max-output",
+                "64",
+                "--max-requests",
+                "200",
+                "--vocab",
+                "64",
+                "--logit-adjustments",
+            ],
+            TwoP2D,
+            Heavy,
+            0,
+            EqualAlone,
+        ),
         DecodeReadsUnfinishedTransfer => s(
             WEKA_80,
             &["--scale-tokens", "0.25", "--max-output", "64", "--max-requests", "160"],

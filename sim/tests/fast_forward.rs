@@ -137,6 +137,7 @@ fn thinking_trace() -> SimTrace {
                 frequency_penalty: 0.0,
                 repetition_penalty: 1.0,
                 logit_bias: Vec::new(),
+                constrained: false,
             });
         }
     }

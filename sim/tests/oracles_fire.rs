@@ -37,6 +37,7 @@ fn trace() -> SimTrace {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            constrained: false,
         });
     }
     SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }

@@ -27,6 +27,7 @@ fn trace() -> SimTrace {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            constrained: false,
         })
         .collect();
     SimTrace { name: "perfetto".into(), vocab_size: 32_000, requests }

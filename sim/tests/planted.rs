@@ -100,5 +100,6 @@ planted_classes! {
     heartbeat_not_extending_lease: HeartbeatNotExtendingLease,
     old_incarnation_state_kept: OldIncarnationStateKept,
     sampler_state_lost_at_hand_over: SamplerStateLostAtHandOver,
+    grammar_lost_at_hand_over: GrammarLostAtHandOver,
     decode_reads_unfinished_transfer: DecodeReadsUnfinishedTransfer,
 }

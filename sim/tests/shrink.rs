@@ -74,6 +74,7 @@ fn a_kept_turn_keeps_the_turn_it_waits_on_and_is_renumbered() {
         frequency_penalty: 0.0,
         repetition_penalty: 1.0,
         logit_bias: Vec::new(),
+        constrained: false,
     };
     let think = Duration::from_millis(5);
     let trace = SimTrace {

@@ -10,6 +10,7 @@ mod output_tokens;
 mod page_store;
 mod provenance;
 mod sampling;
+mod synthetic_grammar;
 
 pub use executor::{ExecError, Executor};
 pub use grammar::{Grammar, GrammarCompiler, TokenMask, TokenMatcher};
@@ -19,3 +20,4 @@ pub use provenance::ProvenanceModel;
 pub use sampling::{
     RequestSampler, Sampler, SamplingSpec, TokenLogprobs, argmax, logprobs, record_outputs,
 };
+pub use synthetic_grammar::{SyntheticGrammars, SyntheticMatcher};

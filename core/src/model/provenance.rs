@@ -22,7 +22,8 @@ use std::fmt;
 
 use super::digest::{Digests, mix};
 use super::{
-    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, TokenLogprobs, record_outputs,
+    ExecError, Executor, PageStore, RequestSampler, SamplingSpec, SyntheticGrammars, TokenLogprobs,
+    record_outputs,
 };
 use crate::invariant::InvariantViolation;
 use crate::kv::PoolConfig;
@@ -53,6 +54,8 @@ pub struct ProvenanceModel {
     recent: RecentSamples,
     /// How each started request samples.
     samplers: BTreeMap<RequestId, RequestSampler>,
+    /// A synthetic vocabulary's grammars: a mask that follows the output.
+    grammars: SyntheticGrammars,
 }
 
 impl fmt::Debug for ProvenanceModel {
@@ -75,6 +78,7 @@ impl ProvenanceModel {
             poisoned: 0,
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
+            grammars: SyntheticGrammars { vocab_size: vocab_size.max(1) },
         }
     }
 
@@ -94,7 +98,7 @@ impl ProvenanceModel {
 
 impl Executor for ProvenanceModel {
     fn start_request(&mut self, request: RequestId, spec: SamplingSpec) {
-        self.samplers.insert(request, RequestSampler::new(spec, None));
+        self.samplers.insert(request, RequestSampler::new(spec, Some(&self.grammars)));
     }
 
     fn end_request(&mut self, request: RequestId) {

@@ -240,6 +240,9 @@ impl DecodeNode {
             // The first output token (the prefill worker's) taken for the prompt's last.
             spec.prompt_tokens += 1;
         }
+        if crate::planted!(GrammarLostAtHandOver) {
+            spec.grammar = None;
+        }
         self.outputs.push_back(DecodeNodeOutput::Start { request: id, spec });
         match self.sched.hand_over(id, pages.clone(), cached_pages, first_token, now) {
             Ok(()) => {

@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::generation::{Finish, Generation, Next, Piece};
 use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
 use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
+use super::response_format;
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
 
@@ -55,17 +56,23 @@ async fn prepare(
     if request.best_of.is_some_and(|n| n != 1) {
         return Err(invalid(ApiError::invalid_param("best_of", "only best_of = 1 is supported")));
     }
-    let params = request
+    let grammar =
+        response_format::grammar(state, request.response_format.as_ref()).map_err(invalid)?;
+    let mut params = request
         .common
         .validate(&state.config.model_name, request.logprobs, state.next_seed())
         .map_err(invalid)?;
+    params.spec.grammar = grammar;
     let prompt = match completion_prompt(&request.prompt).map_err(invalid)? {
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => {
             state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?
         }
     };
-    let draft = arrival.map(|a| a.with_input(RequestInput::Completions { prompt: request.prompt }));
+    let draft = arrival.map(|a| {
+        let CompletionRequest { prompt, response_format, .. } = request;
+        a.with_input(RequestInput::Completions { prompt, response_format })
+    });
     let generations = start_choices(state, prompt.clone(), &params, draft).await?;
     Ok((generations, params, prompt))
 }

@@ -74,6 +74,8 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
+    /// As chat's (vLLM takes it here too).
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]

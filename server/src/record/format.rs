@@ -117,7 +117,11 @@ pub struct TraceRecord {
 #[serde(tag = "endpoint", rename_all = "snake_case")]
 pub enum RequestInput {
     /// `/v1/completions`: `prompt` as sent (text, token ids, or a list of one of either).
-    Completions { prompt: Value },
+    Completions {
+        prompt: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_format: Option<Value>,
+    },
     /// `/v1/chat/completions`.
     Chat {
         messages: Vec<Value>,

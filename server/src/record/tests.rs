@@ -75,7 +75,7 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
     // Dropped unended (the client went away): abort, with the tokens so far.
     let draft = recorder
         .arrived(&HeaderMap::new())
-        .with_input(RequestInput::Completions { prompt: json!("t1 t2") });
+        .with_input(RequestInput::Completions { prompt: json!("t1 t2"), response_format: None });
     let mut recording = draft.begin(9, vec![1, 2], &params(), &metrics);
     recording.token(5);
     drop(recording);
@@ -121,7 +121,7 @@ async fn choices_are_records_of_their_own_and_only_the_first_takes_a_turn() {
         Recorder::new(TraceHeader::new("m", 256, 1000), Vec::new(), RecorderLimits::default());
     let task = writer.spawn(&metrics);
     tokio::time::sleep(Duration::from_millis(3)).await;
-    let input = RequestInput::Completions { prompt: json!("t1") };
+    let input = RequestInput::Completions { prompt: json!("t1"), response_format: None };
     let drafts = recorder.arrived(&session("s")).with_input(input.clone()).split(3);
     tokio::time::sleep(Duration::from_millis(4)).await;
     for (i, draft) in (0u32..).zip(drafts) {
@@ -155,7 +155,7 @@ async fn a_full_channel_or_byte_budget_drops_and_counts_and_a_stopped_writer_too
     let limits = RecorderLimits { records_queued_max: 2, ..RecorderLimits::default() };
     let (recorder, writer) = Recorder::new(TraceHeader::new("m", 256, 1000), Vec::new(), limits);
     let record = |id| {
-        let input = RequestInput::Completions { prompt: json!([1]) };
+        let input = RequestInput::Completions { prompt: json!([1]), response_format: None };
         let recording = recorder.arrived(&HeaderMap::new()).with_input(input).begin(
             id,
             vec![1],
@@ -180,7 +180,7 @@ async fn a_full_channel_or_byte_budget_drops_and_counts_and_a_stopped_writer_too
     let limits = RecorderLimits { queued_bytes_max: 100, ..RecorderLimits::default() };
     let (small, _writer) =
         Recorder::new(TraceHeader::new("m", 256, 1000), Vec::<u8>::new(), limits);
-    let input = RequestInput::Completions { prompt: json!("x".repeat(200)) };
+    let input = RequestInput::Completions { prompt: json!("x".repeat(200)), response_format: None };
     small
         .arrived(&HeaderMap::new())
         .with_input(input)
@@ -228,7 +228,7 @@ async fn an_io_error_stops_writing_counts_what_is_lost_and_never_panics() {
     let (recorder, writer) = Recorder::new(TraceHeader::new("m", 256, 1000), sink, limits);
     let task = writer.spawn(&metrics);
     for id in 0..6 {
-        let input = RequestInput::Completions { prompt: json!([1, 2, 3]) };
+        let input = RequestInput::Completions { prompt: json!([1, 2, 3]), response_format: None };
         let recording = recorder.arrived(&HeaderMap::new()).with_input(input).begin(
             id,
             vec![1, 2, 3],
@@ -277,7 +277,7 @@ async fn read_trace_reads_a_file_the_writer_wrote() {
     let (recorder, writer) =
         Recorder::new(TraceHeader::new("m", 64, 100), file, RecorderLimits::default());
     let task = writer.spawn(&metrics);
-    let input = RequestInput::Completions { prompt: json!("t1") };
+    let input = RequestInput::Completions { prompt: json!("t1"), response_format: None };
     let recording =
         recorder.arrived(&session("a")).with_input(input).begin(4, vec![1], &params(), &metrics);
     recording.finish(TraceFinish::Stop);

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lockstep_core::model::GrammarCompiler;
+use lockstep_core::model::{GrammarCompiler, SyntheticGrammars};
 use lockstep_gpu::model::Model;
 use serde_json::Value;
 
@@ -137,8 +137,10 @@ impl TextCodec for SyntheticCodec {
         format!(" t{id}")
     }
 
+    /// The provenance model's: a mask over token ids that follows the output
+    /// (`SyntheticGrammars`), so a grammar's hand-over meets the simulator's faults.
     fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String> {
-        Err("constrained decoding needs a model's tokenizer; this vocabulary is synthetic".into())
+        Ok(Arc::new(SyntheticGrammars { vocab_size: self.vocab_size }))
     }
 }
 

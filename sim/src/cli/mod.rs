@@ -52,7 +52,8 @@ usage:
 TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them):
   --scale-tokens F  --max-input N  --max-output N  --max-requests N  --vocab N  --token-seed N
   --logit-adjustments  two requests in three get presence/frequency penalties, one in four a
-                    logit bias (those with none of their own)
+                    logit bias (those with none of their own), one in five a grammar
+                    (response_format json_object: the provenance model's synthetic mask)
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";

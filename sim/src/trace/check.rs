@@ -157,6 +157,7 @@ mod tests {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            constrained: false,
         }
     }
 

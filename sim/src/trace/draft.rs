@@ -103,6 +103,7 @@ pub(crate) fn finish(
             frequency_penalty,
             repetition_penalty,
             logit_bias: logit_bias(&draft, index, vocab_size, options),
+            constrained: options.logit_adjustments && index % 5 == 4,
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };

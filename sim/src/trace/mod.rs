@@ -60,6 +60,10 @@ pub struct SimRequest {
     pub repetition_penalty: f32,
     /// (token, bias), by token: a recorded request's `logit_bias`, or `--logit-adjustments`'.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Sent with `response_format` `json_object` (`--logit-adjustments`, one request in five):
+    /// the provenance model's synthetic grammar then holds its draws to a mask that follows its
+    /// output, which every worker must be handed and follow.
+    pub constrained: bool,
 }
 
 /// When a request is sent.
@@ -106,9 +110,10 @@ pub struct ImportOptions {
     pub max_requests: Option<usize>,
     /// Seed of the token synthesis from hash ids.
     pub seed: u64,
-    /// Gives two requests in three of a trace without penalties some, and one in four without
-    /// a logit bias one (`draft::penalties`, `draft::logit_bias`), so that the output-so-far
-    /// every executor keeps for penalties, and the bias every worker must be handed, meet the
+    /// Gives two requests in three of a trace without penalties some, one in four without a
+    /// logit bias one (`draft::penalties`, `draft::logit_bias`), and one in five a grammar
+    /// (`SimRequest::constrained`), so that the output-so-far every executor keeps for
+    /// penalties and grammars, and the bias and grammar every worker must be handed, meet the
     /// faults.
     pub logit_adjustments: bool,
 }
