@@ -3,7 +3,8 @@
 //! on the device (KV pages leave one worker's device memory and enter the other's through
 //! `PageStore`) give the same greedy completion, token for token. The CPU server's completion is
 //! printed beside them (the CPU backend agrees within a tolerance, not bit for bit:
-//! gpu/tests/cuda_device.rs holds that).
+//! gpu/tests/cuda_device.rs holds that). A completion held to a JSON schema is valid on each and
+//! the same on every CUDA deployment: the grammar compiler reaches the CUDA executors.
 //!
 //! Needs a CUDA device: a GPU, or the CUDA emulator (`ci/cuda-emulator.sh` runs this with it on
 //! LD_LIBRARY_PATH); without one it skips, unless `LOCKSTEP_REQUIRE_CUDA=1`.
@@ -55,6 +56,27 @@ async fn complete(port: u16) -> String {
     }
 }
 
+/// A greedy completion held to a JSON schema (constrained decoding: the grammar compiler must
+/// reach the CUDA executor, on a worker too), checked and returned as its text.
+async fn complete_json(port: u16) -> String {
+    let schema = json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["he", "t"]}},
+        "required": ["ok", "tag"],
+        "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false},
+    });
+    let body = json!({
+        "prompt": "hello there", "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+    });
+    let answer = post(port, &body).await.expect("a constrained completion");
+    let text = answer["choices"][0]["text"].as_str().unwrap().to_string();
+    let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    assert!(value["ok"].is_boolean() && value["tag"].is_string(), "{text:?}");
+    text
+}
+
 async fn post(port: u16, body: &Value) -> Option<Value> {
     let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     let mut c = Connection::new(io).await.ok()?;
@@ -78,6 +100,7 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     let log = dir.join("serve.log");
     let small = ["--kv-pages", "64", "--page-tokens", "4"];
     let mut answers = Vec::new();
+    let mut constrained = Vec::new();
     for device in [
         &["--device", "cpu"][..],
         &["--device", "cuda"],
@@ -86,6 +109,7 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
         let port = free_port().to_string();
         let _server = serve(&model, &[device, &small, &["--port", &port]].concat(), &log);
         answers.push(complete(port.parse().unwrap()).await);
+        constrained.push(complete_json(port.parse().unwrap()).await);
     }
     let [decode_port, decode_peer, prefill_port, prefill_peer, router_port] =
         std::array::from_fn(|_| free_port().to_string());
@@ -101,6 +125,7 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     let _prefill = serve(&model, &[&prefill[..], &small].concat(), &log);
     let _router = serve(&model, &[&router[..], &small].concat(), &log);
     answers.push(complete(router_port.parse().unwrap()).await);
+    constrained.push(complete_json(router_port.parse().unwrap()).await);
     let [cpu, cuda, with_options, split] = <[String; 4]>::try_from(answers).unwrap();
     eprintln!(
         "cpu: {cpu:?}\ncuda: {cuda:?}\ncuda, every launch option: {with_options:?}\n\
@@ -110,5 +135,8 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     assert_eq!(cuda, with_options, "the launch options changed the completion\n{log_text}");
     assert_eq!(cuda, split, "the split deployment's completion differs\n{log_text}");
     assert!(!cuda.is_empty(), "an empty completion\n{log_text}");
+    eprintln!("held to a schema (cpu, cuda, cuda with options, split): {constrained:?}");
+    assert_eq!(constrained[1], constrained[2], "the launch options changed the constrained one");
+    assert_eq!(constrained[1], constrained[3], "the split deployment's constrained one differs");
     let _ = std::fs::remove_dir_all(&dir);
 }
