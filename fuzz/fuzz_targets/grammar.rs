@@ -1,0 +1,102 @@
+//! Grammars from outside (a client's JSON Schema, a Lark grammar) through llguidance's compiler
+//! and our matcher over a byte-level vocabulary (`lockstep_gpu::grammar`). No panic compiling
+//! anything. A grammar that compiles answers a mask at every step of a walk drawn under it,
+//! with rollbacks as a recompute makes them: never empty, and at the end the mask a fresh matcher
+//! told the whole output at once gives.
+//! Input: byte 0 picks JSON Schema (even) or Lark (odd); the grammar's text runs to the first
+//! 0xFF; each byte after it picks an allowed token (0xF0 and up: forget that many tokens, less
+//! 0xEF).
+
+#![no_main]
+
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use lockstep_core::model::{Grammar, GrammarCompiler as _, TokenMask};
+use lockstep_gpu::grammar::GrammarCompiler;
+use lockstep_gpu::tokenizer::Tokenizer;
+use serde_json::{Map, json};
+
+/// The 256 bytes, merges "t r", "u e", "tr ue", "{ \"", and `<|end|>` (the stop token).
+const VOCAB: u32 = 261;
+const END: u32 = 260;
+
+fn compiler() -> &'static GrammarCompiler {
+    static COMPILER: OnceLock<GrammarCompiler> = OnceLock::new();
+    COMPILER.get_or_init(|| {
+        let chars = byte_chars();
+        let mut vocab = Map::new();
+        for (id, ch) in chars.iter().enumerate() {
+            vocab.insert(ch.to_string(), json!(id));
+        }
+        for (id, token) in [(256, "tr"), (257, "ue"), (258, "true"), (259, "{\"")] {
+            vocab.insert(token.into(), json!(id));
+        }
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": END, "content": "<|end|>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": ["t r", "u e", "tr ue", "{ \""]},
+        });
+        let config = json!({"eos_token": "<|end|>", "add_bos_token": false});
+        let tokenizer = Tokenizer::from_hf(tokenizer.to_string().as_bytes(), Some(&config))
+            .expect("the fuzz vocabulary");
+        GrammarCompiler::new(&tokenizer, &[END]).expect("the fuzz grammar compiler")
+    })
+}
+
+/// GPT-2's `bytes_to_unicode`, in byte order.
+fn byte_chars() -> Vec<char> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| match printable(b) {
+            true => char::from_u32(b).expect("Latin-1"),
+            false => {
+                next += 1;
+                char::from_u32(next - 1).expect("above 255")
+            }
+        })
+        .collect()
+}
+
+fn allowed(mask: &TokenMask) -> Vec<u32> {
+    (0..VOCAB).filter(|&t| mask.allows(t)).collect()
+}
+
+fuzz_target!(|bytes: &[u8]| {
+    let Some((&kind, rest)) = bytes.split_first() else { return };
+    let end = rest.iter().position(|&b| b == 0xFF).unwrap_or(rest.len());
+    let text = String::from_utf8_lossy(&rest[..end]).into_owned();
+    let picks = rest.get(end + 1..).unwrap_or(&[]);
+    let grammar = match kind % 2 {
+        0 => Grammar::JsonSchema(text),
+        _ => Grammar::Lark(text),
+    };
+    let compiler = compiler();
+    let Ok(mut matcher) = compiler.compile(&grammar) else { return };
+    let mut output: Vec<u32> = Vec::new();
+    for &pick in picks.iter().take(64) {
+        let tokens = allowed(&matcher.allowed(&output));
+        assert!(!tokens.is_empty(), "an empty mask after {output:?}");
+        if pick >= 0xF0 {
+            output.truncate(output.len().saturating_sub(usize::from(pick - 0xEF)));
+            continue;
+        }
+        let token = tokens[usize::from(pick) % tokens.len()];
+        if token == END {
+            break;
+        }
+        output.push(token);
+    }
+    let fresh = compiler.compile(&grammar).expect("it compiled once").allowed(&output);
+    assert_eq!(allowed(&matcher.allowed(&output)), allowed(&fresh), "after {output:?}");
+});
