@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROPTEST_CASES="${PROPTEST_CASES:-4000}"
-# Fourteen targets: 30 s each reached about 90% of the coverage of 145 s on the parsers.
+# Fifteen targets: 30 s each reached about 90% of the coverage of 145 s on the parsers.
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 API_CHECKS="${API_CHECKS:-1}"
 CARGO_FUZZ_VERSION=0.13.2

@@ -236,7 +236,7 @@ fn check_calls(out: &Value) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tool_choice_required_holds_the_output_to_calls_of_the_tools() {
+async fn tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools() {
     let dir = tiny_model_dir("tools");
     let model = Arc::new(Model::load(&dir).unwrap());
     let _ = std::fs::remove_dir_all(&dir);
@@ -255,6 +255,14 @@ async fn tool_choice_required_holds_the_output_to_calls_of_the_tools() {
             free["tool_choice"] = json!("auto");
             let (_, out) = server.post("/v1/chat/completions", &free).await;
             assert!(out["choices"][0]["message"]["tool_calls"].is_null(), "{format:?}: {out}");
+            // A named function: exactly one call, to it.
+            let mut named = body.clone();
+            named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+            let (status, out) = server.post("/v1/chat/completions", &named).await;
+            assert_eq!(status, 200, "{out}");
+            assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
+            let call = &out["choices"][0]["message"]["tool_calls"][0]["function"];
+            assert_eq!(call["name"], "get_weather", "{out}");
         }
         let body = json!({
             "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "tool_choice": "required",
@@ -263,6 +271,9 @@ async fn tool_choice_required_holds_the_output_to_calls_of_the_tools() {
         let (status, out) = server.post("/v1/chat/completions", &body).await;
         assert_eq!(status, 400, "{out}");
         assert!(out["error"]["message"].as_str().unwrap().contains("give one"), "{out}");
+        let mut named = body.clone();
+        named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+        assert_eq!(server.post("/v1/chat/completions", &named).await.0, 400);
         server.quiescent().await;
     }
     let server = cpu_server(model, Some(ToolFormat::DeepSeekV31)).await;

@@ -3,9 +3,9 @@
 //!
 //! `tool_choice`: `auto` (the default with tools) parses calls; `none` renders the tools but
 //! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
-//! assistant's turn with the start of a call to it, so the model continues inside the call;
-//! `required` holds the output to one or more calls by a grammar (`tool_calls::required_calls`,
-//! Hermes and Llama 3 JSON markup).
+//! assistant's turn with the start of a call to it, so the model continues inside the call, and
+//! holds the output to that one call by a grammar (`tool_calls::named_call`, Hermes and Llama 3
+//! JSON markup); `required` holds it to one or more calls (`tool_calls::required_calls`).
 
 use std::sync::Arc;
 
@@ -28,7 +28,8 @@ use super::response_format;
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
-    ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, parse_complete, required_calls,
+    ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, named_call, parse_complete,
+    required_calls,
 };
 
 /// How the output's tool calls are read.
@@ -107,8 +108,8 @@ async fn prepare(
         if grammar.is_some() {
             return Err(invalid(ApiError::invalid_param(
                 "response_format",
-                "response_format and tool_choice \"required\" both hold the output to a \
-                 grammar: give one",
+                "response_format and a tool_choice of \"required\" or a function both hold the \
+                 output to a grammar: give one",
             )));
         }
         grammar = Some(calls);
@@ -191,7 +192,18 @@ fn tools(
         _ => String::new(),
     };
     let specs = vec![specs[at].clone()];
-    Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix, grammar: None })))
+    // Where the markup allows, a grammar holds the output to the one call (its arguments to the
+    // tool's schema); a server without a compiler relies on the prefix alone.
+    let grammar = match (named_call(format, &specs[0], &prefix), state.codec.grammars()) {
+        (Some(grammar), Ok(compiler)) => {
+            compiler.compile(&grammar).map_err(|e| {
+                ApiError::invalid_param("tool_choice", format!("{name:?}'s parameters: {e}"))
+            })?;
+            Some(grammar)
+        }
+        _ => None,
+    };
+    Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix, grammar })))
 }
 
 /// `required`'s grammar, compiled once to check it (a tool's parameters schema the compiler

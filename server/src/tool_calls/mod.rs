@@ -39,7 +39,7 @@ mod stream;
 mod tests;
 
 pub use format::ToolFormat;
-pub use grammar::required_calls;
+pub use grammar::{named_call, required_calls};
 pub use stream::{ToolCallStream, parse_complete};
 
 /// A tool the client offered: name, description, JSON-schema parameters (from the OpenAI
