@@ -14,7 +14,6 @@ mod process;
 mod tiny;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use lockstep_server::engine::{EngineConfig, StepCost, ThreadRunner};
 use lockstep_server::http::AppConfig;
 use lockstep_server::text::ModelCodec;
 use lockstep_server::tool_calls::ToolFormat;
-use process::{Process, free_port};
+use process::{Process, free_port, serve_model};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -321,20 +320,10 @@ async fn a_provenance_server_holds_its_draws_to_the_synthetic_grammar() {
     server.quiescent().await;
 }
 
-/// `lockstep serve --model model ARGS`, its output in `log`.
+/// `lockstep serve` on the CPU, one thread, a small pool.
 fn serve(model: &Path, args: &[&str], log: &Path) -> Process {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args(["--device", "cpu", "--threads", "1", "--kv-pages", "128", "--page-tokens", "4"])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process(child)
+    let cpu = ["--device", "cpu", "--threads", "1", "--kv-pages", "128", "--page-tokens", "4"];
+    serve_model(model, &[&cpu[..], args].concat(), log)
 }
 
 /// `body`'s reply from the server on `port`, once it answers (a minute at most).

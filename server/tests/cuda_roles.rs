@@ -17,30 +17,14 @@ mod process;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockstep_gpu::cuda::probe;
 use lockstep_server::client::Connection;
-use process::{Process, free_port};
+use process::{free_port, serve_model};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-
-/// `lockstep serve --model model ARGS`, its output in `log`.
-fn serve(model: &Path, args: &[&str], log: &Path) -> Process {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process(child)
-}
 
 /// A greedy completion of 12 tokens from the server on `port`, once it answers (a minute at
 /// most: the emulator compiles the kernels on a cold cache), as its text.
@@ -107,7 +91,7 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
         &["--device", "cuda", "--cuda-launch", "all"],
     ] {
         let port = free_port().to_string();
-        let _server = serve(&model, &[device, &small, &["--port", &port]].concat(), &log);
+        let _server = serve_model(&model, &[device, &small, &["--port", &port]].concat(), &log);
         answers.push(complete(port.parse().unwrap()).await);
         constrained.push(complete_json(port.parse().unwrap()).await);
     }
@@ -121,9 +105,9 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     prefill.extend(["--port", &prefill_port, "--peer-port", &prefill_peer, "--decode", &decode_at]);
     let mut router = vec!["--role", "router", "--worker-id", "0", "--port", &router_port];
     router.extend(["--prefill", &prefill_at, "--decode", &decode_at]);
-    let _decode = serve(&model, &[&decode[..], &small].concat(), &log);
-    let _prefill = serve(&model, &[&prefill[..], &small].concat(), &log);
-    let _router = serve(&model, &[&router[..], &small].concat(), &log);
+    let _decode = serve_model(&model, &[&decode[..], &small].concat(), &log);
+    let _prefill = serve_model(&model, &[&prefill[..], &small].concat(), &log);
+    let _router = serve_model(&model, &[&router[..], &small].concat(), &log);
     answers.push(complete(router_port.parse().unwrap()).await);
     constrained.push(complete_json(router_port.parse().unwrap()).await);
     let [cpu, cuda, with_options, split] = <[String; 4]>::try_from(answers).unwrap();

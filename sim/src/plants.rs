@@ -31,6 +31,19 @@ pub struct Scenario {
 const RECORDED: &str = "traces/recorded_router_1p1d_smollm2.jsonl";
 const WEKA_80: &str = "traces/weka_agentic_80.jsonl";
 const MOONCAKE: &str = "traces/mooncake_conversation_200.jsonl";
+/// Mooncake as the sampling-state classes need it: penalties, biases and grammars
+/// (`--logit-adjustments`) over a 64-token vocabulary, where they change the draws.
+const ADJUSTED: &[&str] = &[
+    "--scale-tokens",
+    "0.05",
+    "--max-output",
+    "64",
+    "--max-requests",
+    "200",
+    "--vocab",
+    "64",
+    "--logit-adjustments",
+];
 
 impl Scenario {
     /// The trace options as the importer takes them.
@@ -165,44 +178,10 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
         // Penalties on two requests in three over a small vocabulary, so that the provenance
         // model's candidates meet the output they count; caught once a penalized request's
         // first token repeats.
-        SamplerStateLostAtHandOver => s(
-            MOONCAKE,
-            &[
-                "--scale-tokens",
-                "0.05",
-                "--max-output",
-                "64",
-                "--max-requests",
-                "200",
-                "--vocab",
-                "64",
-                "--logit-adjustments",
-            ],
-            TwoP2D,
-            Heavy,
-            0,
-            EqualAlone,
-        ),
+        SamplerStateLostAtHandOver => s(MOONCAKE, ADJUSTED, TwoP2D, Heavy, 0, EqualAlone),
         // One request in five with a grammar (the same scenario): caught once a constrained
         // request's decode worker draws a token its mask rules out.
-        GrammarLostAtHandOver => s(
-            MOONCAKE,
-            &[
-                "--scale-tokens",
-                "0.05",
-                "--max-output",
-                "64",
-                "--max-requests",
-                "200",
-                "--vocab",
-                "64",
-                "--logit-adjustments",
-            ],
-            TwoP2D,
-            Heavy,
-            0,
-            EqualAlone,
-        ),
+        GrammarLostAtHandOver => s(MOONCAKE, ADJUSTED, TwoP2D, Heavy, 0, EqualAlone),
         DecodeReadsUnfinishedTransfer => s(
             WEKA_80,
             &["--scale-tokens", "0.25", "--max-output", "64", "--max-requests", "160"],

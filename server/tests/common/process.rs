@@ -1,7 +1,8 @@
 //! A `lockstep` child process for the tests that run the binary: killed and reaped when dropped,
 //! so a failing test leaves no server behind; and a free port on 127.0.0.1 to give it.
 
-use std::process::Child;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 
 pub struct Process(pub Child);
 
@@ -16,4 +17,20 @@ impl Drop for Process {
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     listener.local_addr().expect("its address").port()
+}
+
+/// `lockstep serve --model MODEL ARGS`, its standard error appended to `log`.
+#[allow(dead_code, reason = "not every test that runs the binary loads a model")]
+pub fn serve_model(model: &Path, args: &[&str], log: &Path) -> Process {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("the log");
+    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("lockstep serve");
+    Process(child)
 }
