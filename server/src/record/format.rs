@@ -134,6 +134,18 @@ pub enum RequestInput {
     },
 }
 
+impl RequestInput {
+    /// Whether the request asked for a `response_format` that holds its output to a grammar
+    /// (anything but `text`).
+    pub fn holds_output(&self) -> bool {
+        let format = match self {
+            RequestInput::Completions { response_format, .. } => response_format,
+            RequestInput::Chat { response_format, .. } => response_format,
+        };
+        format.as_ref().is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"))
+    }
+}
+
 /// The sampling the request ran with: the client's values, or the server's defaults and, for a
 /// request that gave no seed, the server's draw.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -42,6 +42,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             seed: None,
             penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
+            constrained: false,
         });
     }
     finish(name, options.vocab_size, drafts, options)

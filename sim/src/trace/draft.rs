@@ -27,6 +27,9 @@ pub(crate) struct Draft {
     pub penalties: (f32, f32, f32),
     /// A recorded request's `logit_bias`; none for the other formats.
     pub logit_bias: Vec<(u32, f32)>,
+    /// A recorded request sent with a `response_format` that holds its output (`json_object`,
+    /// `json_schema`); none for the other formats.
+    pub constrained: bool,
 }
 
 /// A prompt as the file gives it.
@@ -103,7 +106,7 @@ pub(crate) fn finish(
             frequency_penalty,
             repetition_penalty,
             logit_bias: logit_bias(&draft, index, vocab_size, options),
-            constrained: options.logit_adjustments && index % 5 == 4,
+            constrained: draft.constrained || (options.logit_adjustments && index % 5 == 4),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -257,6 +260,7 @@ mod tests {
             seed: None,
             penalties: NO_PENALTIES,
             logit_bias: Vec::new(),
+            constrained: false,
         }
     }
 

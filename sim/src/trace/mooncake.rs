@@ -28,6 +28,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             seed: None,
             penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
+            constrained: false,
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use lockstep_server::record::{TraceRecord, parse_trace};
+use lockstep_server::record::{RequestInput, TraceRecord, parse_trace};
 
 use super::draft::{Draft, DraftInput, duration_ms, finish};
 use super::{ImportOptions, SimTrace, Start};
@@ -139,6 +139,7 @@ fn draft(
             sampling.repetition_penalty,
         ),
         logit_bias: record.logit_bias.clone(),
+        constrained: record.request.as_ref().is_some_and(RequestInput::holds_output),
     })
 }
 
@@ -209,6 +210,22 @@ mod tests {
         assert_eq!(alone.input[..4], sub.input[..4], "hash id 7: the same block of 4 tokens");
         assert_ne!(alone.input[4..], sub.input[4..]);
         assert!(alone.input.iter().all(|&t| t < 50));
+    }
+
+    #[test]
+    fn a_recorded_response_format_is_sent_again() {
+        let with = |format: &str| {
+            let request = format!(
+                r#""request":{{"endpoint":"chat","messages":[],"response_format":{format}}}"#
+            );
+            line(1, &format!(r#""arrival_ms":0.0,{request},"input_ids":[1],"max_tokens":1"#))
+        };
+        let trace = run(&[with(r#"{"type":"json_object"}"#)]).unwrap();
+        assert!(trace.requests[0].constrained);
+        let trace = run(&[with(r#"{"type":"text"}"#)]).unwrap();
+        assert!(!trace.requests[0].constrained);
+        let plain = line(1, r#""arrival_ms":0.0,"input_ids":[1],"max_tokens":1"#);
+        assert!(!run(&[plain]).unwrap().requests[0].constrained);
     }
 
     #[test]

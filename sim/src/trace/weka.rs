@@ -336,6 +336,7 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             seed: None,
             penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
+            constrained: false,
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)
