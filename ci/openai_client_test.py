@@ -332,6 +332,31 @@ def model_chat_stream_equals_whole(t):
     expect("Paris" in text, f"no Paris in {text!r}")
 
 
+@model_check
+def model_json_schema_response_format(t):
+    # The client's structured-output form: the reply parses, and follows the schema.
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    messages = [{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}]
+    for stream in (False, True):
+        kw = dict(messages=messages, max_tokens=48, temperature=0, response_format=fmt)
+        if stream:
+            chunks = list(t.chat(stream=True, **kw))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            text = t.chat(**kw).choices[0].message.content
+        value = json.loads(text)
+        expect(set(value) == {"city", "country"}, f"not the schema's keys: {text!r}")
+        expect(all(isinstance(v, str) for v in value.values()), f"not strings: {text!r}")
+    print(f"  held to the schema: {text!r}")
+
+
+
 TOOL_CHECKS = []
 
 WEATHER = {
