@@ -10,6 +10,8 @@
 
 mod tiny;
 
+use std::sync::OnceLock;
+
 use lockstep_core::model::{Grammar, GrammarCompiler as _, TokenMask};
 use lockstep_gpu::grammar::GrammarCompiler;
 use lockstep_gpu::tokenizer::Tokenizer;
@@ -21,6 +23,17 @@ const VOCAB: u32 = 260;
 fn tokenizer() -> Tokenizer {
     let config = json!({"eos_token": "<|im_end|>", "add_bos_token": false});
     Tokenizer::from_hf(tiny::tokenizer_json().to_string().as_bytes(), Some(&config)).unwrap()
+}
+
+/// The tokenizer and its compiler, built once: the compiler's token trie and lexer slices take
+/// most of a case's time otherwise.
+fn compiler() -> &'static (Tokenizer, GrammarCompiler) {
+    static BUILT: OnceLock<(Tokenizer, GrammarCompiler)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let tokenizer = tokenizer();
+        let compiler = GrammarCompiler::new(&tokenizer, &[tiny::IM_END]).unwrap();
+        (tokenizer, compiler)
+    })
 }
 
 fn schema() -> Grammar {
@@ -55,8 +68,7 @@ fn complete(grammar: &Grammar, text: &str) -> bool {
 /// One walk: each step either draws the `pick`-th allowed token or, when `back` is above zero,
 /// forgets that many tokens of the output.
 fn walk(grammar: &Grammar, steps: &[(u16, u8)]) -> Result<(), TestCaseError> {
-    let tokenizer = tokenizer();
-    let compiler = GrammarCompiler::new(&tokenizer, &[tiny::IM_END]).unwrap();
+    let (tokenizer, compiler) = compiler();
     let mut matcher = compiler.compile(grammar).unwrap();
     let mut output: Vec<u32> = Vec::new();
     for &(pick, back) in steps {
@@ -103,7 +115,7 @@ proptest! {
 
 #[test]
 fn what_the_compiler_refuses_is_an_error_not_a_panic() {
-    let compiler = GrammarCompiler::new(&tokenizer(), &[tiny::IM_END]).unwrap();
+    let (_, compiler) = compiler();
     for bad in ["not json", "{\"type\": \"sometimes\"}", "[1, 2]", "{\"$ref\": \"#/nowhere\"}"] {
         let grammar = Grammar::JsonSchema(bad.into());
         assert!(compiler.compile(&grammar).is_err(), "{bad} compiled");
