@@ -254,6 +254,13 @@ async fn tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools() 
             free["tool_choice"] = json!("auto");
             let (_, out) = server.post("/v1/chat/completions", &free).await;
             assert!(out["choices"][0]["message"]["tool_calls"].is_null(), "{format:?}: {out}");
+            // Not parallel: exactly one call.
+            let mut single = body.clone();
+            single["parallel_tool_calls"] = json!(false);
+            let (status, out) = server.post("/v1/chat/completions", &single).await;
+            assert_eq!(status, 200, "{out}");
+            assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
+            assert!(out["choices"][0]["message"]["content"].is_null(), "{format:?}: {out}");
             // A named function: exactly one call, to it.
             let mut named = body.clone();
             named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});

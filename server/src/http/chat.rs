@@ -102,8 +102,10 @@ async fn prepare(
         .common
         .validate(&state.config.model_name, logprobs, state.next_seed())
         .map_err(invalid)?;
+    let parallel = request.parallel_tool_calls.unwrap_or(true);
     let (rendered_tools, tools) =
-        tools(state, request.tools.as_deref(), request.tool_choice.as_ref()).map_err(invalid)?;
+        tools(state, request.tools.as_deref(), request.tool_choice.as_ref(), parallel)
+            .map_err(invalid)?;
     if let Some(calls) = tools.as_ref().and_then(|t| t.grammar.clone()) {
         if grammar.is_some() {
             return Err(invalid(ApiError::invalid_param(
@@ -134,6 +136,7 @@ fn tools(
     state: &AppState,
     offered: Option<&[Value]>,
     choice: Option<&Value>,
+    parallel: bool,
 ) -> Result<(Option<Vec<Value>>, Option<Tools>), ApiError> {
     let Some(offered) = offered.filter(|t| !t.is_empty()) else {
         return match choice {
@@ -173,7 +176,7 @@ fn tools(
     };
     let Some(name) = named else {
         let grammar = match required {
-            true => Some(calls_grammar(state, format, &specs)?),
+            true => Some(calls_grammar(state, format, &specs, parallel)?),
             false => None,
         };
         let tools = Tools { format, specs, prefix: String::new(), grammar };
@@ -212,9 +215,10 @@ fn calls_grammar(
     state: &AppState,
     format: ToolFormat,
     specs: &[ToolSpec],
+    parallel: bool,
 ) -> Result<Grammar, ApiError> {
     let invalid = |why: String| ApiError::invalid_param("tool_choice", why);
-    let grammar = required_calls(format, specs).map_err(invalid)?;
+    let grammar = required_calls(format, specs, parallel).map_err(invalid)?;
     let compiler = state.codec.grammars().map_err(|e| invalid(format!("\"required\": {e}")))?;
     compiler
         .compile(&grammar)

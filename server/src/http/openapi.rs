@@ -424,6 +424,10 @@ fn chat_properties(config: &AppConfig) -> Value {
         })),
         "tools": nullable(tools),
         "tool_choice": tool_choice,
+        "parallel_tool_calls": {
+            "type": "boolean", "nullable": true, "default": true,
+            "description": "false holds a \"required\" reply to one call",
+        },
         "response_format": nullable(json!({
             "type": "object",
             "required": ["type"],

@@ -88,6 +88,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u8>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// OpenAI's: `false` holds a `"required"` reply to one call.
+    pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
 }
 

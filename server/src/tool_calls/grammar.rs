@@ -10,8 +10,13 @@ use serde_json::{Value, json};
 
 use super::{ToolFormat, ToolSpec};
 
-/// The grammar of one or more calls to `specs` in `format`'s markup.
-pub fn required_calls(format: ToolFormat, specs: &[ToolSpec]) -> Result<Grammar, String> {
+/// The grammar of one or more calls to `specs` in `format`'s markup; of exactly one unless
+/// `parallel`.
+pub fn required_calls(
+    format: ToolFormat,
+    specs: &[ToolSpec],
+    parallel: bool,
+) -> Result<Grammar, String> {
     let (arguments, call, separator) = match format {
         ToolFormat::Hermes => {
             ("arguments", r#""<tool_call>\n" %json CALL "\n</tool_call>""#, r#""\n""#)
@@ -28,7 +33,11 @@ pub fn required_calls(format: ToolFormat, specs: &[ToolSpec]) -> Result<Grammar,
     let calls: Vec<Value> = specs.iter().map(|spec| call_schema(spec, arguments)).collect();
     let schema = json!({"anyOf": calls, "x-guidance": {"whitespace_pattern": JSON_BLANKS}});
     let call = call.replace("CALL", &schema.to_string());
-    Ok(Grammar::Lark(format!("start: call ({separator} call)*\ncall: {call}\n")))
+    let start = match parallel {
+        true => format!("start: call ({separator} call)*"),
+        false => "start: call".to_owned(),
+    };
+    Ok(Grammar::Lark(format!("{start}\ncall: {call}\n")))
 }
 
 /// The grammar of one call to `spec` after `prefix`, the text the server opened the
