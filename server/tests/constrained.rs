@@ -28,7 +28,7 @@ use lockstep_server::engine::{EngineConfig, StepCost, ThreadRunner};
 use lockstep_server::http::AppConfig;
 use lockstep_server::text::ModelCodec;
 use lockstep_server::tool_calls::ToolFormat;
-use process::{Process, free_port, serve_model};
+use process::{Process, free_port, free_ports, serve_model};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -364,7 +364,7 @@ async fn a_router_prefill_and_decode_give_the_constrained_output_of_one_process(
     }
     drop(one);
     let [decode_port, decode_peer, prefill_port, prefill_peer, router_port] =
-        std::array::from_fn(|_| free_port().to_string());
+        free_ports().map(|port| port.to_string());
     let decode_at = format!("2@127.0.0.1:{decode_peer}");
     let prefill_at = format!("1@127.0.0.1:{prefill_peer}");
     let decode = ["--role", "decode", "--worker-id", "2", "--port", &decode_port];

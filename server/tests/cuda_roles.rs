@@ -17,25 +17,29 @@ mod process;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lockstep_gpu::cuda::probe;
 use lockstep_server::client::Connection;
-use process::{free_port, serve_model};
+use process::{free_port, free_ports, serve_model};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-/// A greedy completion of 12 tokens from the server on `port`, once it answers (a minute at
-/// most: the emulator compiles the kernels on a cold cache), as its text.
-async fn complete(port: u16) -> String {
+/// A greedy completion of 12 tokens from the server on `port`, once it answers (two minutes at
+/// most: the emulator compiles the kernels on a cold cache), as its text. Past that, the servers'
+/// `log` is the failure report (a worker that could not start says why there).
+async fn complete(port: u16, log: &Path) -> String {
     let body = json!({"prompt": "hello there", "max_tokens": 12, "temperature": 0});
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Some(answer) = post(port, &body).await {
             return answer["choices"][0]["text"].as_str().unwrap().to_string();
         }
-        assert!(Instant::now() < deadline, "no completion from port {port}");
+        if Instant::now() >= deadline {
+            let log_text = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("no completion from port {port}; the servers' log:\n{log_text}");
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -92,11 +96,11 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     ] {
         let port = free_port().to_string();
         let _server = serve_model(&model, &[device, &small, &["--port", &port]].concat(), &log);
-        answers.push(complete(port.parse().unwrap()).await);
+        answers.push(complete(port.parse().unwrap(), &log).await);
         constrained.push(complete_json(port.parse().unwrap()).await);
     }
     let [decode_port, decode_peer, prefill_port, prefill_peer, router_port] =
-        std::array::from_fn(|_| free_port().to_string());
+        free_ports().map(|port| port.to_string());
     let decode_at = format!("2@127.0.0.1:{decode_peer}");
     let prefill_at = format!("1@127.0.0.1:{prefill_peer}");
     let mut decode = vec!["--device", "cuda", "--role", "decode", "--worker-id", "2"];
@@ -108,7 +112,7 @@ async fn one_cuda_server_and_a_cuda_prefill_decode_pair_answer_alike() {
     let _decode = serve_model(&model, &[&decode[..], &small].concat(), &log);
     let _prefill = serve_model(&model, &[&prefill[..], &small].concat(), &log);
     let _router = serve_model(&model, &[&router[..], &small].concat(), &log);
-    answers.push(complete(router_port.parse().unwrap()).await);
+    answers.push(complete(router_port.parse().unwrap(), &log).await);
     constrained.push(complete_json(router_port.parse().unwrap()).await);
     let [cpu, cuda, with_options, split] = <[String; 4]>::try_from(answers).unwrap();
     eprintln!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use lockstep_server::client::Connection;
-use process::{Process, free_port};
+use process::{Process, free_port, free_ports};
 use serde_json::{Value, json};
 
 fn lockstep(args: &[&str]) -> Process {
@@ -102,8 +102,7 @@ async fn deploy() -> Deployment {
 
 /// `router_args` go to the router's command line.
 async fn deploy_with(router_args: &[&str]) -> Deployment {
-    let (d_http, d_peer, p_http, p_peer, r_http) =
-        (free_port(), free_port(), free_port(), free_port(), free_port());
+    let [d_http, d_peer, p_http, p_peer, r_http] = free_ports();
     let decode = lockstep(&[
         "--role",
         "decode",

@@ -14,9 +14,20 @@ impl Drop for Process {
 }
 
 /// A port nothing listens on now (the OS's pick, released at once).
+#[allow(dead_code, reason = "not every test that runs the binary needs a single port")]
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address").port()
+    let [port] = free_ports();
+    port
+}
+
+/// `N` distinct ports nothing listens on now. Every listener is held until all are picked: the
+/// OS may hand a released port out again at once, and did (CI's decode worker once found its
+/// port taken by the prefill worker's, picked a moment before by a separate call).
+#[allow(dead_code, reason = "not every test that runs the binary needs several ports")]
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"));
+    listeners.map(|listener| listener.local_addr().expect("its address").port())
 }
 
 /// `lockstep serve --model MODEL ARGS`, its standard error appended to `log`.
