@@ -4,8 +4,8 @@
 //! `tool_choice`: `auto` (the default with tools) parses calls; `none` renders the tools but
 //! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
 //! assistant's turn with the start of a call to it, so the model continues inside the call, and
-//! holds the output to that one call by a grammar (`tool_calls::named_call`, Hermes and Llama 3
-//! JSON markup); `required` holds it to one or more calls (`tool_calls::required_calls`).
+//! holds the output to that one call by a grammar (`tool_calls::named_call`, every dialect's
+//! markup); `required` holds it to one or more calls (`tool_calls::required_calls`).
 
 use std::sync::Arc;
 
@@ -218,7 +218,7 @@ fn calls_grammar(
     parallel: bool,
 ) -> Result<Grammar, ApiError> {
     let invalid = |why: String| ApiError::invalid_param("tool_choice", why);
-    let grammar = required_calls(format, specs, parallel).map_err(invalid)?;
+    let grammar = required_calls(format, specs, parallel);
     let compiler = state.codec.grammars().map_err(|e| invalid(format!("\"required\": {e}")))?;
     compiler
         .compile(&grammar)

@@ -15,7 +15,6 @@ use serde_json::{Map, Value, json};
 
 use super::AppConfig;
 use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
-use crate::tool_calls::ToolFormat;
 use lockstep_core::model::SamplingSpec;
 use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
 
@@ -388,21 +387,18 @@ fn chat_properties(config: &AppConfig) -> Value {
     let choice_words = json!({ "type": "string", "enum": ["none", "auto"] });
     let (tools, tool_choice) = match config.tool_format {
         Some(format) => {
-            // "required" is a grammar of calls, written for the markups of plain text.
-            let words = match format {
-                ToolFormat::Hermes | ToolFormat::Llama3Json => {
-                    json!({ "type": "string", "enum": ["none", "auto", "required"] })
-                }
-                _ => choice_words,
-            };
+            // "required" is a grammar of calls, written for every markup we parse.
+            let words = json!({ "type": "string", "enum": ["none", "auto", "required"] });
             (
                 json!({ "type": "array", "items": reference("Tool") }),
                 json!({
                     "oneOf": [words, named],
                     "nullable": true,
-                    "description": "\"required\" holds the output to calls of `tools` by a \
-                                    grammar (Hermes and Llama 3 JSON markup); a named function \
-                                    must be one of `tools`",
+                    "description": format!(
+                        "\"required\" holds the output to calls of `tools` in {} markup by a \
+                         grammar; a named function must be one of `tools`",
+                        format.name()
+                    ),
                 }),
             )
         }

@@ -1,0 +1,230 @@
+//! `tool_choice`'s grammars in every dialect on a real vocabulary (the tiny generated model's
+//! byte-level one, where every marker is spelled in pieces): the calls each dialect's models
+//! write pass token by token and may end there, and the dialect's own parser reads them back as
+//! those calls; a call outside the tools' schemas is refused.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+#[path = "../../gpu/tests/tiny/mod.rs"]
+mod tiny;
+
+use std::sync::{Arc, OnceLock};
+
+use lockstep_core::model::GrammarCompiler as _;
+use lockstep_gpu::grammar::GrammarCompiler;
+use lockstep_gpu::model::Model;
+use lockstep_server::tool_calls::{
+    ToolFormat, ToolSpec, named_call, parse_complete, required_calls,
+};
+use serde_json::{Value, json};
+
+fn specs() -> Vec<ToolSpec> {
+    let spec = |name: &str, parameters: Value| ToolSpec {
+        name: name.to_owned(),
+        description: None,
+        parameters,
+    };
+    vec![
+        spec(
+            "get_weather",
+            json!({
+                "type": "object",
+                "properties": {
+                    "city": {"enum": ["Paris", "Oslo"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                },
+                "required": ["city", "days"],
+                "additionalProperties": false,
+            }),
+        ),
+        // Free text, and an optional list: DSML's raw text and JSON parameter tags.
+        spec(
+            "note",
+            json!({
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string", "description": "what to keep"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["text"],
+            }),
+        ),
+        // More than named properties: DSML writes its arguments as one JSON object.
+        spec(
+            "lookup",
+            json!({
+                "type": "object",
+                "properties": {"id": {"type": "integer"}},
+                "required": ["id"],
+                "additionalProperties": {"type": "boolean"},
+            }),
+        ),
+    ]
+}
+
+/// One call as `format`'s models write it; DSML parameters in the schema's order.
+fn render_call(format: ToolFormat, name: &str, args: &Value) -> String {
+    let json = serde_json::to_string(args).unwrap();
+    match format {
+        ToolFormat::Hermes => {
+            format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {json}}}\n</tool_call>")
+        }
+        ToolFormat::Llama3Json => format!("{{\"name\": \"{name}\", \"parameters\": {json}}}"),
+        ToolFormat::DeepSeekV3 => format!(
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json}\n```<｜tool▁call▁end｜>"
+        ),
+        ToolFormat::DeepSeekV31 => {
+            format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>")
+        }
+        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 if name == "lookup" => {
+            format!("<｜DSML｜invoke name=\"{name}\">\n{json}\n</｜DSML｜invoke>\n")
+        }
+        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
+            let mut out = format!("<｜DSML｜invoke name=\"{name}\">\n");
+            for (key, value) in args.as_object().unwrap() {
+                let (string, text) = match value {
+                    Value::String(s) => (true, s.clone()),
+                    other => (false, other.to_string()),
+                };
+                out.push_str(&format!(
+                    "<｜DSML｜parameter name=\"{key}\" string=\"{string}\">{text}</｜DSML｜parameter>\n"
+                ));
+            }
+            out + "</｜DSML｜invoke>\n"
+        }
+    }
+}
+
+/// Calls written together as `format`'s models write several.
+fn render(format: ToolFormat, calls: &[(&str, Value)]) -> String {
+    let each: Vec<String> =
+        calls.iter().map(|(name, args)| render_call(format, name, args)).collect();
+    match format {
+        ToolFormat::Hermes => each.join("\n"),
+        ToolFormat::Llama3Json => each.join("; "),
+        ToolFormat::DeepSeekV3 => {
+            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.join("\n"))
+        }
+        ToolFormat::DeepSeekV31 => {
+            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.concat())
+        }
+        ToolFormat::DsmlV32 => {
+            format!("<｜DSML｜function_calls>\n{}</｜DSML｜function_calls>", each.concat())
+        }
+        ToolFormat::DsmlV4 => {
+            format!("<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>", each.concat())
+        }
+    }
+}
+
+struct Vocabulary {
+    model: Model,
+    compiler: Arc<GrammarCompiler>,
+}
+
+impl Vocabulary {
+    /// The tiny model's, loaded once for every test here.
+    fn tiny() -> &'static Vocabulary {
+        static TINY: OnceLock<Vocabulary> = OnceLock::new();
+        TINY.get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("lockstep-tool-grammar-{}", std::process::id()));
+            tiny::variants()[0].write(&dir);
+            let model = Model::load(&dir).unwrap();
+            let _ = std::fs::remove_dir_all(&dir);
+            let compiler = model.grammars().unwrap();
+            Vocabulary { model, compiler }
+        })
+    }
+
+    /// Whether `grammar` lets the output be `text`, token by token, and then end.
+    fn accepts(&self, grammar: &lockstep_core::model::Grammar, text: &str) -> Result<(), String> {
+        let mut matcher = self.compiler.compile(grammar)?;
+        let tokens = self.model.tokenizer.encode(text)?;
+        for (i, &token) in tokens.iter().enumerate() {
+            if !matcher.allowed(&tokens[..i]).allows(token) {
+                let at = self.model.tokenizer.decode(&tokens[..i], true)?;
+                return Err(format!("refused after {at:?}"));
+            }
+        }
+        let stop = self.model.stop_tokens[0];
+        match matcher.allowed(&tokens).allows(stop) {
+            true => Ok(()),
+            false => Err("may not end there".to_owned()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_dialect_s_calls_pass_its_grammar_and_parse_back() {
+    let vocabulary = Vocabulary::tiny();
+    let specs = specs();
+    let calls = [
+        ("get_weather", json!({"city": "Oslo", "days": 3})),
+        ("note", json!({"text": "keep <b> & \"this\"\nline two"})),
+        ("note", json!({"text": "x", "tags": ["p", "q"]})),
+        ("lookup", json!({"id": 4, "urgent": true})),
+    ];
+    for format in ToolFormat::ALL {
+        let grammar = required_calls(format, &specs, true);
+        for count in [1, calls.len()] {
+            let text = render(format, &calls[..count]);
+            vocabulary
+                .accepts(&grammar, &text)
+                .unwrap_or_else(|e| panic!("{format:?}: {e}\n{text}"));
+            let (content, parsed) = parse_complete(format, &text, &[]).await;
+            assert_eq!(content, "", "{format:?}: {text}");
+            let parsed: Vec<(String, Value)> = parsed
+                .iter()
+                .map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap()))
+                .collect();
+            let expected: Vec<(String, Value)> =
+                calls[..count].iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+            assert_eq!(parsed, expected, "{format:?}: {text}");
+        }
+        // One call at most unless parallel.
+        let single = required_calls(format, &specs, false);
+        assert!(vocabulary.accepts(&single, &render(format, &calls[..1])).is_ok(), "{format:?}");
+        assert!(vocabulary.accepts(&single, &render(format, &calls[..2])).is_err(), "{format:?}");
+        // Outside the schemas: an undeclared tool, a value the enum lacks, a missing required
+        // argument, a number where an integer is due.
+        for bad in [
+            ("get_wether", json!({"city": "Oslo", "days": 3})),
+            ("get_weather", json!({"city": "Rome", "days": 3})),
+            ("get_weather", json!({"city": "Oslo"})),
+            ("get_weather", json!({"city": "Oslo", "days": 2.5})),
+            ("lookup", json!({"id": 4, "urgent": "yes"})),
+        ] {
+            let text = render(format, std::slice::from_ref(&bad));
+            assert!(vocabulary.accepts(&grammar, &text).is_err(), "{format:?} took {text}");
+        }
+        // A named function: its one call; another tool's is refused. (Hermes names the tool in
+        // the prefix the server writes; server/tests/constrained.rs runs it.)
+        if format != ToolFormat::Hermes {
+            let named = named_call(format, &specs[0], "").unwrap();
+            assert!(vocabulary.accepts(&named, &render(format, &calls[..1])).is_ok(), "{format:?}");
+            let other = render(format, &calls[1..2]);
+            assert!(vocabulary.accepts(&named, &other).is_err(), "{format:?}");
+        }
+    }
+}
+
+#[test]
+fn dsml_parameters_follow_the_schema_s_order_and_its_required_ones() {
+    let vocabulary = Vocabulary::tiny();
+    let specs = specs();
+    for format in [ToolFormat::DsmlV32, ToolFormat::DsmlV4] {
+        let grammar = required_calls(format, &specs, true);
+        // Declared order; an optional parameter may be left out, a required one may not.
+        let swapped = render(format, &[("get_weather", json!({"days": 3, "city": "Oslo"}))]);
+        assert!(vocabulary.accepts(&grammar, &swapped).is_err(), "{format:?}: {swapped}");
+        let no_tags = render(format, &[("note", json!({"text": "t"}))]);
+        assert!(vocabulary.accepts(&grammar, &no_tags).is_ok(), "{format:?}: {no_tags}");
+        let no_text = render(format, &[("note", json!({"tags": []}))]);
+        assert!(vocabulary.accepts(&grammar, &no_text).is_err(), "{format:?}: {no_text}");
+        // An enum's words are raw text; a JSON string there is not one of them.
+        let quoted = render(format, &[("get_weather", json!({"city": "Oslo", "days": 3}))])
+            .replace("string=\"true\">Oslo", "string=\"false\">\"Oslo\"");
+        assert!(vocabulary.accepts(&grammar, &quoted).is_err(), "{format:?}: {quoted}");
+    }
+}
