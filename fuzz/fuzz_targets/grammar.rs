@@ -1,11 +1,13 @@
-//! Grammars from outside (a client's JSON Schema, a Lark grammar) through llguidance's compiler
-//! and our matcher over a byte-level vocabulary (`lockstep_gpu::grammar`). No panic compiling
-//! anything. A grammar that compiles answers a mask at every step of a walk drawn under it,
-//! with rollbacks as a recompute makes them: never empty, and at the end the mask a fresh matcher
-//! told the whole output at once gives.
-//! Input: byte 0 picks JSON Schema (even) or Lark (odd); the grammar's text runs to the first
-//! 0xFF; each byte after it picks an allowed token (0xF0 and up: forget that many tokens, less
-//! 0xEF).
+//! Grammars from outside (a client's JSON Schema, a Lark grammar, the grammar of calls to a
+//! client's tools in each markup dialect) through llguidance's compiler and our matcher over a
+//! byte-level vocabulary (`lockstep_gpu::grammar`). No panic compiling anything. A grammar that
+//! compiles answers a mask at every step of a walk drawn under it, with rollbacks as a recompute
+//! makes them: never empty, and at the end the mask a fresh matcher told the whole output at
+//! once gives.
+//! Input: byte 0 % 4 picks JSON Schema (0), Lark (1), or tools (2: one call, 3: parallel calls;
+//! the text a JSON object of tool names to parameter schemas, the dialect byte 0 / 4 % 6); the
+//! grammar's text runs to the first 0xFF; each byte after it picks an allowed token (0xF0 and
+//! up: forget that many tokens, less 0xEF).
 
 #![no_main]
 
@@ -15,7 +17,8 @@ use libfuzzer_sys::fuzz_target;
 use lockstep_core::model::{Grammar, GrammarCompiler as _, TokenMask};
 use lockstep_gpu::grammar::GrammarCompiler;
 use lockstep_gpu::tokenizer::Tokenizer;
-use serde_json::{Map, json};
+use lockstep_server::tool_calls::{ToolFormat, ToolSpec, required_calls};
+use serde_json::{Map, Value, json};
 
 /// The 256 bytes, merges "t r", "u e", "tr ue", "{ \"", and `<|end|>` (the stop token).
 const VOCAB: u32 = 261;
@@ -77,9 +80,18 @@ fuzz_target!(|bytes: &[u8]| {
     let end = rest.iter().position(|&b| b == 0xFF).unwrap_or(rest.len());
     let text = String::from_utf8_lossy(&rest[..end]).into_owned();
     let picks = rest.get(end + 1..).unwrap_or(&[]);
-    let grammar = match kind % 2 {
+    let grammar = match kind % 4 {
         0 => Grammar::JsonSchema(text),
-        _ => Grammar::Lark(text),
+        1 => Grammar::Lark(text),
+        parallel => {
+            let Ok(Value::Object(tools)) = serde_json::from_str(&text) else { return };
+            let specs: Vec<ToolSpec> = tools
+                .into_iter()
+                .map(|(name, parameters)| ToolSpec { name, description: None, parameters })
+                .collect();
+            let format = ToolFormat::ALL[usize::from(kind / 4) % ToolFormat::ALL.len()];
+            required_calls(format, &specs, parallel == 3)
+        }
     };
     let compiler = compiler();
     let Ok(mut matcher) = compiler.compile(&grammar) else { return };
