@@ -24,8 +24,9 @@ emu="$(gpu/cuda-emu/build.sh "$target/cuda-emu")"
 export LOCKSTEP_CUDA_EMU_CACHE="$emu/modules"
 export LD_LIBRARY_PATH="$emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LOCKSTEP_REQUIRE_CUDA=1 LOCKSTEP_REQUIRE_CUDA_EMULATOR=1
+# Then the binary: `lockstep serve --device cuda` alone, with every launch option, and as a
+# prefill and a decode worker behind a router, on a tiny model: the same completion.
+# Selected from the whole workspace, so that the features are the workspace's (the server's
+# default `cuda` turns on the gpu crate's) and `cargo test --workspace`'s build serves again.
 env -u LOCKSTEP_DEFAULT_MODEL -u LOCKSTEP_REQUIRE_MODEL \
-    cargo test --locked -p lockstep-gpu --features cuda --test cuda_emulator --test cuda_device
-# The binary: `lockstep serve --device cuda` alone, with every launch option, and as a prefill
-# and a decode worker behind a router, on a tiny model: the same completion.
-cargo test --locked -p lockstep-server --test cuda_roles
+    cargo test --locked --workspace --test cuda_emulator --test cuda_device --test cuda_roles

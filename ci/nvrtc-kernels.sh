@@ -28,8 +28,9 @@ export LOCKSTEP_REQUIRE_NVRTC=1
 # The cubins it compiles are kept for the resource check below.
 cubins="$(mktemp -d)"
 trap 'rm -rf "$cubins"' EXIT
-LOCKSTEP_WRITE_CUBINS="$cubins" cargo test --locked -p lockstep-gpu --features cuda --test cuda_nvrtc \
-    -- --nocapture
+# Selected from the whole workspace (its features: the server's default `cuda` turns on the gpu
+# crate's), so that `cargo test --workspace` builds on what this builds.
+LOCKSTEP_WRITE_CUBINS="$cubins" cargo test --locked --workspace --test cuda_nvrtc -- --nocapture
 
 # What each kernel costs in registers, and that none keeps values on the stack: an accumulator
 # indexed by a loop variable goes there, and every use becomes a local-memory round trip (it

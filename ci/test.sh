@@ -13,6 +13,10 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 API_CHECKS="${API_CHECKS:-1}"
 CARGO_FUZZ_VERSION=0.13.2
 export CARGO_TERM_COLOR=never
+# A clean clone builds everything once: incremental state is written and never read, and full
+# debug info is most of what a debug build writes and links (line tables keep every backtrace's
+# file and line).
+export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
