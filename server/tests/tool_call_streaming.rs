@@ -6,9 +6,13 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
+#[path = "common/markup.rs"]
+mod markup;
+
 use lockstep_server::tool_calls::{
     ParsedCall, ToolCallStream, ToolDelta, ToolFormat, fold_deltas, parse_complete,
 };
+use markup::render_call;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Value};
@@ -17,59 +21,11 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(future)
 }
 
-/// One call as each dialect's models write it.
-fn render_call(format: ToolFormat, name: &str, args: &Value, tight: bool) -> String {
-    let json = serde_json::to_string(args).unwrap();
-    match format {
-        ToolFormat::Hermes if tight => {
-            format!("<tool_call>{{\"name\": \"{name}\", \"arguments\": {json}}}</tool_call>")
-        }
-        ToolFormat::Hermes => {
-            format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {json}}}\n</tool_call>")
-        }
-        ToolFormat::Llama3Json => format!("{{\"name\": \"{name}\", \"parameters\": {json}}}"),
-        ToolFormat::DeepSeekV3 => format!(
-            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json}\n```<｜tool▁call▁end｜>"
-        ),
-        ToolFormat::DeepSeekV31 => {
-            format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>")
-        }
-        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
-            let mut out = format!("<｜DSML｜invoke name=\"{name}\">\n");
-            for (key, value) in args.as_object().unwrap() {
-                let (string, text) = match value {
-                    Value::String(s) => (true, s.clone()),
-                    other => (false, other.to_string()),
-                };
-                out.push_str(&format!(
-                    "<｜DSML｜parameter name=\"{key}\" string=\"{string}\">{text}</｜DSML｜parameter>\n"
-                ));
-            }
-            out + "</｜DSML｜invoke>\n"
-        }
-    }
-}
-
 /// A group of calls written together: one section, or consecutive Hermes sections.
 fn render_group(format: ToolFormat, calls: &[(String, Value)], tight: bool) -> String {
-    let each = calls.iter().map(|(name, args)| render_call(format, name, args, tight));
-    let each: Vec<String> = each.collect();
-    match format {
-        ToolFormat::Hermes => each.join("\n"),
-        ToolFormat::Llama3Json => each.join("; "),
-        ToolFormat::DeepSeekV3 => {
-            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.join("\n"))
-        }
-        ToolFormat::DeepSeekV31 => {
-            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.concat())
-        }
-        ToolFormat::DsmlV32 => {
-            format!("<｜DSML｜function_calls>\n{}</｜DSML｜function_calls>", each.concat())
-        }
-        ToolFormat::DsmlV4 => {
-            format!("<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>", each.concat())
-        }
-    }
+    let each: Vec<String> =
+        calls.iter().map(|(name, args)| render_call(format, name, args, tight)).collect();
+    markup::render_group(format, &each)
 }
 
 fn format() -> impl Strategy<Value = ToolFormat> {

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
+#[path = "common/markup.rs"]
+mod markup;
 #[path = "../../gpu/tests/tiny/mod.rs"]
 mod tiny;
 
@@ -16,6 +18,7 @@ use lockstep_gpu::model::Model;
 use lockstep_server::tool_calls::{
     ToolFormat, ToolSpec, named_call, parse_complete, required_calls,
 };
+use markup::{render_call, render_group};
 use serde_json::{Value, json};
 
 fn specs() -> Vec<ToolSpec> {
@@ -62,59 +65,19 @@ fn specs() -> Vec<ToolSpec> {
     ]
 }
 
-/// One call as `format`'s models write it; DSML parameters in the schema's order.
-fn render_call(format: ToolFormat, name: &str, args: &Value) -> String {
-    let json = serde_json::to_string(args).unwrap();
-    match format {
-        ToolFormat::Hermes => {
-            format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {json}}}\n</tool_call>")
-        }
-        ToolFormat::Llama3Json => format!("{{\"name\": \"{name}\", \"parameters\": {json}}}"),
-        ToolFormat::DeepSeekV3 => format!(
-            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json}\n```<｜tool▁call▁end｜>"
-        ),
-        ToolFormat::DeepSeekV31 => {
-            format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>")
-        }
-        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 if name == "lookup" => {
-            format!("<｜DSML｜invoke name=\"{name}\">\n{json}\n</｜DSML｜invoke>\n")
-        }
-        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
-            let mut out = format!("<｜DSML｜invoke name=\"{name}\">\n");
-            for (key, value) in args.as_object().unwrap() {
-                let (string, text) = match value {
-                    Value::String(s) => (true, s.clone()),
-                    other => (false, other.to_string()),
-                };
-                out.push_str(&format!(
-                    "<｜DSML｜parameter name=\"{key}\" string=\"{string}\">{text}</｜DSML｜parameter>\n"
-                ));
-            }
-            out + "</｜DSML｜invoke>\n"
-        }
-    }
-}
-
-/// Calls written together as `format`'s models write several.
+/// Calls written together as `format`'s models write them; DSML parameters in the schema's
+/// order (the arguments'), `lookup`'s arguments in DSML as one JSON object.
 fn render(format: ToolFormat, calls: &[(&str, Value)]) -> String {
-    let each: Vec<String> =
-        calls.iter().map(|(name, args)| render_call(format, name, args)).collect();
-    match format {
-        ToolFormat::Hermes => each.join("\n"),
-        ToolFormat::Llama3Json => each.join("; "),
-        ToolFormat::DeepSeekV3 => {
-            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.join("\n"))
-        }
-        ToolFormat::DeepSeekV31 => {
-            format!("<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>", each.concat())
-        }
-        ToolFormat::DsmlV32 => {
-            format!("<｜DSML｜function_calls>\n{}</｜DSML｜function_calls>", each.concat())
-        }
-        ToolFormat::DsmlV4 => {
-            format!("<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>", each.concat())
-        }
-    }
+    let each: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| match format {
+            ToolFormat::DsmlV32 | ToolFormat::DsmlV4 if *name == "lookup" => {
+                format!("<｜DSML｜invoke name=\"{name}\">\n{args}\n</｜DSML｜invoke>\n")
+            }
+            _ => render_call(format, name, args, false),
+        })
+        .collect();
+    render_group(format, &each)
 }
 
 struct Vocabulary {
