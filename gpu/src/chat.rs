@@ -47,15 +47,22 @@ pub fn render(
 /// there are none), a call's JSON-string arguments parsed into a mapping for templates that read
 /// mappings. A template that never reads `tools` gets them in a system message asking for
 /// Hermes `<tool_call>` markup, with earlier calls and results written in that markup too.
+/// `variables` are further template variables (an OpenAI request's `chat_template_kwargs`, such
+/// as Qwen 3's `enable_thinking` or DeepSeek's `thinking`), as transformers passes its keyword
+/// arguments; one may not stand for a variable set here ([`RESERVED_VARIABLES`]).
 /// Malformed messages are an error, never a panic.
 pub fn render_json(
     template: &str,
     messages: &[serde_json::Value],
     tools: Option<&[serde_json::Value]>,
+    variables: &serde_json::Map<String, serde_json::Value>,
     add_generation_prompt: bool,
     bos: &str,
     eos: &str,
 ) -> Result<String, String> {
+    if let Some(name) = variables.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+        return Err(format!("template variable {name:?} is set by the server"));
+    }
     let env = environment(template)?;
     let needs = messages::TemplateNeeds {
         tools: template_mentions_tools(template),
@@ -65,11 +72,16 @@ pub fn render_json(
     let messages: Vec<Value> = prepared.messages.iter().map(json_value::to_value).collect();
     let tools =
         prepared.tools.map(|tools| tools.iter().map(json_value::to_value).collect::<Vec<_>>());
+    let variables = json_value::to_value(&serde_json::Value::Object(variables.clone()));
     let context = context! {
-        messages, tools, add_generation_prompt, bos_token => bos, eos_token => eos,
+        messages, tools, add_generation_prompt, bos_token => bos, eos_token => eos, ..variables
     };
     run(&env, context)
 }
+
+/// The variables `render_json` sets itself, which a request's own variables may not replace.
+pub const RESERVED_VARIABLES: [&str; 5] =
+    ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 
 /// Whether the template reads the `tools` variable. When it does not (SmolLM2's, for one), the
 /// tools of a request reach the model only through the system message `render_json` adds, which

@@ -122,11 +122,13 @@ impl Model {
 
     /// OpenAI-style `messages` and `tools` through the model's chat template, as
     /// `chat::render_json` renders them (tools the template does not read go into a Hermes
-    /// system message), ending with the assistant's turn opened when `add_generation_prompt`.
+    /// system message) and further template `variables`, ending with the assistant's turn
+    /// opened when `add_generation_prompt`.
     pub fn render_chat_json(
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
+        variables: &serde_json::Map<String, Value>,
         add_generation_prompt: bool,
     ) -> Result<String, String> {
         let template = self.chat_template.as_deref().ok_or("the model has no chat template")?;
@@ -135,6 +137,7 @@ impl Model {
             template,
             messages,
             tools,
+            variables,
             add_generation_prompt,
             bos.as_deref().unwrap_or(""),
             eos.as_deref().unwrap_or(""),

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use lockstep_gpu::chat::{render_json, template_mentions_tools};
 use lockstep_gpu::model::Model;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 fn golden(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens").join(name);
@@ -29,6 +29,7 @@ fn qwen_template_renders_requests_as_transformers_does() {
             &template,
             case["messages"].as_array().unwrap(),
             tools,
+            &Map::new(),
             case["add_generation_prompt"].as_bool().unwrap(),
             "",
             "<|im_end|>",
@@ -59,7 +60,9 @@ fn the_default_models_template_gets_tools_in_a_hermes_system_message() {
     assert!(!template_mentions_tools(template));
     let tools = [weather_tool()];
     let user = json!({"role": "user", "content": "Weather in Paris?"});
-    let rendered = model.render_chat_json(std::slice::from_ref(&user), Some(&tools), true).unwrap();
+    let rendered = model
+        .render_chat_json(std::slice::from_ref(&user), Some(&tools), &Map::new(), true)
+        .unwrap();
     let tools_block = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"function\": {\"description\": \"Current weather\", \"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
     assert_eq!(
         rendered,
@@ -69,16 +72,18 @@ fn the_default_models_template_gets_tools_in_a_hermes_system_message() {
     );
     // A system message of the client's keeps its words, the tools after them.
     let system = json!({"role": "system", "content": "Be brief."});
-    let rendered = model.render_chat_json(&[system, user.clone()], Some(&tools), true).unwrap();
+    let rendered =
+        model.render_chat_json(&[system, user.clone()], Some(&tools), &Map::new(), true).unwrap();
     assert!(
         rendered
             .starts_with(&format!("<|im_start|>system\nBe brief.\n\n{tools_block}<|im_end|>\n"))
     );
     // Without tools, as render_chat renders.
-    let plain = model.render_chat_json(std::slice::from_ref(&user), None, true).unwrap();
+    let plain =
+        model.render_chat_json(std::slice::from_ref(&user), None, &Map::new(), true).unwrap();
     assert!(plain.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
     assert_eq!(
-        model.render_chat_json(std::slice::from_ref(&user), Some(&[]), true).unwrap(),
+        model.render_chat_json(std::slice::from_ref(&user), Some(&[]), &Map::new(), true).unwrap(),
         plain
     );
 }
@@ -96,7 +101,7 @@ fn earlier_calls_and_results_are_written_in_hermes_markup_for_a_template_without
         json!({"role": "tool", "tool_call_id": "2", "content": "noon"}),
         json!({"role": "assistant", "content": "Sunny, at noon."}),
     ];
-    let rendered = render_json(chatml, &messages, None, false, "", "").unwrap();
+    let rendered = render_json(chatml, &messages, None, &Map::new(), false, "", "").unwrap();
     assert_eq!(
         rendered,
         "<|im_start|>user\nWeather and time?<|im_end|>\n\
@@ -127,14 +132,42 @@ fn malformed_requests_are_errors() {
         bad_call,
     ];
     for message in bad_messages {
-        let result = render_json(&template, std::slice::from_ref(&message), None, true, "", "");
+        let result =
+            render_json(&template, std::slice::from_ref(&message), None, &Map::new(), true, "", "");
         assert!(result.is_err(), "{message}: {result:?}");
     }
     let hi = [user(json!("hi"))];
-    assert!(render_json(&template, &hi, Some(&[json!("a tool")]), true, "", "").is_err());
+    assert!(
+        render_json(&template, &hi, Some(&[json!("a tool")]), &Map::new(), true, "", "").is_err()
+    );
     let raising = "{{ raise_exception('no system messages') }}";
-    let error = render_json(raising, &hi, None, true, "", "").unwrap_err();
+    let error = render_json(raising, &hi, None, &Map::new(), true, "", "").unwrap_err();
     assert!(error.contains("no system messages"), "{error}");
-    assert!(render_json("{% for %}", &hi, None, true, "", "").is_err());
+    assert!(render_json("{% for %}", &hi, None, &Map::new(), true, "", "").is_err());
     assert!(!template_mentions_tools("{% for %}"));
+}
+
+/// Qwen 3's generation prompt, as its template writes it: thinking unless `enable_thinking` is
+/// false, when an empty thinking block closes it at once.
+const QWEN3_GENERATION_PROMPT: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+    {{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+    {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n\
+    {% endif %}{% endif %}";
+
+#[test]
+fn request_variables_reach_the_template_and_may_not_replace_the_servers() {
+    let hi = [json!({"role": "user", "content": "hi"})];
+    let render = |variables: Value| {
+        let variables = variables.as_object().unwrap().clone();
+        render_json(QWEN3_GENERATION_PROMPT, &hi, None, &variables, true, "", "")
+    };
+    let thinking = render(json!({})).unwrap();
+    assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking:?}");
+    let plain = render(json!({"enable_thinking": false})).unwrap();
+    assert!(plain.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{plain:?}");
+    assert_eq!(render(json!({"enable_thinking": true})).unwrap(), thinking);
+    for name in ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"] {
+        let error = render(json!({ name: false })).unwrap_err();
+        assert!(error.contains(name), "{error}");
+    }
 }

@@ -19,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod reasoning;
 pub mod record;
 pub mod roles;
 pub mod serve;

@@ -22,6 +22,7 @@ use lockstep_gpu::model::Model;
 use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
 use crate::http::AppConfig;
 use crate::node;
+use crate::reasoning::ReasoningFormat;
 use crate::record::{self, RecordTask, Recorder, RecorderLimits, TraceHeader};
 use crate::text::{ModelCodec, SyntheticCodec, TextCodec};
 use crate::tool_calls::ToolFormat;
@@ -30,7 +31,8 @@ pub const USAGE: &str = "\
 usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-running N]
                       [--max-waiting N] [--kv-pages N] [--page-tokens N] [--step-tokens N]
                       [--prefill-chunk-tokens N] [--max-model-len N] [--overlap] [--no-prefix-cache]
-                      [--served-model-name NAME] [--tool-call-parser NAME] [--threads N]
+                      [--served-model-name NAME] [--tool-call-parser NAME]
+                      [--reasoning-parser NAME|none] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
                       [--executor cpu|provenance] [--device cpu|cuda[:N]] [--cuda-launch OPTIONS]
                       [--record-trace FILE]
@@ -50,6 +52,11 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --overlap              plan step N+1 while step N runs
   --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32 or dsml_v4
                          (default: detected from the chat template)
+  --reasoning-parser     where a reasoning model's thinking ends, for `reasoning_content`: none, or
+                         deepseek_r1, deepseek_v31, deepseek_v4, qwen3, qwen3_thinking, glm45,
+                         kimi_k25, kimi_thinking, minimax, step3, nano_v3, kimi or cohere_cmd
+                         (default: qwen3's rules for a chat template that writes <think>, none
+                         for one that does not)
   --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
   --executor provenance  serve the weightless provenance model with a synthetic vocabulary
                          instead (for load and protocol tests; outputs are not language)
@@ -96,6 +103,7 @@ pub struct ServeOptions {
     pub prefix_cache: bool,
     pub served_model_name: Option<String>,
     pub tool_call_parser: Option<ToolFormat>,
+    pub reasoning_parser: ReasoningChoice,
     pub threads: Option<usize>,
     pub log_json: bool,
     pub drain_timeout: Duration,
@@ -134,6 +142,7 @@ impl ServeOptions {
             prefix_cache: true,
             served_model_name: None,
             tool_call_parser: None,
+            reasoning_parser: ReasoningChoice::Detect,
             threads: None,
             log_json: false,
             drain_timeout: Duration::from_secs(30),
@@ -171,6 +180,12 @@ impl ServeOptions {
                 "--served-model-name" => o.served_model_name = Some(value()?),
                 "--tool-call-parser" => {
                     o.tool_call_parser = Some(ToolFormat::from_name(&value()?)?)
+                }
+                "--reasoning-parser" => {
+                    o.reasoning_parser = match value()?.as_str() {
+                        "none" => ReasoningChoice::Off,
+                        name => ReasoningChoice::Use(ReasoningFormat::from_name(name)?),
+                    }
                 }
                 "--threads" => o.threads = Some(number(&value()?, flag)?),
                 "--log-format" => match value()?.as_str() {
@@ -410,7 +425,37 @@ pub(crate) struct Loaded {
     pub sched: SchedConfig,
     pub name: String,
     pub codec: Arc<dyn TextCodec>,
-    pub tool_format: Option<ToolFormat>,
+    pub formats: OutputFormats,
+}
+
+/// `--reasoning-parser`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ReasoningChoice {
+    /// Read from the chat template.
+    Detect,
+    Off,
+    Use(ReasoningFormat),
+}
+
+/// How chat output is read: its tool-call markup and its reasoning markers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct OutputFormats {
+    pub tools: Option<ToolFormat>,
+    pub reasoning: Option<ReasoningFormat>,
+}
+
+impl OutputFormats {
+    /// The flags' formats, or those the chat template shows (none without a template).
+    pub(crate) fn new(options: &ServeOptions, chat_template: Option<&str>) -> OutputFormats {
+        let tools =
+            options.tool_call_parser.or_else(|| chat_template.and_then(ToolFormat::for_template));
+        let reasoning = match options.reasoning_parser {
+            ReasoningChoice::Detect => chat_template.and_then(ReasoningFormat::detect),
+            ReasoningChoice::Off => None,
+            ReasoningChoice::Use(format) => Some(format),
+        };
+        OutputFormats { tools, reasoning }
+    }
 }
 
 pub(crate) fn load_model(options: &ServeOptions) -> Result<Loaded, String> {
@@ -425,11 +470,9 @@ pub(crate) fn load_model(options: &ServeOptions) -> Result<Loaded, String> {
     let context = u32::try_from(model.weights.config.context_length).unwrap_or(u32::MAX);
     let sched = options.sched_config(context, model.stop_tokens.clone());
     let name = options.served_model_name.clone().unwrap_or_else(|| model_name(&path));
-    let tool_format = options
-        .tool_call_parser
-        .or_else(|| model.chat_template.as_deref().and_then(ToolFormat::for_template));
+    let formats = OutputFormats::new(options, model.chat_template.as_deref());
     let codec: Arc<dyn TextCodec> = Arc::new(ModelCodec(model.clone()));
-    Ok(Loaded { model, sched, name, codec, tool_format })
+    Ok(Loaded { model, sched, name, codec, formats })
 }
 
 /// The CPU executor for `loaded`, on `--threads` threads (default: every core).
@@ -485,7 +528,7 @@ fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
         Device::Cuda(n) => return Err(built_without_cuda(n)),
     }
     .map_err(thread)?;
-    let app = app_config(options, loaded.name, loaded.sched.request_tokens_max, loaded.tool_format);
+    let app = app_config(options, loaded.name, loaded.sched.request_tokens_max, loaded.formats);
     node::start(engine, runner, loaded.codec, app)
 }
 
@@ -497,7 +540,8 @@ fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
     engine.check_invariants = options.check_invariants;
     let runner = InlineRunner::new(model, StepCost::ZERO);
     let codec: Arc<dyn TextCodec> = Arc::new(SyntheticCodec::new(PROVENANCE_VOCAB));
-    let app = app_config(options, name, sched.request_tokens_max, options.tool_call_parser);
+    let formats = OutputFormats::new(options, None);
+    let app = app_config(options, name, sched.request_tokens_max, formats);
     node::start(engine, runner, codec, app)
 }
 
@@ -505,13 +549,14 @@ pub(crate) fn app_config(
     options: &ServeOptions,
     name: String,
     context: u32,
-    tool_format: Option<ToolFormat>,
+    formats: OutputFormats,
 ) -> AppConfig {
     #[allow(clippy::disallowed_methods)] // The IO edge: `created` fields and default seeds.
     let unix_now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let mut app = AppConfig::new(name, context);
-    app.tool_format = tool_format;
+    app.tool_format = formats.tools;
+    app.reasoning_format = formats.reasoning;
     app.unix_time_at_start = unix_now.as_secs();
     app.seed = options.seed.unwrap_or(unix_now.as_nanos() as u64);
     app

@@ -20,6 +20,7 @@ use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::model::Model;
 use lockstep_server::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
 use lockstep_server::http::AppConfig;
+use lockstep_server::reasoning::ReasoningFormat;
 use lockstep_server::text::{ModelCodec, TextCodec};
 use lockstep_server::tool_calls::ToolFormat;
 use serde_json::{Value, json};
@@ -296,4 +297,94 @@ async fn a_named_tool_choice_opens_the_call_and_an_unknown_name_is_refused() {
     let (status, out) = server.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 400, "{out}");
     assert!(out["error"]["message"].as_str().unwrap().contains("not in tools"), "{out}");
+}
+
+/// A Qwen 3 style template: Hermes tool calls, and thinking unless `enable_thinking` is false.
+const THINKING_TEMPLATE: &str = concat!(
+    "{% if tools %}{{- '<|im_start|>system\\nCall tools as <tool_call>{\"name\": ..., ",
+    "\"arguments\": ...}</tool_call>:\\n' }}{% for tool in tools %}{{- tool | tojson }}",
+    "{% endfor %}{{- '<|im_end|>\\n' }}{% endif %}",
+    "{% for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}",
+    "{% endfor %}{% if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}",
+    "{% if enable_thinking is defined and enable_thinking is false %}",
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}",
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
+    let mut model = Arc::into_inner(tiny_model()).unwrap();
+    model.chat_template = Some(THINKING_TEMPLATE.to_owned());
+    let model = Arc::new(model);
+    let template = model.chat_template.as_deref().unwrap();
+    let reasoning_format = ReasoningFormat::detect(template);
+    assert_eq!(reasoning_format.map(|f| f.name), Some("qwen3"));
+    assert_eq!(ToolFormat::for_template(template), Some(ToolFormat::Hermes));
+    let codec = ModelCodec(model.clone());
+    // A call written inside the thinking is thought, not a call.
+    let text = "<think>\nMaybe <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>?\n\
+                </think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+                {\"city\": \"Paris\"}}\n</tool_call>";
+    let script = codec.encode(text).unwrap();
+    let start = |reasoning: Option<ReasoningFormat>| {
+        let mut config = sched(&model, StepMode::Sync);
+        config.request_tokens_max = 4096;
+        config.pool.pages_total = 512;
+        let engine = EngineConfig::new(config.clone());
+        let runner = InlineRunner::new(
+            ScriptedExecutor::new(script.clone(), model.stop_tokens[0]),
+            StepCost::ZERO,
+        );
+        let mut app = AppConfig::new("m", config.request_tokens_max);
+        app.tool_format = Some(ToolFormat::Hermes);
+        app.reasoning_format = reasoning;
+        TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app)
+    };
+    let server = start(reasoning_format).await;
+    let body = json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": tools(), "max_tokens": 400,
+    });
+    let weather = vec![("get_weather".to_owned(), json!({"city": "Paris"}))];
+    let thought = "\nMaybe <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>?\n";
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], thought, "{out}");
+    assert_eq!(message["content"], "\n\nChecking.", "{out}");
+    assert_eq!(calls_of(&message["tool_calls"]), weather, "{out}");
+    assert_eq!(out["choices"][0]["finish_reason"], "tool_calls");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &streamed).await;
+    let reasoning: String = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["delta"]["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(reasoning, thought);
+    let (content, calls) = fold_chat_stream(&events);
+    assert_eq!((content.as_str(), calls), ("\n\nChecking.", weather.clone()));
+
+    // Thinking turned off by the template's variable: the prompt closes the block, so what the
+    // model writes is all answer (here the block it wrote anyway, as text).
+    let mut off = body.clone();
+    off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (status, out) = server.post("/v1/chat/completions", &off).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], Value::Null, "{out}");
+    assert!(message["content"].as_str().unwrap().starts_with("<think>\nMaybe"), "{out}");
+    off["chat_template_kwargs"] = json!({"add_generation_prompt": false});
+    let (status, out) = server.post("/v1/chat/completions", &off).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out["error"]["message"].as_str().unwrap().contains("add_generation_prompt"), "{out}");
+    server.quiescent().await;
+
+    // A server that reads no reasoning: the thinking is content, and there is no such field.
+    let server = start(None).await;
+    let (_, out) = server.post("/v1/chat/completions", &body).await;
+    let message = &out["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{out}");
+    assert!(message["content"].as_str().unwrap().starts_with("<think>"), "{out}");
+    server.quiescent().await;
 }

@@ -27,7 +27,7 @@ use lockstep_server::record::{
 use lockstep_server::serve::ServeOptions;
 use lockstep_server::text::{SyntheticCodec, TextCodec};
 use lockstep_server::tool_calls::ToolFormat;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 fn slow_steps() -> StepCost {
     StepCost {
@@ -211,6 +211,7 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
         tools: None,
         tool_choice: None,
         response_format: None,
+        chat_template_kwargs: None,
     };
     assert_eq!(r1.request, Some(sent));
     let sent = RequestInput::Chat {
@@ -218,10 +219,14 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
         tools: Some(tools.clone()),
         tool_choice: Some(json!("auto")),
         response_format: None,
+        chat_template_kwargs: None,
     };
     assert_eq!(r2.request, Some(sent));
-    assert_eq!(r1.input_ids, codec.encode_chat(&turn1, None, "").unwrap());
-    assert_eq!(r2.input_ids, codec.encode_chat(&turn2, Some(&tools), "").unwrap());
+    assert_eq!(r1.input_ids, codec.encode_chat(&turn1, None, &Map::new(), "").unwrap().tokens);
+    assert_eq!(
+        r2.input_ids,
+        codec.encode_chat(&turn2, Some(&tools), &Map::new(), "").unwrap().tokens
+    );
     assert_eq!(r1.sampling.seed, 11);
     assert_eq!(output(r1).0, ids(&chat1_out["choices"][0]["token_ids"]));
     assert_eq!(output(r2).0, ids(&chat2_out["choices"][0]["token_ids"]));

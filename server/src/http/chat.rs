@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: messages through the model's chat template, with tools, and
-//! tool calls parsed out of the output (whole, or incrementally while streaming).
+//! the output read as the model wrote it: a reasoning model's thinking as `reasoning_content`,
+//! tool calls parsed out of the rest (whole, or incrementally while streaming).
 //!
 //! `tool_choice`: `auto` (the default with tools) parses calls; `none` renders the tools but
 //! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
@@ -26,6 +27,7 @@ use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
 use super::response_format;
 use super::{AppState, logprobs};
+use crate::reasoning::{Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, split_whole};
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
     ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, named_call, parse_complete,
@@ -50,7 +52,7 @@ pub(super) async fn handle(
 ) -> Response {
     let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
     match prepare(&state, body, arrival).await {
-        Ok((generations, params, tools)) => {
+        Ok((generations, params, tools, reasoning)) => {
             let id = format!("chatcmpl-{}", generations[0].request_id().0);
             let span = tracing::info_span!("request", id = %id);
             // One `Output` a choice, each reading its own request.
@@ -68,6 +70,8 @@ pub(super) async fn handle(
                     ended: false,
                     calls: 0,
                     tools_stream: None,
+                    reasoning,
+                    reasoning_stream: None,
                 })
                 .collect();
             async move { if params.stream { stream(outs) } else { whole(outs).await } }
@@ -82,7 +86,7 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Vec<Generation>, GenerationParams, Option<Tools>), ApiError> {
+) -> Result<(Vec<Generation>, GenerationParams, Option<Tools>, Option<Reasoning>), ApiError> {
     let request: ChatRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
@@ -116,18 +120,47 @@ async fn prepare(
         }
         grammar = Some(calls);
     }
-    params.spec.grammar = grammar;
     let prefix = tools.as_ref().map_or("", |t| t.prefix.as_str());
+    let variables = request.chat_template_kwargs.clone().unwrap_or_default();
     let prompt = state
         .codec
-        .encode_chat(&request.messages, rendered_tools.as_deref(), prefix)
-        .map_err(|e| invalid(ApiError::invalid_param("messages", e)))?;
-    let draft = arrival.map(|a| {
-        let ChatRequest { messages, tools, tool_choice, response_format, .. } = request;
-        a.with_input(RequestInput::Chat { messages, tools, tool_choice, response_format })
+        .encode_chat(&request.messages, rendered_tools.as_deref(), &variables, prefix)
+        .map_err(|e| {
+            let param =
+                if variables.is_empty() { "messages" } else { "messages or chat_template_kwargs" };
+            invalid(ApiError::invalid_param(param, e))
+        })?;
+    let reasoning = state.config.reasoning_format.map(|format| {
+        // A turn the server opened with a call (a named tool's prefix) has no thinking, and a
+        // held output is all answer: what the grammar writes is the content.
+        let opening = match prefix.is_empty() && grammar.is_none() {
+            true => format.opening(&prompt.text),
+            false => Opening::Closed,
+        };
+        Reasoning { format, opening }
     });
-    let generations = start_choices(state, prompt, &params, draft).await?;
-    Ok((generations, params, tools))
+    params.spec.grammar = grammar;
+    let draft = arrival.map(|a| {
+        let ChatRequest {
+            messages, tools, tool_choice, response_format, chat_template_kwargs, ..
+        } = request;
+        a.with_input(RequestInput::Chat {
+            messages,
+            tools,
+            tool_choice,
+            response_format,
+            chat_template_kwargs,
+        })
+    });
+    let generations = start_choices(state, prompt.tokens, &params, draft).await?;
+    Ok((generations, params, tools, reasoning))
+}
+
+/// How the output's reasoning is read.
+#[derive(Clone, Copy, Debug)]
+struct Reasoning {
+    format: ReasoningFormat,
+    opening: Opening,
 }
 
 /// The tools to render into the prompt, and how to parse calls out of the output (for
@@ -265,6 +298,10 @@ struct Output {
     calls: usize,
     /// Parses calls out of the stream as it goes.
     tools_stream: Option<ToolCallStream>,
+    /// Set when the server reads a reasoning format: the response carries `reasoning_content`.
+    reasoning: Option<Reasoning>,
+    /// Splits the stream's reasoning from its content as it goes.
+    reasoning_stream: Option<ReasoningStream>,
 }
 
 impl Output {
@@ -321,11 +358,21 @@ async fn whole(mut outs: Vec<Output>) -> Response {
 /// One choice's message, with its tool calls parsed out.
 async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
     let (Piece { text, tokens, logprobs: lps }, finish) = out.generation.collect().await?;
+    let (reasoning, text) = match out.reasoning {
+        Some(r) => {
+            let (reasoning, content) = split_whole(r.format, r.opening, &text);
+            (Some(reasoning), content)
+        }
+        None => (None, text),
+    };
     let (content, calls) = match &out.tools {
         Some(t) => parse_complete(t.format, &format!("{}{text}", t.prefix), &t.specs).await,
         None => (text, Vec::new()),
     };
     let mut message = json!({ "role": "assistant", "content": content });
+    if let Some(reasoning) = reasoning {
+        message["reasoning_content"] = Some(reasoning).filter(|r| !r.is_empty()).into();
+    }
     let finish_reason = if calls.is_empty() {
         finish.as_str()
     } else {
@@ -378,11 +425,12 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     let mut chunks = Vec::new();
     if !out.started {
         out.started = true;
+        out.reasoning_stream = out.reasoning.map(|r| ReasoningStream::new(r.format, r.opening));
         if let Some(tools) = out.tools.as_ref() {
             // A forced call's opening is in the prompt: the parser must see it first.
             let prefix = tools.prefix.clone();
             let mut parser = ToolCallStream::new(tools.format, &tools.specs);
-            let deltas = parser.push(&prefix).await;
+            let deltas = parser.push(&prefix).await.into_iter().map(ChatDelta::Tool).collect();
             out.tools_stream = Some(parser);
             chunks.extend(delta_chunks(&mut out, deltas, &[]));
         }
@@ -391,18 +439,18 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     }
     let events = match out.generation.next().await {
         Next::Piece(p) => {
-            let deltas = match out.tools_stream.as_mut() {
-                Some(parser) => parser.push(&p.text).await,
-                None => vec![ToolDelta::Content(p.text)],
+            let split = match out.reasoning_stream.as_mut() {
+                Some(reasoning) => reasoning.push(&p.text),
+                None => vec![ReasoningDelta::Content(p.text)],
             };
+            let deltas = content_deltas(&mut out, split, false).await;
             chunks.extend(delta_chunks(&mut out, deltas, &p.logprobs));
             ChoiceEvents::More(chunks)
         }
         Next::Done(Ok(finish)) => {
-            if let Some(parser) = out.tools_stream.as_mut() {
-                let deltas = parser.finish().await;
-                chunks.extend(delta_chunks(&mut out, deltas, &[]));
-            }
+            let split = out.reasoning_stream.as_mut().map(|r| r.finish()).unwrap_or_default();
+            let deltas = content_deltas(&mut out, split, true).await;
+            chunks.extend(delta_chunks(&mut out, deltas, &[]));
             let reason = if out.calls > 0 { "tool_calls" } else { finish.as_str() };
             chunks.push(out.chunk(json!({}), &[], Some(reason)));
             out.ended = true;
@@ -416,16 +464,49 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     Some((events, out))
 }
 
+/// What a stream's chunk carries.
+enum ChatDelta {
+    Reasoning(String),
+    Tool(ToolDelta),
+}
+
+/// The stream's next deltas: reasoning as it is, content through the tool-call parser when the
+/// request has tools (`finish`: the end of the text, which lets go of what the parser holds).
+async fn content_deltas(
+    out: &mut Output,
+    split: Vec<ReasoningDelta>,
+    finish: bool,
+) -> Vec<ChatDelta> {
+    let mut deltas = Vec::new();
+    for delta in split {
+        match (delta, out.tools_stream.as_mut()) {
+            (ReasoningDelta::Reasoning(text), _) => deltas.push(ChatDelta::Reasoning(text)),
+            (ReasoningDelta::Content(text), Some(parser)) => {
+                deltas.extend(parser.push(&text).await.into_iter().map(ChatDelta::Tool));
+            }
+            (ReasoningDelta::Content(text), None) => {
+                deltas.push(ChatDelta::Tool(ToolDelta::Content(text)));
+            }
+        }
+    }
+    if let (true, Some(parser)) = (finish, out.tools_stream.as_mut()) {
+        deltas.extend(parser.finish().await.into_iter().map(ChatDelta::Tool));
+    }
+    deltas
+}
+
 /// One chunk per delta; the piece's log-probabilities ride on the first (or on an empty delta
 /// when the text is all held back).
-fn delta_chunks(out: &mut Output, deltas: Vec<ToolDelta>, lps: &[TokenLogprobs]) -> Vec<Value> {
+fn delta_chunks(out: &mut Output, deltas: Vec<ChatDelta>, lps: &[TokenLogprobs]) -> Vec<Value> {
     let mut chunks = Vec::new();
     let mut lps = Some(lps).filter(|l| !l.is_empty());
     for delta in deltas {
         let body = match delta {
-            ToolDelta::Content(text) if text.is_empty() => continue,
-            ToolDelta::Content(text) => json!({ "content": text }),
-            ToolDelta::CallStart { index, name } => {
+            ChatDelta::Reasoning(text) if text.is_empty() => continue,
+            ChatDelta::Reasoning(text) => json!({ "reasoning_content": text }),
+            ChatDelta::Tool(ToolDelta::Content(text)) if text.is_empty() => continue,
+            ChatDelta::Tool(ToolDelta::Content(text)) => json!({ "content": text }),
+            ChatDelta::Tool(ToolDelta::CallStart { index, name }) => {
                 out.calls = out.calls.max(index + 1);
                 json!({ "tool_calls": [{
                     "index": index,
@@ -434,10 +515,12 @@ fn delta_chunks(out: &mut Output, deltas: Vec<ToolDelta>, lps: &[TokenLogprobs])
                     "function": { "name": name, "arguments": "" },
                 }]})
             }
-            ToolDelta::CallArguments { index, fragment } => json!({ "tool_calls": [{
-                "index": index,
-                "function": { "arguments": fragment },
-            }]}),
+            ChatDelta::Tool(ToolDelta::CallArguments { index, fragment }) => {
+                json!({ "tool_calls": [{
+                    "index": index,
+                    "function": { "arguments": fragment },
+                }]})
+            }
         };
         chunks.push(out.chunk(body, lps.take().unwrap_or(&[]), None));
     }

@@ -28,6 +28,7 @@ pub use protocol::GenerationParams;
 
 use crate::engine::EngineHandle;
 use crate::metrics::Metrics;
+use crate::reasoning::ReasoningFormat;
 use crate::record::Recorder;
 use crate::text::TextCodec;
 use crate::tool_calls::ToolFormat;
@@ -41,6 +42,9 @@ pub struct AppConfig {
     pub context_tokens: u32,
     /// The tool-call markup to parse out of chat output; `None`: tool calls are not parsed.
     pub tool_format: Option<ToolFormat>,
+    /// The reasoning markers to read chat output's thinking by; `None`: there is no reasoning,
+    /// and responses carry no `reasoning_content`.
+    pub reasoning_format: Option<ReasoningFormat>,
     /// Request bodies larger than this are refused with 413.
     pub body_bytes_max: usize,
     /// A request still running after this is ended with an error and aborted.
@@ -65,6 +69,7 @@ impl AppConfig {
             model_name: model_name.into(),
             context_tokens,
             tool_format: None,
+            reasoning_format: None,
             body_bytes_max: 8 << 20,
             request_time_max: Duration::from_secs(600),
             health_stall_max: Duration::from_secs(30),

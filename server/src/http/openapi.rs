@@ -424,6 +424,15 @@ fn chat_properties(config: &AppConfig) -> Value {
             "type": "boolean", "nullable": true, "default": true,
             "description": "false holds a \"required\" reply to one call",
         },
+        "chat_template_kwargs": nullable(json!({
+            "type": "object",
+            "description": "further variables for the model's chat template (Qwen 3's \
+                enable_thinking, DeepSeek V3.1's thinking); not the ones the server sets",
+            "properties": lockstep_gpu::chat::RESERVED_VARIABLES
+                .iter()
+                .map(|name| (name.to_string(), json!({ "not": {} })))
+                .collect::<Map<String, Value>>(),
+        })),
         "response_format": nullable(json!({
             "type": "object",
             "required": ["type"],
@@ -632,6 +641,10 @@ fn chat_response() -> Value {
         json!({
             "role": { "type": "string", "enum": ["assistant"] },
             "content": nullable(json!({ "type": "string" })),
+            "reasoning_content": nullable(json!({
+                "type": "string",
+                "description": "a reasoning model's thinking (servers that read reasoning only)",
+            })),
             "tool_calls": { "type": "array", "items": reference("ToolCall") },
         }),
     );
@@ -678,6 +691,7 @@ fn chat_chunk() -> Value {
         json!({
             "role": { "type": "string", "enum": ["assistant"] },
             "content": { "type": "string" },
+            "reasoning_content": { "type": "string" },
             "tool_calls": { "type": "array", "items": call },
         }),
     );

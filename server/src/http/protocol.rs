@@ -6,7 +6,7 @@
 //! server does.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use lockstep_core::model::SamplingSpec;
@@ -91,6 +91,9 @@ pub struct ChatRequest {
     /// OpenAI's: `false` holds a `"required"` reply to one call.
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
+    /// Further variables for the chat template, as vLLM and SGLang take them (Qwen 3's
+    /// `enable_thinking`, DeepSeek V3.1's `thinking`).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 /// Stop strings, at most this many, each at most `STOP_BYTES_MAX` bytes.

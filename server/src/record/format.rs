@@ -7,7 +7,7 @@ use std::path::Path;
 use lockstep_core::sched::FinishReason;
 use lockstep_core::wire::Sampling;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The header's `format`.
 pub const TRACE_FORMAT: &str = "lockstep-trace";
@@ -131,6 +131,9 @@ pub enum RequestInput {
         tool_choice: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         response_format: Option<Value>,
+        /// The template variables the request set (Qwen 3's `enable_thinking`, say).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chat_template_kwargs: Option<Map<String, Value>>,
     },
 }
 

@@ -62,6 +62,7 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
         tools: None,
         tool_choice: None,
         response_format: Some(json!({"type": "json_object"})),
+        chat_template_kwargs: json!({"enable_thinking": false}).as_object().cloned(),
     };
     for turn in 1..=2u64 {
         let draft = recorder.arrived(&session("s")).with_input(chat.clone());

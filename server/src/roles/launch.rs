@@ -168,7 +168,7 @@ pub async fn serve(
                 options,
                 served.name.clone(),
                 sched.request_tokens_max,
-                served.tool_format,
+                served.formats,
             );
             // Opened first, so that a path that cannot be written fails at once.
             let trace = serve::open_trace(options).await?;
@@ -283,7 +283,7 @@ struct Served {
     sched: SchedConfig,
     name: String,
     codec: Arc<dyn TextCodec>,
-    tool_format: Option<crate::tool_calls::ToolFormat>,
+    formats: serve::OutputFormats,
     executor: Executor,
     kv_layout: KvLayout,
     fingerprint: u64,
@@ -298,7 +298,7 @@ impl Served {
             let name = options.served_model_name.clone().unwrap_or_else(|| "provenance".into());
             return Ok(Served {
                 codec: Arc::new(SyntheticCodec::new(serve::PROVENANCE_VOCAB)),
-                tool_format: options.tool_call_parser,
+                formats: serve::OutputFormats::new(options, None),
                 executor: Executor::Provenance(model),
                 kv_layout: PROVENANCE_KV_LAYOUT,
                 fingerprint: provenance_fingerprint(serve::PROVENANCE_VOCAB),
@@ -350,7 +350,7 @@ impl Served {
             sched: loaded.sched,
             name: loaded.name,
             codec: loaded.codec,
-            tool_format: loaded.tool_format,
+            formats: loaded.formats,
             fingerprint,
         })
     }

@@ -8,20 +8,21 @@ use std::sync::Arc;
 
 use lockstep_core::model::{GrammarCompiler, SyntheticGrammars};
 use lockstep_gpu::model::Model;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 pub trait TextCodec: Send + Sync + std::fmt::Debug + 'static {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
     /// Text of `ids`, special tokens left out.
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
-    /// OpenAI messages (and tools) through the chat template, with the assistant's turn opened
-    /// and `assistant_prefix` written at its start; as token ids.
+    /// OpenAI messages (and tools, and further template variables) through the chat template,
+    /// with the assistant's turn opened and `assistant_prefix` written at its start.
     fn encode_chat(
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
+        variables: &Map<String, Value>,
         assistant_prefix: &str,
-    ) -> Result<Vec<u32>, String>;
+    ) -> Result<ChatPrompt, String>;
     /// The chat template, if the model has one (the tool-call format is detected from it).
     fn chat_template(&self) -> Option<&str>;
     fn vocab_size(&self) -> u32;
@@ -29,6 +30,14 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug + 'static {
     fn token_text(&self, id: u32) -> String;
     /// What compiles constrained requests' grammars over this vocabulary, or why there is none.
     fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String>;
+}
+
+/// A chat request's prompt: the text the template wrote (where a reasoning model's turn opens
+/// or closes its thinking), and its tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatPrompt {
+    pub text: String,
+    pub tokens: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -47,11 +56,12 @@ impl TextCodec for ModelCodec {
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
+        variables: &Map<String, Value>,
         assistant_prefix: &str,
-    ) -> Result<Vec<u32>, String> {
-        let mut rendered = self.0.render_chat_json(messages, tools, true)?;
-        rendered.push_str(assistant_prefix);
-        self.0.encode_chat(&rendered)
+    ) -> Result<ChatPrompt, String> {
+        let mut text = self.0.render_chat_json(messages, tools, variables, true)?;
+        text.push_str(assistant_prefix);
+        Ok(ChatPrompt { tokens: self.0.encode_chat(&text)?, text })
     }
 
     fn chat_template(&self) -> Option<&str> {
@@ -109,9 +119,13 @@ impl TextCodec for SyntheticCodec {
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
+        variables: &Map<String, Value>,
         assistant_prefix: &str,
-    ) -> Result<Vec<u32>, String> {
+    ) -> Result<ChatPrompt, String> {
         let mut text = String::new();
+        if !variables.is_empty() {
+            text.push_str(&format!("variables {} ", Value::from(variables.clone())));
+        }
         if let Some(tools) = tools {
             text.push_str(&format!("tools {} ", Value::from(tools.to_vec())));
         }
@@ -122,7 +136,7 @@ impl TextCodec for SyntheticCodec {
         }
         text.push_str("assistant ");
         text.push_str(assistant_prefix);
-        self.encode(&text)
+        Ok(ChatPrompt { tokens: self.encode(&text)?, text })
     }
 
     fn chat_template(&self) -> Option<&str> {

@@ -1,0 +1,208 @@
+//! The split checked three ways: our marker table against reasoning-parser's parsers; the split
+//! against a model of the rules written out here (so an upgrade of the crate that changes them
+//! fails a test); and streamed against whole, however the text is chunked.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+use proptest::prelude::*;
+use reasoning_parser::ReasoningParser;
+
+use super::cut::{Cutter, Piece};
+use super::stream::PARSERS;
+use super::{Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, split_whole};
+
+fn format(name: &str) -> ReasoningFormat {
+    ReasoningFormat::from_name(name).unwrap()
+}
+
+fn crate_parser(format: ReasoningFormat) -> Box<dyn ReasoningParser> {
+    PARSERS.registry().create_parser(format.name).unwrap()
+}
+
+#[test]
+fn the_marker_table_is_the_crates() {
+    for format in ReasoningFormat::ALL {
+        let mut parser = crate_parser(format);
+        let text = format!("{}thought{}answer", format.start, format.end);
+        let result = parser.detect_and_parse_reasoning(&text).unwrap();
+        assert_eq!(result.reasoning_text, "thought", "{}", format.name);
+        assert_eq!(result.normal_text, "answer", "{}", format.name);
+        // Another family's markers are text to it.
+        let other = if format.start == "<think>" {
+            ("◁think▷", "◁/think▷")
+        } else {
+            ("<think>", "</think>")
+        };
+        let text = format!("{}x{}y", other.0, other.1);
+        let mut parser = crate_parser(format);
+        let result = parser.detect_and_parse_reasoning(&text).unwrap();
+        assert!(result.normal_text == text || result.reasoning_text == text, "{}", format.name);
+    }
+    assert!(ReasoningFormat::from_name("gemma4").is_err(), "a parser with states of its own");
+    assert!(ReasoningFormat::from_name("nope").unwrap_err().contains("qwen3"));
+}
+
+#[test]
+fn the_format_is_read_from_the_template() {
+    let qwen3 = "{% if enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}";
+    assert_eq!(ReasoningFormat::detect(qwen3).map(|f| f.name), Some("qwen3"));
+    let kimi = "{{ '◁think▷' + reasoning + '◁/think▷' }}";
+    assert_eq!(ReasoningFormat::detect(kimi).map(|f| f.name), Some("kimi"));
+    let cohere = "<|START_THINKING|>{{ t }}<|END_THINKING|>";
+    assert_eq!(ReasoningFormat::detect(cohere).map(|f| f.name), Some("cohere_cmd"));
+    assert_eq!(ReasoningFormat::detect("{{ messages }} <tool_call>"), None);
+    assert_eq!(ReasoningFormat::detect("only <think> opens"), None);
+}
+
+#[test]
+fn the_prompts_end_says_where_the_turn_starts() {
+    let qwen3 = format("qwen3");
+    assert_eq!(qwen3.opening("<|im_start|>assistant\n<think>\n"), Opening::Inside);
+    assert_eq!(qwen3.opening("<|im_start|>assistant\n<think>\n\n</think>\n\n"), Opening::Closed);
+    assert_eq!(qwen3.opening("<|im_start|>assistant\n"), Opening::ByParser);
+    // An earlier turn's block is not this turn's.
+    assert_eq!(qwen3.opening("<think>a</think>b<|im_start|>assistant\n"), Opening::ByParser);
+}
+
+#[test]
+fn families_split_as_their_models_write() {
+    let cases: [(&str, &str, &str, (&str, &str)); 9] = [
+        // Qwen 3 thinks when it opens a block itself.
+        ("qwen3", "assistant\n", "<think>\nhm\n</think>\n\nYes.", ("\nhm\n", "\n\nYes.")),
+        ("qwen3", "assistant\n", "Yes.", ("", "Yes.")),
+        // Its template turned thinking off: a block the model writes anyway is content.
+        (
+            "qwen3",
+            "assistant\n<think>\n\n</think>\n\n",
+            "<think>a</think>b",
+            ("", "<think>a</think>b"),
+        ),
+        // DeepSeek V3.1 in thinking mode: the prompt opened the block.
+        ("deepseek_v31", "<｜Assistant｜><think>", "hm</think>Yes.", ("hm", "Yes.")),
+        ("deepseek_v31", "<｜Assistant｜></think>", "Yes.", ("", "Yes.")),
+        // R1 starts inside whether or not it writes the opening marker.
+        ("deepseek_r1", "<｜Assistant｜>", "hm</think>Yes.", ("hm", "Yes.")),
+        ("deepseek_r1", "<｜Assistant｜>", "<think>hm</think>Yes.", ("hm", "Yes.")),
+        // Cut off while thinking: all reasoning; a second block after the answer is answer.
+        ("qwen3", "", "<think>still going", ("still going", "")),
+        ("qwen3", "", "<think>a</think>b<think>c</think>", ("a", "b<think>c</think>")),
+    ];
+    for (name, prompt, text, (reasoning, content)) in cases {
+        let format = format(name);
+        let got = split_whole(format, format.opening(prompt), text);
+        assert_eq!(got, (reasoning.to_owned(), content.to_owned()), "{name} {prompt:?} {text:?}");
+    }
+}
+
+#[test]
+fn the_cutter_holds_only_what_may_become_a_marker() {
+    let mut cutter = Cutter::new(["<think>", "</think>"]);
+    assert_eq!(cutter.push("ab</th"), vec![Piece::Text("ab".into())]);
+    assert_eq!(cutter.push("ink>c<"), vec![Piece::Marker("</think>"), Piece::Text("c".into())]);
+    assert_eq!(cutter.push("x"), vec![Piece::Text("<x".into())]);
+    assert_eq!(cutter.push("é<"), vec![Piece::Text("é".into())]);
+    assert_eq!(cutter.finish(), vec![Piece::Text("<".into())]);
+    assert_eq!(cutter.finish(), vec![]);
+}
+
+/// The rules as written out in the module docs, on the whole text: the model the crate's
+/// parsers are checked against.
+fn model_split(
+    format: ReasoningFormat,
+    inside_at_start: bool,
+    opening: Opening,
+    text: &str,
+) -> (String, String) {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    if opening == Opening::Closed {
+        return (reasoning, text.to_owned());
+    }
+    let mut inside = opening == Opening::Inside || inside_at_start;
+    // Whether an opening marker was already taken (in the prompt, or in the output).
+    let mut opened = opening == Opening::Inside;
+    let mut cutter = Cutter::new([format.start, format.end]);
+    let mut pieces = cutter.push(text);
+    pieces.extend(cutter.finish());
+    for piece in pieces {
+        match piece {
+            Piece::Marker(m) if m == format.start && !opened => {
+                opened = true;
+                inside = true;
+            }
+            Piece::Marker(m) if m == format.end && inside => inside = false,
+            Piece::Marker(m) if inside => reasoning.push_str(m),
+            Piece::Marker(m) => content.push_str(m),
+            Piece::Text(t) if inside => reasoning.push_str(&t),
+            Piece::Text(t) => content.push_str(&t),
+        }
+    }
+    (reasoning, content)
+}
+
+fn fragment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("<think>".to_owned()),
+        Just("</think>".to_owned()),
+        Just("◁think▷".to_owned()),
+        Just("◁/think▷".to_owned()),
+        Just("<|END_THINKING|>".to_owned()),
+        Just("<|START_THINKING|>".to_owned()),
+        "(<|</|<th|</thi|◁|◁/th|<\\|START)",
+        "[a-z <>/\n|é😀]{0,8}",
+    ]
+}
+
+fn case() -> impl Strategy<Value = (ReasoningFormat, &'static str, String, Vec<prop::sample::Index>)>
+{
+    let prompt = prop::sample::select(vec![
+        "",
+        "assistant\n",
+        "<think>\n",
+        "<think></think>\n",
+        "◁think▷",
+        "<|START_THINKING|>",
+    ]);
+    (
+        prop::sample::select(ReasoningFormat::ALL.to_vec()),
+        prompt,
+        prop::collection::vec(fragment(), 0..12).prop_map(|f| f.concat()),
+        prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+    )
+}
+
+/// `text` cut at the given places (character boundaries).
+fn chunks<'a>(text: &'a str, cuts: &[prop::sample::Index]) -> Vec<&'a str> {
+    let boundaries: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+    let mut at: Vec<usize> = cuts.iter().map(|c| *c.get(&boundaries)).collect();
+    at.push(0);
+    at.push(text.len());
+    at.sort_unstable();
+    at.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn streamed_equals_whole_equals_the_written_rules((format, prompt, text, cuts) in case()) {
+        let opening = format.opening(prompt);
+        let whole = split_whole(format, opening, &text);
+        let mut stream = ReasoningStream::new(format, opening);
+        let mut deltas = Vec::new();
+        for chunk in chunks(&text, &cuts) {
+            deltas.extend(stream.push(chunk));
+        }
+        deltas.extend(stream.finish());
+        prop_assert!(stream.finish().is_empty());
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        for delta in &deltas {
+            match delta {
+                ReasoningDelta::Reasoning(t) => reasoning.push_str(t),
+                ReasoningDelta::Content(t) => content.push_str(t),
+            }
+        }
+        prop_assert_eq!(&(reasoning, content), &whole);
+        let inside_at_start = crate_parser(format).is_in_reasoning();
+        prop_assert_eq!(whole, model_split(format, inside_at_start, opening, &text));
+    }
+}
