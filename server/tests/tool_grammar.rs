@@ -1,7 +1,8 @@
 //! `tool_choice`'s grammars in every dialect on a real vocabulary (the tiny generated model's
 //! byte-level one, where every marker is spelled in pieces): the calls each dialect's models
 //! write pass token by token and may end there, and the dialect's own parser reads them back as
-//! those calls; a call outside the tools' schemas is refused.
+//! those calls; a call outside the tools' schemas is refused. And a reasoning model's grammar,
+//! JSON or calls, held off until its thinking ends.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
@@ -12,9 +13,11 @@ mod tiny;
 
 use std::sync::{Arc, OnceLock};
 
+use lockstep_core::model::Grammar;
 use lockstep_core::model::GrammarCompiler as _;
 use lockstep_gpu::grammar::GrammarCompiler;
 use lockstep_gpu::model::Model;
+use lockstep_server::reasoning::{ReasoningFormat, Thinking, after_thinking};
 use lockstep_server::tool_calls::{
     ToolFormat, ToolSpec, named_call, parse_complete, required_calls,
 };
@@ -190,4 +193,56 @@ fn dsml_parameters_follow_the_schema_s_order_and_its_required_ones() {
             .replace("string=\"true\">Oslo", "string=\"false\">\"Oslo\"");
         assert!(vocabulary.accepts(&grammar, &quoted).is_err(), "{format:?}: {quoted}");
     }
+}
+
+#[test]
+fn a_grammar_waits_for_the_thinking_to_end() {
+    let vocabulary = Vocabulary::tiny();
+    let format = |name| ReasoningFormat::from_name(name).unwrap();
+    let schema = json!({
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": false,
+    });
+    let json = Grammar::JsonSchema(schema.to_string());
+    let answer = "{\"city\": \"Oslo\"}";
+    let held = |name, thinking, grammar: &Grammar| {
+        after_thinking(format(name), thinking, grammar).unwrap()
+    };
+    let must = held("qwen3", Thinking::Must, &json);
+    for text in
+        [format!("Cold? Maybe {{\"city\"...</think>\n\n{answer}"), format!("</think>{answer}")]
+    {
+        vocabulary.accepts(&must, &text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    }
+    // The thinking must end first, and ends at its first closing marker.
+    for text in [
+        answer.to_owned(),
+        format!("a</think>b</think>{answer}"),
+        "a</think>{\"city\": \"Rome\"}".to_owned(),
+    ] {
+        assert!(vocabulary.accepts(&must, &text).is_err(), "{text:?}");
+    }
+    // May: straight to the answer, or after a block the model opened itself.
+    let may = held("qwen3", Thinking::May, &json);
+    for text in [answer.to_owned(), format!("<think>\nhm\n</think>\n\n{answer}")] {
+        vocabulary.accepts(&may, &text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    }
+    assert!(vocabulary.accepts(&may, &format!("hm</think>{answer}")).is_err());
+    // Markers with regex characters, any object, and tool calls.
+    let object = held("kimi", Thinking::Must, &Grammar::JsonObject);
+    vocabulary.accepts(&object, "t◁/think▷{\"a\": [1]}").unwrap();
+    let cohere = held("cohere_cmd", Thinking::Must, &json);
+    vocabulary.accepts(&cohere, &format!("t<|END_THINKING|>{answer}")).unwrap();
+    assert!(vocabulary.accepts(&cohere, &format!("t<|END_THINKING>{answer}")).is_err());
+    let calls = required_calls(ToolFormat::Hermes, &specs(), true);
+    let call = render(ToolFormat::Hermes, &[("get_weather", json!({"city": "Oslo", "days": 3}))]);
+    let thought_calls = held("deepseek_r1", Thinking::Must, &calls);
+    vocabulary.accepts(&thought_calls, &format!("Oslo, then.</think>\n\n{call}")).unwrap();
+    assert!(vocabulary.accepts(&thought_calls, "Oslo, then.</think>\n\nSure.").is_err());
+    assert!(
+        after_thinking(format("qwen3"), Thinking::Must, &Grammar::Lark("x: \"a\"".into()))
+            .is_none()
+    );
 }

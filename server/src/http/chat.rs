@@ -6,7 +6,8 @@
 //! parses nothing; a named function renders only that tool and, for Hermes markup, opens the
 //! assistant's turn with the start of a call to it, so the model continues inside the call, and
 //! holds the output to that one call by a grammar (`tool_calls::named_call`, every dialect's
-//! markup); `required` holds it to one or more calls (`tool_calls::required_calls`).
+//! markup); `required` holds it to one or more calls (`tool_calls::required_calls`). For a
+//! reasoning model, a grammar holds what follows its thinking (`reasoning::after_thinking`).
 
 use std::sync::Arc;
 
@@ -27,7 +28,10 @@ use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
 use super::response_format;
 use super::{AppState, logprobs};
-use crate::reasoning::{Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, split_whole};
+use crate::reasoning::{
+    Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, Thinking, after_thinking,
+    split_whole,
+};
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
     ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, named_call, parse_complete,
@@ -130,15 +134,39 @@ async fn prepare(
                 if variables.is_empty() { "messages" } else { "messages or chat_template_kwargs" };
             invalid(ApiError::invalid_param(param, e))
         })?;
-    let reasoning = state.config.reasoning_format.map(|format| {
-        // A turn the server opened with a call (a named tool's prefix) has no thinking, and a
-        // held output is all answer: what the grammar writes is the content.
-        let opening = match prefix.is_empty() && grammar.is_none() {
+    // A turn the server opened with a call (a named tool's prefix) has no thinking.
+    let mut reasoning = state.config.reasoning_format.map(|format| {
+        let opening = match prefix.is_empty() {
             true => format.opening(&prompt.text),
             false => Opening::Closed,
         };
         Reasoning { format, opening }
     });
+    if let (Some(r), Some(held)) = (reasoning.as_mut(), grammar.as_mut()) {
+        let thinking = match r.opening {
+            Opening::Closed => None,
+            Opening::Inside => Some(Thinking::Must),
+            Opening::ByParser if r.format.starts_inside() => Some(Thinking::Must),
+            Opening::ByParser => Some(Thinking::May),
+        };
+        match thinking.and_then(|thinking| after_thinking(r.format, thinking, held)) {
+            Some(after) => {
+                let compiler = state
+                    .codec
+                    .grammars()
+                    .map_err(|e| invalid(ApiError::invalid_param("response_format", e)))?;
+                compiler.compile(&after).map_err(|e| {
+                    invalid(ApiError::invalid_param(
+                        "response_format",
+                        format!("after the thinking: {e}"),
+                    ))
+                })?;
+                *held = after;
+            }
+            // Held from the first token: what the grammar writes is all answer.
+            None => r.opening = Opening::Closed,
+        }
+    }
     params.spec.grammar = grammar;
     let draft = arrival.map(|a| {
         let ChatRequest {

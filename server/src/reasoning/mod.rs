@@ -18,10 +18,12 @@
 //! `thinking`) has no reasoning to find, and otherwise the parser's own rule holds.
 
 mod cut;
+mod grammar;
 mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use grammar::{Thinking, after_thinking};
 pub use stream::{ReasoningStream, split_whole};
 
 /// A model family's reasoning markers, by reasoning-parser's name for its parser.
@@ -87,6 +89,12 @@ impl ReasoningFormat {
             .into_iter()
             .filter(|f| f.start != THINK.0 || f.name == "qwen3")
             .find(|f| chat_template.contains(f.start) && chat_template.contains(f.end))
+    }
+
+    /// Whether the family's models start inside their thinking (DeepSeek R1, Qwen 3 Thinking),
+    /// by reasoning-parser's parser.
+    pub fn starts_inside(self) -> bool {
+        stream::PARSERS.registry().create_parser(self.name).is_some_and(|p| p.is_in_reasoning())
     }
 
     /// How a turn whose prompt is `prompt` starts, read from the prompt's end.

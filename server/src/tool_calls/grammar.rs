@@ -183,7 +183,7 @@ fn call_schema(spec: &ToolSpec, arguments: &str) -> Value {
 }
 
 /// `%json` of `schema`, its blanks bounded unless the schema says otherwise.
-fn json_value(schema: &Value) -> String {
+pub(crate) fn json_value(schema: &Value) -> String {
     let mut schema = schema.clone();
     if let Some(fields) = schema.as_object_mut() {
         fields.entry("x-guidance").or_insert_with(|| json!({"whitespace_pattern": JSON_BLANKS}));
@@ -192,7 +192,7 @@ fn json_value(schema: &Value) -> String {
 }
 
 /// `text` as a Lark string literal (JSON's escapes are Lark's).
-fn literal(text: &str) -> String {
+pub(crate) fn literal(text: &str) -> String {
     Value::from(text).to_string()
 }
 

@@ -39,6 +39,7 @@ mod stream;
 mod tests;
 
 pub use format::ToolFormat;
+pub(crate) use grammar::{json_value, literal};
 pub use grammar::{named_call, required_calls};
 pub use stream::{ToolCallStream, parse_complete};
 
