@@ -620,6 +620,22 @@ mod tests {
     }
 
     #[test]
+    fn the_reasoning_parser_is_the_templates_unless_named_or_off() {
+        let qwen3 = ReasoningFormat::from_name("qwen3").ok();
+        let thinking = Some("{{ '<think>' }}{{ '</think>' }}<tool_call>");
+        let formats = |args: &[&str], template| OutputFormats::new(&parse(args).unwrap(), template);
+        assert_eq!(formats(&[], thinking).reasoning, qwen3);
+        assert_eq!(formats(&[], thinking).tools, Some(ToolFormat::Hermes));
+        assert_eq!(formats(&[], Some("{{ messages }}")).reasoning, None);
+        assert_eq!(formats(&[], None).reasoning, None);
+        assert_eq!(formats(&["--reasoning-parser", "none"], thinking).reasoning, None);
+        let r1 = formats(&["--reasoning-parser", "deepseek_r1"], None).reasoning;
+        assert_eq!(r1.map(|f| f.name), Some("deepseek_r1"));
+        let error = parse(&["--reasoning-parser", "think"]).unwrap_err();
+        assert!(error.contains("deepseek_r1"), "{error}");
+    }
+
+    #[test]
     fn device_is_cpu_by_default_and_cuda_takes_an_index() {
         assert_eq!(parse(&[]).unwrap().device, Device::Cpu);
         assert_eq!(parse(&["--device", "cpu"]).unwrap().device, Device::Cpu);
