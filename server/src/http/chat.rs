@@ -134,39 +134,13 @@ async fn prepare(
                 if variables.is_empty() { "messages" } else { "messages or chat_template_kwargs" };
             invalid(ApiError::invalid_param(param, e))
         })?;
-    // A turn the server opened with a call (a named tool's prefix) has no thinking.
-    let mut reasoning = state.config.reasoning_format.map(|format| {
-        let opening = match prefix.is_empty() {
-            true => format.opening(&prompt.text),
-            false => Opening::Closed,
-        };
-        Reasoning { format, opening }
-    });
-    if let (Some(r), Some(held)) = (reasoning.as_mut(), grammar.as_mut()) {
-        let thinking = match r.opening {
-            Opening::Closed => None,
-            Opening::Inside => Some(Thinking::Must),
-            Opening::ByParser if r.format.starts_inside() => Some(Thinking::Must),
-            Opening::ByParser => Some(Thinking::May),
-        };
-        match thinking.and_then(|thinking| after_thinking(r.format, thinking, held)) {
-            Some(after) => {
-                let compiler = state
-                    .codec
-                    .grammars()
-                    .map_err(|e| invalid(ApiError::invalid_param("response_format", e)))?;
-                compiler.compile(&after).map_err(|e| {
-                    invalid(ApiError::invalid_param(
-                        "response_format",
-                        format!("after the thinking: {e}"),
-                    ))
-                })?;
-                *held = after;
-            }
-            // Held from the first token: what the grammar writes is all answer.
-            None => r.opening = Opening::Closed,
-        }
-    }
+    let held_by = if tools.as_ref().is_some_and(|t| t.grammar.is_some()) {
+        "tool_choice"
+    } else {
+        "response_format"
+    };
+    let reasoning =
+        reasoning(state, &prompt.text, prefix, &mut grammar, held_by).map_err(invalid)?;
     params.spec.grammar = grammar;
     let draft = arrival.map(|a| {
         let ChatRequest {
@@ -189,6 +163,36 @@ async fn prepare(
 struct Reasoning {
     format: ReasoningFormat,
     opening: Opening,
+}
+
+/// How a completion of `prompt` reads its reasoning, when the server reads any; and `grammar`
+/// (the request's, from `held_by`) moved after the thinking, where the turn may think.
+fn reasoning(
+    state: &AppState,
+    prompt: &str,
+    prefix: &str,
+    grammar: &mut Option<Grammar>,
+    held_by: &'static str,
+) -> Result<Option<Reasoning>, ApiError> {
+    let Some(format) = state.config.reasoning_format else { return Ok(None) };
+    // A turn the server opened with a call (a named tool's prefix) has no thinking.
+    let opening = if prefix.is_empty() { format.opening(prompt) } else { Opening::Closed };
+    let Some(held) = grammar.as_mut() else { return Ok(Some(Reasoning { format, opening })) };
+    let thinking = match opening {
+        Opening::Closed => None,
+        Opening::Inside => Some(Thinking::Must),
+        Opening::ByParser if format.starts_inside() => Some(Thinking::Must),
+        Opening::ByParser => Some(Thinking::May),
+    };
+    let Some(after) = thinking.and_then(|thinking| after_thinking(format, thinking, held)) else {
+        // Held from the first token: what the grammar writes is all answer.
+        return Ok(Some(Reasoning { format, opening: Opening::Closed }));
+    };
+    let invalid = |why: String| ApiError::invalid_param(held_by, why);
+    let compiler = state.codec.grammars().map_err(&invalid)?;
+    compiler.compile(&after).map_err(|e| invalid(format!("after the thinking: {e}")))?;
+    *held = after;
+    Ok(Some(Reasoning { format, opening }))
 }
 
 /// The tools to render into the prompt, and how to parse calls out of the output (for
