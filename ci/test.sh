@@ -62,20 +62,6 @@ step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES c
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
     --test kv_state_machine --test sched_state_machine --test pd_pair --test pd_cluster
 
-if [ "$FUZZ_SECONDS" -gt 0 ]; then
-    # In the background from here: the builds of the simulator and of the API checks' server end
-    # in chains of one crate at a time, the simulator and schemathesis leave a core idle.
-    step "fuzz targets: building them behind the simulator and the HTTP API checks"
-    if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
-        cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
-    fi
-    fuzz_build_log="$(mktemp)"
-    # Stable Rust: no sanitizer (RUSTC_BOOTSTRAP=1 would give AddressSanitizer).
-    (cd fuzz && cargo fuzz build --sanitizer none) >"$fuzz_build_log" 2>&1 &
-    fuzz_build=$!
-    trap 'kill "$fuzz_build" 2>/dev/null || true' EXIT
-fi
-
 step "simulator: the seed set on every committed trace, with faults (ci/sim-seeds.txt), and the determinism check"
 # The sim-check profile (Cargo.toml): opt-level 1, a minute quicker to build than release.
 cargo build --profile sim-check --locked -p lockstep-sim --bin sim
@@ -87,6 +73,18 @@ grep -v '^#' ci/sim-seeds.txt | while read -r trace seeds topology faults option
 done
 "$sim" replay traces/recorded_router_1p1d_smollm2.jsonl --seed 7 --topology 2p2d \
     --faults heavy --check-determinism
+
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    step "fuzz targets: building them behind the HTTP API checks (which leave a core idle)"
+    if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+        cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
+    fi
+    fuzz_build_log="$(mktemp)"
+    # Stable Rust: no sanitizer (RUSTC_BOOTSTRAP=1 would give AddressSanitizer).
+    (cd fuzz && cargo fuzz build --sanitizer none) >"$fuzz_build_log" 2>&1 &
+    fuzz_build=$!
+    trap 'kill "$fuzz_build" 2>/dev/null || true' EXIT
+fi
 
 if [ "$API_CHECKS" != 0 ]; then
     step "HTTP API: schemathesis against /openapi.json, the unchanged openai Python client"
