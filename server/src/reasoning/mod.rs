@@ -15,7 +15,9 @@
 //! Where a turn starts is read from the prompt the template wrote: a prompt ending in an open
 //! thinking marker (DeepSeek R1's and V3.1's thinking mode, Qwen 3 Thinking) starts inside it,
 //! one ending in a closed block (Qwen 3 with `enable_thinking: false`, DeepSeek V3.1 without
-//! `thinking`) has no reasoning to find, and otherwise the parser's own rule holds.
+//! `thinking`) has no reasoning to find, and otherwise the parser's own rule holds. A request's
+//! grammar holds what follows the thinking (`grammar::after_thinking`), so a reasoning model asked
+//! for JSON or calls still thinks first.
 
 mod cut;
 mod grammar;
