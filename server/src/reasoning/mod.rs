@@ -3,8 +3,8 @@
 //! whole, so that a client gets `reasoning_content` apart from the answer (and tool calls are
 //! read from the answer alone).
 //!
-//! The rules per model family are reasoning-parser's (the SMG project's, tool-parser's sibling,
-//! matching SGLang): which markers, whether a model starts inside its thinking (DeepSeek R1,
+//! The rules per model family are reasoning-parser's (the SMG project's, tool-parser's
+//! sibling): which markers, whether a model starts inside its thinking (DeepSeek R1,
 //! Qwen 3 Thinking), a second opening marker inside the thinking kept as text, a closing marker
 //! outside it kept as text. `cut` hands its parser every marker as a piece of its own: fed
 //! arbitrary chunks, its streaming parser depends on where they fall (reasoning-parser 1.10:
