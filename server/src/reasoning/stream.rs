@@ -27,7 +27,7 @@ impl std::fmt::Debug for ReasoningStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReasoningStream")
             .field("cutter", &self.cutter)
-            .field("in_reasoning", &self.in_reasoning())
+            .field("in_reasoning", &self.parser.as_ref().map(|p| p.is_in_reasoning()))
             .finish()
     }
 }
@@ -38,21 +38,14 @@ impl ReasoningStream {
     pub fn new(format: ReasoningFormat, opening: Opening) -> ReasoningStream {
         let parser = match opening {
             Opening::Closed => None,
-            Opening::Inside | Opening::ByParser => PARSERS.registry().create_parser(format.name),
-        };
-        let parser = parser.map(|mut parser| {
-            if opening == Opening::Inside {
+            Opening::ByParser => PARSERS.registry().create_parser(format.name),
+            Opening::Inside => PARSERS.registry().create_parser(format.name).map(|mut parser| {
                 parser.mark_reasoning_started();
                 parser.mark_think_start_stripped();
-            }
-            parser
-        });
+                parser
+            }),
+        };
         ReasoningStream { cutter: Cutter::new([format.start, format.end]), parser }
-    }
-
-    /// Whether the text so far leaves the completion inside its reasoning.
-    pub fn in_reasoning(&self) -> bool {
-        self.parser.as_ref().is_some_and(|p| p.is_in_reasoning())
     }
 
     pub fn push(&mut self, text: &str) -> Vec<ReasoningDelta> {
