@@ -1,5 +1,5 @@
 // A block's threads as fibers on one OS thread. A fiber runs until it reaches a barrier
-// (`__syncthreads`, `__syncwarp`, a shuffle) or returns; the scheduler then runs the next. A
+// (`__syncthreads`, `__syncwarp`, a shuffle) or returns, and switches to the next. A
 // warp's lanes run first to their next warp barrier, which releases once every live lane of the
 // warp is there; when no lane of any warp can go on, every live thread must be at the block
 // barrier, which then releases. Anything else is a kernel bug the device would hang on or
@@ -17,16 +17,15 @@
 // its own ($LOCKSTEP_CUDA_EMU_THREADS in all, default the machine's cores), each running one
 // block at a time: `__shared__` is thread-local storage (device.h), so it is the block's.
 //
-// Switching is `_setjmp` / `_longjmp` between stacks made once by `makecontext` (`swapcontext`
-// costs a system call a switch for the signal mask; a launch makes millions of switches). A
-// fiber's stack outlives its kernel: it loops, running the block it is given, so a launch starts
-// no fiber anew. Built without _FORTIFY_SOURCE, whose `longjmp` refuses to jump between stacks.
+// Switching is context.h's, and a stopping fiber switches straight to the next lane of its
+// warp's round; only the round's last switches back to the scheduler, which then checks the
+// warp's barrier (before, every stop went by way of the scheduler: two switches, not one, and
+// the emulated device checks took twice as long). A fiber's stack outlives its kernel: it loops,
+// running the block it is given, so a launch starts no fiber anew.
 
 #include "blocks.h"
 
-#include <setjmp.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "context.h"
+
 namespace lockstep_emu {
 namespace {
 
@@ -53,10 +54,9 @@ constexpr std::size_t STACK_BYTES = 256 * 1024;
 enum class State { Runnable, AtWarpBarrier, AtBlockBarrier, AtWait, Done };
 
 struct Fiber {
-    ucontext_t start;  // only until the fiber first runs
-    jmp_buf resume;
+    Context context;
     void* stack = nullptr;
-    bool started = false;
+    bool started = false;  // its context runs `fiber_main`; otherwise prepared at its next run
     State state = State::Done;
     unsigned int warp_mask = FULL_MASK;
     Coordinates coordinates{};
@@ -90,7 +90,11 @@ struct Launch {
     // A checked block before its threads passed `wait_for_inputs()`: the guard is closed.
     const PreWaitGuard* closed = nullptr;
     Fiber* current = nullptr;
-    jmp_buf scheduler;
+    Context scheduler;
+    // The warp `run_round` runs, its lanes in the order drawn, and the next of them.
+    std::size_t round_first = 0, round_cursor = 0;
+    std::vector<std::size_t> lane_order;
+    bool trapped = false;  // set by `fail` before it switches back
     std::string error;
 };
 
@@ -125,7 +129,7 @@ struct Order {
     }
 };
 thread_local Order order(1);
-thread_local std::vector<std::size_t> lane_order, warp_order;
+thread_local std::vector<std::size_t> warp_order;
 
 std::string where(const Coordinates& c) {
     char text[160];
@@ -134,19 +138,40 @@ std::string where(const Coordinates& c) {
     return text;
 }
 
-// Back to the scheduler; returns when the scheduler resumes this fiber.
+[[noreturn]] void fiber_main();
+
+// The next fiber of the warp's round (`run_round`) that can run, made current; null once the
+// round is over.
+Fiber* next_in_round() {
+    while (launch.round_cursor < launch.lane_order.size()) {
+        Fiber& fiber =
+            launch.fibers[launch.round_first + launch.lane_order[launch.round_cursor++]];
+        if (fiber.state != State::Runnable) continue;
+        launch.current = &fiber;
+        *launch.coordinates = fiber.coordinates;
+        if (!fiber.started) {
+            prepare(fiber.context, fiber.stack, STACK_BYTES, fiber_main);
+            fiber.started = true;
+        }
+        return &fiber;
+    }
+    return nullptr;
+}
+
+// Leaves the current fiber, stopped in `state`, for the round's next one, or for the scheduler
+// once the round is over: one switch a stop, not two by way of the scheduler. Returns when
+// something resumes it.
 void yield(State state) {
     Fiber& fiber = *launch.current;
     fiber.state = state;
-    if (_setjmp(fiber.resume) == 0) _longjmp(launch.scheduler, 1);
+    Fiber* next = next_in_round();
+    switch_context(fiber.context, next != nullptr ? next->context : launch.scheduler);
 }
 
 [[noreturn]] void fiber_main() {
     for (;;) {
         launch.entry->call(launch.parameters);
-        Fiber& fiber = *launch.current;
-        fiber.state = State::Done;
-        if (_setjmp(fiber.resume) == 0) _longjmp(launch.scheduler, 1);
+        yield(State::Done);
     }
 }
 
@@ -161,8 +186,20 @@ void sync_warp(unsigned int mask) {
 // it was, mid-kernel).
 [[noreturn]] void fail(std::string message) {
     if (launch.error.empty()) launch.error = std::move(message);
-    launch.current->started = false;
-    _longjmp(launch.scheduler, 2);
+    Fiber& fiber = *launch.current;
+    fiber.started = false;
+    launch.trapped = true;
+    switch_context(fiber.context, launch.scheduler);
+    __builtin_unreachable();  // a fiber not started is prepared afresh, never resumed
+}
+
+// A shuffled value (1, 2, 4 or 8 bytes), copied by fixed-size moves rather than a call to memcpy.
+void copy_value(void* to, const void* from, unsigned int size) {
+    switch (size) {
+        case 8: std::memcpy(to, from, 8); break;
+        case 4: std::memcpy(to, from, 4); break;
+        default: std::memcpy(to, from, size);
+    }
 }
 
 void exchange(unsigned int mask, const void* mine, void* out, unsigned int size, int from) {
@@ -170,14 +207,14 @@ void exchange(unsigned int mask, const void* mine, void* out, unsigned int size,
     WarpSlots& slots = launch.warps[fiber.index / WARP];
     const int generation = slots.generation;
     std::uint64_t offer = 0;
-    std::memcpy(&offer, mine, size);
+    copy_value(&offer, mine, size);
     slots.offers[generation][fiber.coordinates.lane] = offer;
     sync_warp(mask);
     if ((mask >> from & 1u) == 0) {
         fail("a shuffle reads lane " + std::to_string(from) + ", outside its mask, at " +
              where(fiber.coordinates));
     }
-    std::memcpy(out, &slots.offers[generation][from], size);
+    copy_value(out, &slots.offers[generation][from], size);
 }
 
 void trap() { fail("__trap() at " + where(launch.current->coordinates)); }
@@ -207,28 +244,19 @@ void make_fibers(std::size_t count) {
             // The lowest page catches an overflowing kernel thread.
             mprotect(fiber.stack, 4096, PROT_NONE);
         }
-        if (!fiber.started) {
-            getcontext(&fiber.start);
-            fiber.start.uc_stack.ss_sp = fiber.stack;
-            fiber.start.uc_stack.ss_size = STACK_BYTES;
-            fiber.start.uc_link = nullptr;
-            makecontext(&fiber.start, fiber_main, 0);
-        }
     }
 }
 
-// Runs `fiber` until it yields, returns, or traps (then false).
-bool run(Fiber& fiber) {
-    launch.current = &fiber;
-    *launch.coordinates = fiber.coordinates;
-    fiber.state = State::Runnable;
-    const int back = _setjmp(launch.scheduler);
-    if (back == 0) {
-        if (fiber.started) _longjmp(fiber.resume, 1);
-        fiber.started = true;
-        setcontext(&fiber.start);
-    }
-    return back != 2;
+// Runs each runnable fiber of the warp starting at `first`, in `launch.lane_order`, until it stops;
+// false if one trapped. Each passes to the next itself (`yield`); the last comes back here.
+bool run_round(std::size_t first) {
+    launch.round_first = first;
+    launch.round_cursor = 0;
+    Fiber* next = next_in_round();
+    if (next == nullptr) return true;
+    launch.trapped = false;
+    switch_context(launch.scheduler, next->context);
+    return !launch.trapped;
 }
 
 // Every fiber that had not finished leaves its stack mid-kernel: each starts afresh.
@@ -242,11 +270,8 @@ void abandon_block() {
 // live lane reached it.
 bool run_warp(std::size_t first, std::size_t last) {
     for (;;) {
-        order.shuffle(lane_order, last - first);
-        for (std::size_t lane : lane_order) {
-            Fiber& fiber = launch.fibers[first + lane];
-            if (fiber.state == State::Runnable && !run(fiber)) return false;
-        }
+        order.shuffle(launch.lane_order, last - first);
+        if (!run_round(first)) return false;
         std::size_t waiting = 0;
         unsigned int mask = 0, waiting_lanes = 0, live_lanes = 0;
         bool masks_agree = true;

@@ -103,6 +103,15 @@ std::string translation_unit(const Program& program) {
     return unit;
 }
 
+// Kernels reach threadIdx and `__shared__` through thread-locals (device.h); in a module loaded
+// by dlopen each such touch is a call to `__tls_get_addr` unless it uses TLS descriptors
+// (aarch64's default).
+#if defined(__x86_64__)
+#define TLS_DESCRIPTORS " -mtls-dialect=gnu2"
+#else
+#define TLS_DESCRIPTORS ""
+#endif
+
 // Runs `command`, its stdout and stderr into `log`; whether it exited 0.
 bool run(const std::string& command, std::string& log) {
     FILE* pipe = popen((command + " 2>&1").c_str(), "r");
@@ -134,7 +143,7 @@ nvrtcResult compile(Program& program, const std::vector<std::string>& options) {
     // `threadIdx.x` with ints everywhere: no warning for it, as NVRTC gives none.
     const std::string flags =
         "-std=c++17 -O2 -fPIC -shared -fvisibility=hidden -ffp-contract=off -Wall "
-        "-Wno-unknown-pragmas -Wno-sign-compare -Wno-unused-function -x c++";
+        "-Wno-unknown-pragmas -Wno-sign-compare -Wno-unused-function -x c++" TLS_DESCRIPTORS;
     const std::string unit = translation_unit(program);
     std::string version_log;
     run(cxx + " --version", version_log);

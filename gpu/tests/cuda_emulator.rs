@@ -209,6 +209,21 @@ fn kernel_bugs_a_device_hangs_or_computes_garbage_on_fail_the_launch() {
         "traps",
         32,
     );
+    // Those launches left fibers of this thread mid-kernel (the trapped lane, the lanes
+    // stranded at a barrier): the next launch here starts them afresh and computes as if none
+    // had failed.
+    let stream = CudaContext::new(0).unwrap().default_stream();
+    let source = r#"extern "C" __global__ void pairs(int* x) {
+        x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+    }"#;
+    let f = function(&stream, source, "pairs");
+    let mut x = stream.alloc_zeros::<i32>(64).unwrap();
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&mut x);
+    // SAFETY: one buffer of 64 elements for one block of 64.
+    unsafe { launch.launch(config(1, 64)) }.unwrap();
+    let expected: Vec<i32> = (0..64).map(|t| t ^ 1).collect();
+    assert_eq!(stream.clone_dtoh(&x).unwrap(), expected);
 }
 
 #[test]
