@@ -1,8 +1,10 @@
 //! Completions chunked anywhere through the reasoning split: input bytes become text cut into
 //! chunks (0xF8 and up cut, 0x80 to 0xF7 pick a word: the families' markers and their pieces,
 //! the rest are ASCII); the first byte picks the format and how the prompt opened the turn. No
-//! panic in push or finish; the stream folds to `split_whole`'s reading of the whole text; and
-//! the split drops nothing but whole markers.
+//! panic in push or finish; the stream folds to `split_whole`'s reading of the whole text; the
+//! split drops nothing but whole markers; and, each chunk one token, the stream's invariants hold
+//! after every push and no more tokens count as reasoning than there were chunks, none of them
+//! when the prompt closed the thinking.
 
 #![no_main]
 
@@ -49,10 +51,15 @@ fuzz_target!(|bytes: &[u8]| {
     let mut both = String::new();
     let mut deltas = Vec::new();
     for chunk in &chunks {
-        deltas.extend(stream.push(chunk));
+        deltas.extend(stream.push_tokens(chunk, 1));
+        stream.check_invariants();
     }
     deltas.extend(stream.finish());
+    stream.check_invariants();
     assert!(stream.finish().is_empty());
+    let counted = stream.reasoning_tokens() as usize;
+    assert!(counted <= chunks.len(), "{counted} of {} tokens", chunks.len());
+    assert!(opening != Opening::Closed || counted == 0, "{counted} with the thinking closed");
     for delta in deltas {
         match delta {
             ReasoningDelta::Reasoning(t) => {

@@ -325,6 +325,13 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
                 </think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
                 {\"city\": \"Paris\"}}\n</tool_call>";
     let script = codec.encode(text).unwrap();
+    // The tokens whose text lies wholly between the markers: what usage counts as reasoning.
+    let (body_start, body_end) =
+        (text.find("<think>").unwrap() + 7, text.find("</think>").unwrap());
+    let offset = |n: usize| codec.decode(&script[..n]).unwrap().len();
+    let thinking_tokens =
+        (0..script.len()).filter(|&i| offset(i) >= body_start && offset(i + 1) <= body_end).count();
+    assert!(thinking_tokens > 20, "{thinking_tokens}");
     let start = |reasoning: Option<ReasoningFormat>| {
         let mut config = sched(&model, StepMode::Sync);
         config.request_tokens_max = 4096;
@@ -353,10 +360,16 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     assert_eq!(message["content"], "\n\nChecking.", "{out}");
     assert_eq!(calls_of(&message["tool_calls"]), weather, "{out}");
     assert_eq!(out["choices"][0]["finish_reason"], "tool_calls");
+    let details = &out["usage"]["completion_tokens_details"];
+    assert_eq!(details["reasoning_tokens"], thinking_tokens, "{out}");
+    assert_eq!(out["usage"]["completion_tokens"], script.len() + 1, "{out}");
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
     let events = server.stream("/v1/chat/completions", &streamed).await;
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(usage, &out["usage"], "{events:?}");
     let reasoning: String = events
         .iter()
         .filter_map(|e| e["choices"].get(0)?["delta"]["reasoning_content"].as_str())
@@ -374,6 +387,7 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     let message = &out["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], Value::Null, "{out}");
     assert!(message["content"].as_str().unwrap().starts_with("<think>\nMaybe"), "{out}");
+    assert_eq!(out["usage"]["completion_tokens_details"]["reasoning_tokens"], 0, "{out}");
     off["chat_template_kwargs"] = json!({"add_generation_prompt": false});
     let (status, out) = server.post("/v1/chat/completions", &off).await;
     assert_eq!(status, 400, "{out}");
@@ -385,6 +399,7 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     let (_, out) = server.post("/v1/chat/completions", &body).await;
     let message = &out["choices"][0]["message"];
     assert!(message.get("reasoning_content").is_none(), "{out}");
+    assert!(out["usage"].get("completion_tokens_details").is_none(), "{out}");
     assert!(message["content"].as_str().unwrap().starts_with("<think>"), "{out}");
     server.quiescent().await;
 }

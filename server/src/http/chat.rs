@@ -25,12 +25,13 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::generation::{Generation, Next, Piece};
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
-use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
+use super::respond::{
+    ChoiceEvents, CompletionTokens, merge_choices, parse_body, sse_events, start_choices, usage,
+};
 use super::response_format;
 use super::{AppState, logprobs};
 use crate::reasoning::{
     Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, Thinking, after_thinking,
-    split_whole,
 };
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
@@ -337,6 +338,14 @@ struct Output {
 }
 
 impl Output {
+    /// The choice's tokens; of them, once its stream finished, the reasoning ones.
+    fn tokens(&self) -> CompletionTokens {
+        CompletionTokens {
+            generated: self.generation.output_tokens,
+            reasoning: self.reasoning_stream.as_ref().map(ReasoningStream::reasoning_tokens),
+        }
+    }
+
     fn call_id(&self, index: usize) -> String {
         format!("call_{}_{index}", self.generation.request_id().0)
     }
@@ -381,7 +390,7 @@ async fn whole(mut outs: Vec<Output>) -> Response {
         Ok(choices) => choices,
         Err(e) => return e.into_response(),
     };
-    let completion_tokens = outs.iter().map(|out| out.generation.output_tokens).sum();
+    let completion_tokens = CompletionTokens::sum(outs.iter().map(Output::tokens));
     let mut body = outs[0].envelope("chat.completion", choices);
     body["usage"] = usage(outs[0].generation.prompt_tokens, completion_tokens);
     Json(body).into_response()
@@ -389,10 +398,28 @@ async fn whole(mut outs: Vec<Output>) -> Response {
 
 /// One choice's message, with its tool calls parsed out.
 async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
-    let (Piece { text, tokens, logprobs: lps }, finish) = out.generation.collect().await?;
-    let (reasoning, text) = match out.reasoning {
-        Some(r) => {
-            let (reasoning, content) = split_whole(r.format, r.opening, &text);
+    // Read piece by piece as a stream is, so that the reasoning tokens are counted alike.
+    out.reasoning_stream = out.reasoning.map(|r| ReasoningStream::new(r.format, r.opening));
+    let mut split = Vec::new();
+    let reasoning_stream = &mut out.reasoning_stream;
+    let (Piece { text, tokens, logprobs: lps }, finish) = out
+        .generation
+        .collect_with(|piece| {
+            if let Some(stream) = reasoning_stream.as_mut() {
+                split.extend(stream.push_tokens(&piece.text, piece.tokens.len() as u32));
+            }
+        })
+        .await?;
+    let (reasoning, text) = match out.reasoning_stream.as_mut() {
+        Some(stream) => {
+            split.extend(stream.finish());
+            let (mut reasoning, mut content) = (String::new(), String::new());
+            for delta in split {
+                match delta {
+                    ReasoningDelta::Reasoning(t) => reasoning.push_str(&t),
+                    ReasoningDelta::Content(t) => content.push_str(&t),
+                }
+            }
             (Some(reasoning), content)
         }
         None => (None, text),
@@ -472,7 +499,7 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     let events = match out.generation.next().await {
         Next::Piece(p) => {
             let split = match out.reasoning_stream.as_mut() {
-                Some(reasoning) => reasoning.push(&p.text),
+                Some(reasoning) => reasoning.push_tokens(&p.text, p.tokens.len() as u32),
                 None => vec![ReasoningDelta::Content(p.text)],
             };
             let deltas = content_deltas(&mut out, split, false).await;
@@ -486,7 +513,7 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
             let reason = if out.calls > 0 { "tool_calls" } else { finish.as_str() };
             chunks.push(out.chunk(json!({}), &[], Some(reason)));
             out.ended = true;
-            ChoiceEvents::Finished(chunks, out.generation.output_tokens)
+            ChoiceEvents::Finished(chunks, out.tokens())
         }
         Next::Done(Err(e)) => {
             out.ended = true;

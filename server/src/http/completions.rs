@@ -16,7 +16,9 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::generation::{Finish, Generation, Next, Piece};
 use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
-use super::respond::{ChoiceEvents, merge_choices, parse_body, sse_events, start_choices, usage};
+use super::respond::{
+    ChoiceEvents, CompletionTokens, merge_choices, parse_body, sse_events, start_choices, usage,
+};
 use super::response_format;
 use super::{AppState, logprobs};
 use crate::record::{Arrival, RequestInput};
@@ -117,6 +119,11 @@ struct Output {
 }
 
 impl Output {
+    /// A completion reads no reasoning: its tokens are all it counts.
+    fn tokens(&self) -> CompletionTokens {
+        CompletionTokens { generated: self.generation.output_tokens, reasoning: None }
+    }
+
     fn choice(
         &self,
         text: &str,
@@ -168,7 +175,7 @@ async fn whole(mut outs: Vec<Output>) -> Response {
         out.text_len = text.len();
         choices.push(out.choice(&text, &tokens, &lps, Some(finish)));
     }
-    let completion_tokens = outs.iter().map(|out| out.generation.output_tokens).sum();
+    let completion_tokens = CompletionTokens::sum(outs.iter().map(Output::tokens));
     let mut body = outs[0].envelope(choices);
     body["usage"] = usage(outs[0].generation.prompt_tokens, completion_tokens);
     Json(body).into_response()
@@ -211,7 +218,7 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
                 finished["usage"] = Value::Null;
             }
             out.ended = true;
-            ChoiceEvents::Finished(vec![finished], out.generation.output_tokens)
+            ChoiceEvents::Finished(vec![finished], out.tokens())
         }
         Next::Done(Err(e)) => {
             out.ended = true;

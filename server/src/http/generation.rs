@@ -108,10 +108,19 @@ impl Generation {
 
     /// All of the output at once, for a response that is not streamed.
     pub async fn collect(&mut self) -> Result<(Piece, Finish), ApiError> {
+        self.collect_with(|_| {}).await
+    }
+
+    /// As `collect`, showing `each` every piece as it comes.
+    pub async fn collect_with(
+        &mut self,
+        mut each: impl FnMut(&Piece),
+    ) -> Result<(Piece, Finish), ApiError> {
         let mut whole = Piece::default();
         loop {
             match self.next().await {
                 Next::Piece(p) => {
+                    each(&p);
                     whole.text.push_str(&p.text);
                     whole.tokens.extend(p.tokens);
                     whole.logprobs.extend(p.logprobs);

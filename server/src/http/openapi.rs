@@ -529,6 +529,19 @@ fn response_schemas() -> Map<String, Value> {
                 "prompt_tokens": { "type": "integer", "minimum": 0 },
                 "completion_tokens": { "type": "integer", "minimum": 0 },
                 "total_tokens": { "type": "integer", "minimum": 0 },
+                "completion_tokens_details": closed(
+                    &["reasoning_tokens"],
+                    json!({
+                        "reasoning_tokens": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "Of the completion tokens, those wholly inside a \
+                                reasoning model's thinking (its markers not counted); on chat \
+                                completions from a server that reads reasoning \
+                                (`--reasoning-parser`).",
+                        },
+                    }),
+                ),
             }),
         ),
     );

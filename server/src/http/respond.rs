@@ -161,9 +161,41 @@ fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
     }
 }
 
+/// What `usage` counts of a response's completions, summed over its choices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct CompletionTokens {
+    pub(super) generated: u32,
+    /// Of those, the reasoning ones (`reasoning::stream` says which): counted where the server
+    /// reads reasoning, and then reported as `completion_tokens_details.reasoning_tokens`.
+    pub(super) reasoning: Option<u32>,
+}
+
+impl CompletionTokens {
+    fn add(self, other: CompletionTokens) -> CompletionTokens {
+        let reasoning = match (self.reasoning, other.reasoning) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
+        CompletionTokens { generated: self.generated.saturating_add(other.generated), reasoning }
+    }
+
+    pub(super) fn sum(all: impl IntoIterator<Item = CompletionTokens>) -> CompletionTokens {
+        all.into_iter().fold(CompletionTokens::default(), CompletionTokens::add)
+    }
+}
+
 /// The prompt counted once, whatever the number of choices; the completions' tokens summed.
-pub(super) fn usage(prompt: u32, completion: u32) -> Value {
-    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
+pub(super) fn usage(prompt: u32, completion: CompletionTokens) -> Value {
+    let generated = completion.generated;
+    let mut usage = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt.saturating_add(generated),
+    });
+    if let Some(reasoning) = completion.reasoning {
+        usage["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning });
+    }
+    usage
 }
 
 /// What one choice's stream of events yields.
@@ -171,7 +203,7 @@ pub(super) enum ChoiceEvents {
     /// Chunks of its output.
     More(Vec<Value>),
     /// Its last chunks, and how many tokens it generated.
-    Finished(Vec<Value>, u32),
+    Finished(Vec<Value>, CompletionTokens),
     /// An error event: the whole stream ends with it, and the other choices are aborted.
     Failed(Value),
 }
@@ -185,13 +217,13 @@ pub(super) fn merge_choices(
     struct Merge {
         choices: SelectAll<BoxStream<'static, ChoiceEvents>>,
         unfinished: usize,
-        completion_tokens: u32,
+        completion_tokens: CompletionTokens,
         usage_chunk: Option<(Value, u32)>,
     }
     let merge = Merge {
         unfinished: choices.len(),
         choices: futures_util::stream::select_all(choices),
-        completion_tokens: 0,
+        completion_tokens: CompletionTokens::default(),
         usage_chunk,
     };
     futures_util::stream::unfold(Some(merge), |merge| async move {
@@ -200,7 +232,7 @@ pub(super) fn merge_choices(
             ChoiceEvents::More(chunks) => Some((chunks, Some(merge))),
             ChoiceEvents::Finished(mut chunks, tokens) => {
                 merge.unfinished -= 1;
-                merge.completion_tokens += tokens;
+                merge.completion_tokens = merge.completion_tokens.add(tokens);
                 if merge.unfinished == 0
                     && let Some((mut chunk, prompt_tokens)) = merge.usage_chunk.take()
                 {

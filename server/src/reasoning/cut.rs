@@ -50,6 +50,11 @@ impl Cutter {
         pieces
     }
 
+    /// The bytes held back, waiting for what follows them.
+    pub(super) fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
     /// Ends the text: what was held is text.
     pub(super) fn finish(&mut self) -> Vec<Piece> {
         let held = std::mem::take(&mut self.held);

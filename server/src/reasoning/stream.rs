@@ -1,6 +1,15 @@
 //! A completion's text split into reasoning and content as it streams, by reasoning-parser's
-//! parser for the format, fed by `cut` one marker or one marker-free text at a time.
+//! parser for the format, fed by `cut` one marker or one marker-free text at a time; and its
+//! tokens counted as reasoning or not, for `usage.completion_tokens_details.reasoning_tokens`.
+//!
+//! A token counts as reasoning when all of its text is reasoning: the thinking's markers are not
+//! (as vLLM counts them), nor is a token that reaches across one. A token with no text of its own
+//! (an end-of-sequence token; one whose text a stop string's prefix holds back and a later piece
+//! brings) counts as reasoning when the completion is inside its thinking once everything before
+//! it is placed. Counting needs each token's text placed first, and the cutter may hold the end of
+//! it back: tokens wait in `unplaced` until it comes out.
 
+use std::collections::VecDeque;
 use std::sync::LazyLock;
 
 use reasoning_parser::{ParserFactory, ParserResult, ReasoningParser};
@@ -21,13 +30,30 @@ pub struct ReasoningStream {
     cutter: Cutter,
     /// None when the prompt closed the thinking: everything is content.
     parser: Option<Box<dyn ReasoningParser>>,
+    /// The pushes whose text the cutter still holds some of, oldest first.
+    unplaced: VecDeque<Unplaced>,
+    reasoning_tokens: u32,
+}
+
+/// One push's tokens, until all of its text is placed.
+#[derive(Debug)]
+struct Unplaced {
+    tokens: u32,
+    /// Its bytes not placed yet.
+    bytes: usize,
+    /// Whether it had text at all.
+    text: bool,
+    /// Whether every byte of it placed so far was reasoning.
+    reasoning: bool,
 }
 
 impl std::fmt::Debug for ReasoningStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReasoningStream")
             .field("cutter", &self.cutter)
-            .field("in_reasoning", &self.parser.as_ref().map(|p| p.is_in_reasoning()))
+            .field("in_reasoning", &self.in_reasoning())
+            .field("unplaced", &self.unplaced)
+            .field("reasoning_tokens", &self.reasoning_tokens)
             .finish()
     }
 }
@@ -45,18 +71,57 @@ impl ReasoningStream {
                 parser
             }),
         };
-        ReasoningStream { cutter: Cutter::new([format.start, format.end]), parser }
+        ReasoningStream {
+            cutter: Cutter::new([format.start, format.end]),
+            parser,
+            unplaced: VecDeque::new(),
+            reasoning_tokens: 0,
+        }
     }
 
+    /// Text with no tokens to count (the whole of a completion, a test's chunk).
     pub fn push(&mut self, text: &str) -> Vec<ReasoningDelta> {
+        self.push_tokens(text, 0)
+    }
+
+    /// The text of `tokens` generated tokens.
+    pub fn push_tokens(&mut self, text: &str, tokens: u32) -> Vec<ReasoningDelta> {
+        self.unplaced.push_back(Unplaced {
+            tokens,
+            bytes: text.len(),
+            text: !text.is_empty(),
+            reasoning: true,
+        });
         let pieces = self.cutter.push(text);
-        self.feed(pieces)
+        let deltas = self.feed(pieces);
+        self.count_placed();
+        deltas
     }
 
     /// Ends the stream: whatever is held comes out. Calling it again gives nothing.
     pub fn finish(&mut self) -> Vec<ReasoningDelta> {
         let pieces = self.cutter.finish();
-        self.feed(pieces)
+        let deltas = self.feed(pieces);
+        self.count_placed();
+        deltas
+    }
+
+    /// The tokens counted as reasoning so far; all of them once `finish` was called.
+    pub fn reasoning_tokens(&self) -> u32 {
+        self.reasoning_tokens
+    }
+
+    /// Whether what was placed so far leaves the completion inside its thinking.
+    fn in_reasoning(&self) -> bool {
+        self.parser.as_ref().is_some_and(|p| p.is_in_reasoning())
+    }
+
+    /// What must hold between calls: the bytes of the pushes not yet counted are exactly the
+    /// bytes the cutter holds (the parser holds none: it is flushed after every piece).
+    pub fn check_invariants(&self) {
+        let unplaced: usize = self.unplaced.iter().map(|u| u.bytes).sum();
+        assert_eq!(unplaced, self.cutter.held_len(), "{self:?}");
+        assert!(self.unplaced.front().is_none_or(|u| u.bytes > 0), "{self:?}");
     }
 
     fn feed(&mut self, pieces: Vec<Piece>) -> Vec<ReasoningDelta> {
@@ -67,9 +132,11 @@ impl ReasoningStream {
                 Piece::Marker(marker) => marker.to_owned(),
             };
             let Some(parser) = self.parser.as_mut() else {
+                self.place(text.len(), false);
                 push_delta(&mut deltas, ReasoningDelta::Content(text));
                 continue;
             };
+            let mut reasoning_bytes = 0;
             for part in char_chunks(&text, PIECE_BYTES_MAX) {
                 // A piece alone, then flushed: the parser holds nothing between pieces, so a
                 // text that looks like the start of a marker is placed now, not joined to the
@@ -78,6 +145,8 @@ impl ReasoningStream {
                 let flushed = parser.flush();
                 match (placed, flushed) {
                     (Ok(placed), Ok(flushed)) => {
+                        reasoning_bytes +=
+                            placed.reasoning_text.len() + flushed.reasoning_text.len();
                         push_result(&mut deltas, placed);
                         push_result(&mut deltas, flushed);
                     }
@@ -85,8 +154,39 @@ impl ReasoningStream {
                     _ => push_delta(&mut deltas, ReasoningDelta::Content(part.to_owned())),
                 }
             }
+            // A piece is one marker or text without one, so the parser places it whole: as
+            // reasoning, as content, or (a marker it acts on) as neither.
+            self.place(text.len(), reasoning_bytes == text.len());
         }
         deltas
+    }
+
+    /// The oldest pushes' next `bytes` came out as reasoning or not. Called right after the
+    /// parser took them, so that a push with no text that follows them is counted by the state
+    /// they leave, not by what later pieces do to it.
+    fn place(&mut self, mut bytes: usize, reasoning: bool) {
+        self.count_placed();
+        while bytes > 0 {
+            let Some(front) = self.unplaced.front_mut() else { return };
+            let taken = bytes.min(front.bytes);
+            front.bytes -= taken;
+            front.reasoning &= reasoning;
+            bytes -= taken;
+            self.count_placed();
+        }
+    }
+
+    /// Counts the oldest pushes whose text is all placed.
+    fn count_placed(&mut self) {
+        while let Some(front) = self.unplaced.front()
+            && front.bytes == 0
+        {
+            let reasoning = if front.text { front.reasoning } else { self.in_reasoning() };
+            if reasoning {
+                self.reasoning_tokens = self.reasoning_tokens.saturating_add(front.tokens);
+            }
+            self.unplaced.pop_front();
+        }
     }
 }
 

@@ -107,36 +107,88 @@ fn the_cutter_holds_only_what_may_become_a_marker() {
 
 /// The rules as written out in the module docs, on the whole text: the model the crate's
 /// parsers are checked against.
+#[derive(Debug, Default)]
+struct ModelReading {
+    reasoning: String,
+    content: String,
+    /// Per byte of the text: whether it is reasoning (not content, not a marker acted on).
+    reasoning_bytes: Vec<bool>,
+    /// Inside the thinking before the first byte, and after each byte's piece.
+    inside_at_start: bool,
+    inside_after: Vec<bool>,
+}
+
 fn model_split(
     format: ReasoningFormat,
     inside_at_start: bool,
     opening: Opening,
     text: &str,
-) -> (String, String) {
-    let (mut reasoning, mut content) = (String::new(), String::new());
+) -> ModelReading {
+    let mut model = ModelReading::default();
     if opening == Opening::Closed {
-        return (reasoning, text.to_owned());
+        model.content = text.to_owned();
+        model.reasoning_bytes = vec![false; text.len()];
+        model.inside_after = vec![false; text.len()];
+        return model;
     }
     let mut inside = opening == Opening::Inside || inside_at_start;
+    model.inside_at_start = inside;
     // Whether an opening marker was already taken (in the prompt, or in the output).
     let mut opened = opening == Opening::Inside;
     let mut cutter = Cutter::new([format.start, format.end]);
     let mut pieces = cutter.push(text);
     pieces.extend(cutter.finish());
     for piece in pieces {
-        match piece {
+        let (len, reasoning) = match piece {
             Piece::Marker(m) if m == format.start && !opened => {
                 opened = true;
                 inside = true;
+                (m.len(), false)
             }
-            Piece::Marker(m) if m == format.end && inside => inside = false,
-            Piece::Marker(m) if inside => reasoning.push_str(m),
-            Piece::Marker(m) => content.push_str(m),
-            Piece::Text(t) if inside => reasoning.push_str(&t),
-            Piece::Text(t) => content.push_str(&t),
-        }
+            Piece::Marker(m) if m == format.end && inside => {
+                inside = false;
+                (m.len(), false)
+            }
+            Piece::Marker(m) if inside => {
+                model.reasoning.push_str(m);
+                (m.len(), true)
+            }
+            Piece::Marker(m) => {
+                model.content.push_str(m);
+                (m.len(), false)
+            }
+            Piece::Text(t) if inside => {
+                model.reasoning.push_str(&t);
+                (t.len(), true)
+            }
+            Piece::Text(t) => {
+                model.content.push_str(&t);
+                (t.len(), false)
+            }
+        };
+        model.reasoning_bytes.extend(std::iter::repeat_n(reasoning, len));
+        model.inside_after.extend(std::iter::repeat_n(inside, len));
     }
-    (reasoning, content)
+    model
+}
+
+impl ModelReading {
+    /// The tokens of `chunks` (one token each, cut from the text in order) that the module
+    /// docs' rule counts as reasoning.
+    fn reasoning_tokens(&self, chunks: &[&str]) -> u32 {
+        let mut at = 0;
+        let mut count = 0;
+        for chunk in chunks {
+            let reasoning = match chunk.len() {
+                0 if at == 0 => self.inside_at_start,
+                0 => self.inside_after[at - 1],
+                n => self.reasoning_bytes[at..at + n].iter().all(|&r| r),
+            };
+            count += u32::from(reasoning);
+            at += chunk.len();
+        }
+        count
+    }
 }
 
 fn fragment() -> impl Strategy<Value = String> {
@@ -189,10 +241,13 @@ proptest! {
         let whole = split_whole(format, opening, &text);
         let mut stream = ReasoningStream::new(format, opening);
         let mut deltas = Vec::new();
-        for chunk in chunks(&text, &cuts) {
-            deltas.extend(stream.push(chunk));
+        let chunks = chunks(&text, &cuts);
+        for chunk in &chunks {
+            deltas.extend(stream.push_tokens(chunk, 1));
+            stream.check_invariants();
         }
         deltas.extend(stream.finish());
+        stream.check_invariants();
         prop_assert!(stream.finish().is_empty());
         let (mut reasoning, mut content) = (String::new(), String::new());
         for delta in &deltas {
@@ -203,6 +258,8 @@ proptest! {
         }
         prop_assert_eq!(&(reasoning, content), &whole);
         let inside_at_start = crate_parser(format).is_in_reasoning();
-        prop_assert_eq!(whole, model_split(format, inside_at_start, opening, &text));
+        let model = model_split(format, inside_at_start, opening, &text);
+        prop_assert_eq!(&whole, &(model.reasoning.clone(), model.content.clone()));
+        prop_assert_eq!(stream.reasoning_tokens(), model.reasoning_tokens(&chunks));
     }
 }
