@@ -378,6 +378,31 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     let (content, calls) = fold_chat_stream(&events);
     assert_eq!((content.as_str(), calls), ("\n\nChecking.", weather.clone()));
 
+    // vLLM's include_reasoning: false hides the reasoning, which is still not content, and
+    // still counted; SGLang's separate_reasoning: false reads none, as a server without a
+    // reasoning format (below) does.
+    let mut hidden = body.clone();
+    hidden["include_reasoning"] = json!(false);
+    let (status, out) = server.post("/v1/chat/completions", &hidden).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], Value::Null, "{out}");
+    assert_eq!(message["content"], "\n\nChecking.", "{out}");
+    assert_eq!(calls_of(&message["tool_calls"]), weather, "{out}");
+    assert_eq!(out["usage"]["completion_tokens_details"]["reasoning_tokens"], thinking_tokens);
+    hidden["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &hidden).await;
+    assert!(events.iter().all(|e| e["choices"][0]["delta"].get("reasoning_content").is_none()));
+    assert_eq!(fold_chat_stream(&events), ("\n\nChecking.".to_owned(), weather.clone()));
+    let mut together = body.clone();
+    together["separate_reasoning"] = json!(false);
+    let (status, out) = server.post("/v1/chat/completions", &together).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{out}");
+    assert!(message["content"].as_str().unwrap().starts_with("<think>\nMaybe"), "{out}");
+    assert!(out["usage"].get("completion_tokens_details").is_none(), "{out}");
+
     // Thinking turned off by the template's variable: the prompt closes the block, so what the
     // model writes is all answer (here the block it wrote anyway, as text).
     let mut off = body.clone();

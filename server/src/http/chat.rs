@@ -142,6 +142,10 @@ async fn prepare(
     };
     let reasoning =
         reasoning(state, &prompt.text, prefix, &mut grammar, held_by).map_err(invalid)?;
+    // Read after the grammar moved: the model thinks whatever the response shows of it.
+    let reasoning = reasoning
+        .filter(|_| request.separate_reasoning != Some(false))
+        .map(|r| Reasoning { include: request.include_reasoning != Some(false), ..r });
     params.spec.grammar = grammar;
     let draft = arrival.map(|a| {
         let ChatRequest {
@@ -164,6 +168,8 @@ async fn prepare(
 struct Reasoning {
     format: ReasoningFormat,
     opening: Opening,
+    /// Whether the response shows it (`include_reasoning`).
+    include: bool,
 }
 
 /// How a completion of `prompt` reads its reasoning, when the server reads any; and `grammar`
@@ -178,7 +184,8 @@ fn reasoning(
     let Some(format) = state.config.reasoning_format else { return Ok(None) };
     // A turn the server opened with a call (a named tool's prefix) has no thinking.
     let opening = if prefix.is_empty() { format.opening(prompt) } else { Opening::Closed };
-    let Some(held) = grammar.as_mut() else { return Ok(Some(Reasoning { format, opening })) };
+    let read = |opening| Some(Reasoning { format, opening, include: true });
+    let Some(held) = grammar.as_mut() else { return Ok(read(opening)) };
     let thinking = match opening {
         Opening::Closed => None,
         Opening::Inside => Some(Thinking::Must),
@@ -187,13 +194,13 @@ fn reasoning(
     };
     let Some(after) = thinking.and_then(|thinking| after_thinking(format, thinking, held)) else {
         // Held from the first token: what the grammar writes is all answer.
-        return Ok(Some(Reasoning { format, opening: Opening::Closed }));
+        return Ok(read(Opening::Closed));
     };
     let invalid = |why: String| ApiError::invalid_param(held_by, why);
     let compiler = state.codec.grammars().map_err(&invalid)?;
     compiler.compile(&after).map_err(|e| invalid(format!("after the thinking: {e}")))?;
     *held = after;
-    Ok(Some(Reasoning { format, opening }))
+    Ok(read(opening))
 }
 
 /// The tools to render into the prompt, and how to parse calls out of the output (for
@@ -410,6 +417,7 @@ async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
             }
         })
         .await?;
+    let include = out.reasoning.is_some_and(|r| r.include);
     let (reasoning, text) = match out.reasoning_stream.as_mut() {
         Some(stream) => {
             split.extend(stream.finish());
@@ -430,7 +438,7 @@ async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
     };
     let mut message = json!({ "role": "assistant", "content": content });
     if let Some(reasoning) = reasoning {
-        message["reasoning_content"] = Some(reasoning).filter(|r| !r.is_empty()).into();
+        message["reasoning_content"] = Some(reasoning).filter(|r| include && !r.is_empty()).into();
     }
     let finish_reason = if calls.is_empty() {
         finish.as_str()
@@ -537,9 +545,13 @@ async fn content_deltas(
     finish: bool,
 ) -> Vec<ChatDelta> {
     let mut deltas = Vec::new();
+    let include = out.reasoning.is_some_and(|r| r.include);
     for delta in split {
         match (delta, out.tools_stream.as_mut()) {
-            (ReasoningDelta::Reasoning(text), _) => deltas.push(ChatDelta::Reasoning(text)),
+            (ReasoningDelta::Reasoning(text), _) if include => {
+                deltas.push(ChatDelta::Reasoning(text));
+            }
+            (ReasoningDelta::Reasoning(_), _) => {}
             (ReasoningDelta::Content(text), Some(parser)) => {
                 deltas.extend(parser.push(&text).await.into_iter().map(ChatDelta::Tool));
             }

@@ -424,6 +424,16 @@ fn chat_properties(config: &AppConfig) -> Value {
             "type": "boolean", "nullable": true, "default": true,
             "description": "false holds a \"required\" reply to one call",
         },
+        "include_reasoning": {
+            "type": "boolean", "nullable": true, "default": true,
+            "description": "false leaves reasoning_content out (the reasoning is still not \
+                content, and still counted in usage); on a server that reads reasoning",
+        },
+        "separate_reasoning": {
+            "type": "boolean", "nullable": true, "default": true,
+            "description": "false keeps a thinking model's reasoning in the content, markers \
+                and all, as a server without a reasoning parser returns it",
+        },
         "chat_template_kwargs": nullable(json!({
             "type": "object",
             "description": "further variables for the model's chat template (Qwen 3's \

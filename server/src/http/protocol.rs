@@ -94,6 +94,12 @@ pub struct ChatRequest {
     /// Further variables for the chat template, as vLLM and SGLang take them (Qwen 3's
     /// `enable_thinking`, DeepSeek V3.1's `thinking`).
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// vLLM's: `false` leaves `reasoning_content` out (the reasoning is still taken out of the
+    /// content, and still counted in usage).
+    pub include_reasoning: Option<bool>,
+    /// SGLang's: `false` reads no reasoning: the thinking stays in the content, markers and all,
+    /// as from a server without a reasoning parser.
+    pub separate_reasoning: Option<bool>,
 }
 
 /// Stop strings, at most this many, each at most `STOP_BYTES_MAX` bytes.
