@@ -32,6 +32,7 @@ use super::response_format;
 use super::{AppState, logprobs};
 use crate::reasoning::{
     Opening, ReasoningDelta, ReasoningFormat, ReasoningStream, Thinking, after_thinking,
+    join_deltas,
 };
 use crate::record::{Arrival, RequestInput};
 use crate::tool_calls::{
@@ -421,13 +422,7 @@ async fn whole_choice(out: &mut Output) -> Result<Value, ApiError> {
     let (reasoning, text) = match out.reasoning_stream.as_mut() {
         Some(stream) => {
             split.extend(stream.finish());
-            let (mut reasoning, mut content) = (String::new(), String::new());
-            for delta in split {
-                match delta {
-                    ReasoningDelta::Reasoning(t) => reasoning.push_str(&t),
-                    ReasoningDelta::Content(t) => content.push_str(&t),
-                }
-            }
+            let (reasoning, content) = join_deltas(split);
             (Some(reasoning), content)
         }
         None => (None, text),

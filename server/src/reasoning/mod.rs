@@ -26,7 +26,7 @@ mod stream;
 mod tests;
 
 pub use grammar::{Thinking, after_thinking};
-pub use stream::{ReasoningStream, split_whole};
+pub use stream::{ReasoningStream, join_deltas, split_whole};
 
 /// A model family's reasoning markers, by reasoning-parser's name for its parser.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -195,6 +195,11 @@ pub fn split_whole(format: ReasoningFormat, opening: Opening, text: &str) -> (St
     let mut stream = ReasoningStream::new(format, opening);
     let mut deltas = stream.push(text);
     deltas.extend(stream.finish());
+    join_deltas(deltas)
+}
+
+/// Deltas folded into (reasoning, content).
+pub fn join_deltas(deltas: Vec<ReasoningDelta>) -> (String, String) {
     let (mut reasoning, mut content) = (String::new(), String::new());
     for delta in deltas {
         match delta {
