@@ -267,6 +267,47 @@ async fn a_reasoning_models_schema_holds_after_its_thinking() {
     server.quiescent().await;
 }
 
+/// A named tool on a server that reads reasoning: the grammar, not the prompt, opens the call, so
+/// a turn opened inside the thinking thinks first (all reasoning when the tiny model never
+/// closes it, or a call after it), and with the thinking turned off the reply is the one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_model_thinks_before_a_named_call() {
+    let dir = tiny_model_dir("thinking-named");
+    let mut model = Model::load(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    model.chat_template = Some(THINKING_TEMPLATE.to_owned());
+    let format = ReasoningFormat::detect(THINKING_TEMPLATE);
+    let server = cpu_server(Arc::new(model), Some(ToolFormat::Hermes), format).await;
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for seed in 0..2 {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools(),
+            "tool_choice": named, "max_tokens": 120, "temperature": 1.0, "seed": seed,
+            "chat_template_kwargs": {"thinking": true},
+        });
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{out}");
+        let message = &out["choices"][0]["message"];
+        assert!(message["reasoning_content"].as_str().is_some_and(|r| !r.is_empty()), "{out}");
+        if out["choices"][0]["finish_reason"] == "tool_calls" {
+            assert_eq!(check_calls(&out), 1, "{out}");
+        } else {
+            assert_eq!(out["choices"][0]["finish_reason"], "length", "{out}");
+            assert!(message["tool_calls"].is_null(), "{out}");
+        }
+        let mut off = body.clone();
+        off["chat_template_kwargs"] = json!({"enable_thinking": false});
+        off["max_tokens"] = json!(300);
+        let (status, out) = server.post("/v1/chat/completions", &off).await;
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(check_calls(&out), 1, "{out}");
+        let call = &out["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{out}");
+        assert_eq!(out["choices"][0]["message"]["reasoning_content"], Value::Null, "{out}");
+    }
+    server.quiescent().await;
+}
+
 fn tools() -> Value {
     let tool = |name: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "parameters": parameters}});
     json!([

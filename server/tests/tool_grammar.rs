@@ -164,14 +164,15 @@ async fn every_dialect_s_calls_pass_its_grammar_and_parse_back() {
             let text = render(format, std::slice::from_ref(&bad));
             assert!(vocabulary.accepts(&grammar, &text).is_err(), "{format:?} took {text}");
         }
-        // A named function: its one call; another tool's is refused. (Hermes names the tool in
-        // the prefix the server writes; server/tests/constrained.rs runs it.)
-        if format != ToolFormat::Hermes {
-            let named = named_call(format, &specs[0], "").unwrap();
-            assert!(vocabulary.accepts(&named, &render(format, &calls[..1])).is_ok(), "{format:?}");
-            let other = render(format, &calls[1..2]);
-            assert!(vocabulary.accepts(&named, &other).is_err(), "{format:?}");
-        }
+        // A named function with nothing in the prompt (every dialect's, and Hermes's on a server
+        // that reads reasoning): its one call; another tool's is refused. (Elsewhere Hermes names
+        // the tool in the prefix the server writes; server/tests/constrained.rs runs both.)
+        let named = named_call(format, &specs[0], "").unwrap();
+        assert!(vocabulary.accepts(&named, &render(format, &calls[..1])).is_ok(), "{format:?}");
+        let other = render(format, &calls[1..2]);
+        assert!(vocabulary.accepts(&named, &other).is_err(), "{format:?}");
+        let two = render(format, &[calls[0].clone(), calls[0].clone()]);
+        assert!(vocabulary.accepts(&named, &two).is_err(), "{format:?}: two calls");
     }
 }
 

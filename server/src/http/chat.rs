@@ -183,7 +183,8 @@ fn reasoning(
     held_by: &'static str,
 ) -> Result<Option<Reasoning>, ApiError> {
     let Some(format) = state.config.reasoning_format else { return Ok(None) };
-    // A turn the server opened with a call (a named tool's prefix) has no thinking.
+    // A turn the server opened with a call (Hermes's named tool, on a server without a grammar
+    // compiler) has no thinking.
     let opening = if prefix.is_empty() { format.opening(prompt) } else { Opening::Closed };
     let read = |opening| Some(Reasoning { format, opening, include: true });
     let Some(held) = grammar.as_mut() else { return Ok(read(opening)) };
@@ -262,8 +263,13 @@ fn tools(
             format!("tool_choice names {name:?}, which is not in tools"),
         )
     })?;
+    // Hermes's named call is opened in the prompt, so that even a server without a grammar
+    // compiler gets the call. Not where the server reads reasoning and can hold the output to a
+    // grammar: there the grammar opens the call after the thinking, and the model thinks first.
+    let grammar_after_thinking =
+        state.config.reasoning_format.is_some() && state.codec.grammars().is_ok();
     let prefix = match format {
-        ToolFormat::Hermes => {
+        ToolFormat::Hermes if !grammar_after_thinking => {
             format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", Value::from(name))
         }
         _ => String::new(),

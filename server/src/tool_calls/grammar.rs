@@ -45,7 +45,8 @@ pub fn required_calls(format: ToolFormat, specs: &[ToolSpec], parallel: bool) ->
 }
 
 /// The grammar of one call to `spec` after `prefix`, the text the server opened the
-/// assistant's turn with (`chat::tools`: for Hermes, the call up to its arguments).
+/// assistant's turn with (`chat::tools`: for Hermes, the call up to its arguments, except on a
+/// server that reads reasoning, which opens nothing so that the model may think first).
 pub fn named_call(format: ToolFormat, spec: &ToolSpec, prefix: &str) -> Option<Grammar> {
     match format {
         // The prefix ends where the arguments begin: they, the call's brace, the close.
@@ -54,7 +55,6 @@ pub fn named_call(format: ToolFormat, spec: &ToolSpec, prefix: &str) -> Option<G
             let arguments = json_value(&spec.parameters);
             Some(lark.finish(&format!("{arguments} {}", literal("}\n</tool_call>"))))
         }
-        ToolFormat::Hermes => None,
         _ if prefix.is_empty() => Some(required_calls(format, std::slice::from_ref(spec), false)),
         _ => None,
     }
