@@ -208,15 +208,21 @@ const THINKING_TEMPLATE: &str = concat!(
 /// The tiny model's random weights seldom close a thinking block, so a reply either stops inside
 /// it (all reasoning, cut by `max_tokens`) or is JSON the schema accepts after it, whole and
 /// streamed alike; with the thinking turned off the reply is the JSON.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reasoning_models_schema_holds_after_its_thinking() {
-    let dir = tiny_model_dir("thinking");
+/// The tiny model with `THINKING_TEMPLATE`, on a server that reads its reasoning by Qwen 3's
+/// rules (the template's), with `tool_format`.
+async fn thinking_server(name: &str, tool_format: Option<ToolFormat>) -> TestServer {
+    let dir = tiny_model_dir(name);
     let mut model = Model::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     model.chat_template = Some(THINKING_TEMPLATE.to_owned());
     let format = ReasoningFormat::detect(THINKING_TEMPLATE);
     assert_eq!(format.map(|f| f.name), Some("qwen3"));
-    let server = cpu_server(Arc::new(model), None, format).await;
+    cpu_server(Arc::new(model), tool_format, format).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_models_schema_holds_after_its_thinking() {
+    let server = thinking_server("thinking", None).await;
     let (mut answered, mut thought) = (0, 0);
     for (variables, seed) in [
         // Seeds where the model opens a block (0, 1) and where it answers at once (10).
@@ -272,12 +278,7 @@ async fn a_reasoning_models_schema_holds_after_its_thinking() {
 /// closes it, or a call after it), and with the thinking turned off the reply is the one call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reasoning_model_thinks_before_a_named_call() {
-    let dir = tiny_model_dir("thinking-named");
-    let mut model = Model::load(&dir).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    model.chat_template = Some(THINKING_TEMPLATE.to_owned());
-    let format = ReasoningFormat::detect(THINKING_TEMPLATE);
-    let server = cpu_server(Arc::new(model), Some(ToolFormat::Hermes), format).await;
+    let server = thinking_server("thinking-named", Some(ToolFormat::Hermes)).await;
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for seed in 0..2 {
         let body = json!({
