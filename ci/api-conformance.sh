@@ -31,6 +31,7 @@ PY="$VENV/bin/python"
 # The debug build: `cargo test --workspace` has built it already (the model code is optimized in
 # dev builds), so this job costs no second build of the server.
 BIN="${CARGO_TARGET_DIR:-target}/debug/lockstep"
+EXAMPLE="${CARGO_TARGET_DIR:-target}/debug/examples/scripted_tool_server"
 export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
@@ -227,7 +228,12 @@ venv_ready || make_venv
 "$PY" --version
 
 step "build"
-cargo build --locked -p lockstep-server
+# The binaries `cargo test --workspace` builds (it builds the examples too): after ci/test.sh's
+# tests step, nothing to do. `cargo build -p lockstep-server` would build the server again, and
+# every crate above lockstep-core and tokio with it (2.7 minutes on CI's two cores): the test
+# build unifies the workspace's features (lockstep-core's `testing` and `planted-bugs`, tokio's
+# `test-util`), which change nothing the server does unless a test calls for them.
+cargo test --workspace --locked --no-run
 
 cases=0
 step "provenance server"
@@ -255,9 +261,8 @@ fi
 step "openai client, tool calls (a scripted model that always calls a tool)"
 # server/examples/scripted_tool_server.rs: the real engine, app and tool-call parser, with a
 # scripted executor in place of a model that could be asked to call a tool.
-cargo build --locked -p lockstep-server --example scripted_tool_server
 port="$(free_port)"
-"${CARGO_TARGET_DIR:-target}/debug/examples/scripted_tool_server" --port "$port" \
+"$EXAMPLE" --port "$port" \
     >"$work/scripted.log" 2>&1 &
 servers+=("$!")
 if wait_healthy "$port" 60 "$!"; then
