@@ -33,6 +33,9 @@ const WORDS: &[&str] = &[
     "<|START",
     "<|END_",
     "<tool_call>",
+    "<｜DSML｜ calls>",
+    "<｜DSML｜ ca",
+    "<｜DSML｜",
     "é",
     "😀",
 ];
@@ -73,12 +76,12 @@ fuzz_target!(|bytes: &[u8]| {
         }
     }
     assert_eq!((reasoning, content), whole, "{format:?} {opening:?} streamed as {chunks:?}");
-    assert!(only_markers_dropped(&text, &both, [format.start, format.end]), "{text:?} -> {both:?}");
+    assert!(only_markers_dropped(&text, &both, &format.markers()), "{text:?} -> {both:?}");
 });
 
 /// Whether `out` is `text` less some of its markers (found leftmost first, as the split finds
 /// them), each dropped whole.
-fn only_markers_dropped(text: &str, out: &str, markers: [&str; 2]) -> bool {
+fn only_markers_dropped(text: &str, out: &str, markers: &[&str]) -> bool {
     // Where `out` may stand after each piece of `text`: a marker kept or dropped.
     let mut at = BTreeSet::from([0]);
     let mut rest = text;

@@ -50,13 +50,14 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          smaller lets short prompts start beside a long one)
   --max-model-len N      prompt plus output tokens of one request (default: the model's context)
   --overlap              plan step N+1 while step N runs
-  --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32 or dsml_v4
-                         (default: detected from the chat template)
+  --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32, dsml_v4 or
+                         dsml_v41 (default: detected from the chat template)
   --reasoning-parser     where a reasoning model's thinking ends, for `reasoning_content`: none, or
-                         deepseek_r1, deepseek_v31, deepseek_v4, qwen3, qwen3_thinking, glm45,
-                         kimi_k25, kimi_thinking, minimax, step3, nano_v3, kimi or cohere_cmd
-                         (default: qwen3's rules for a chat template that writes <think>, none
-                         for one that does not)
+                         deepseek_v41, deepseek_r1, deepseek_v31, deepseek_v4, qwen3,
+                         qwen3_thinking, glm45, kimi_k25, kimi_thinking, minimax, step3, nano_v3,
+                         kimi or cohere_cmd (default: deepseek_v41's rules for a chat template that
+                         writes <think> and <｜DSML｜ calls>, qwen3's for one that writes <think>,
+                         none for one that does not)
   --drain-timeout S      seconds open requests may take to finish after SIGTERM (default 30)
   --executor provenance  serve the weightless provenance model with a synthetic vocabulary
                          instead (for load and protocol tests; outputs are not language)

@@ -151,10 +151,14 @@ fn scripted_calls(format: ToolFormat) -> String {
         ToolFormat::DeepSeekV31 => format!(
             "{text}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{{\"city\": \"Paris\"}}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{{\"zone\": \"CET\"}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
-        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
-            let block = if format == ToolFormat::DsmlV32 { "function_calls" } else { "tool_calls" };
+        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 | ToolFormat::DsmlV41 => {
+            let (s, block) = match format {
+                ToolFormat::DsmlV32 => ("", "function_calls"),
+                ToolFormat::DsmlV4 => ("", "tool_calls"),
+                _ => (" ", " calls"),
+            };
             format!(
-                "{text}\n\n<｜DSML｜{block}>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">CET</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜{block}>"
+                "{text}\n\n<｜DSML｜{block}>\n<｜DSML｜{s}invoke name=\"get_weather\">\n<｜DSML｜{s}parameter name=\"city\" string=\"true\">Paris</｜DSML｜{s}parameter>\n</｜DSML｜{s}invoke>\n<｜DSML｜{s}invoke name=\"get_time\">\n<｜DSML｜{s}parameter name=\"zone\" string=\"true\">CET</｜DSML｜{s}parameter>\n</｜DSML｜{s}invoke>\n</｜DSML｜{block}>"
             )
         }
     }
@@ -426,5 +430,86 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     assert!(message.get("reasoning_content").is_none(), "{out}");
     assert!(out["usage"].get("completion_tokens_details").is_none(), "{out}");
     assert!(message["content"].as_str().unwrap().starts_with("<think>"), "{out}");
+    server.quiescent().await;
+}
+
+/// A DeepSeek V4.1 style template: DSML V4.1 tool calls, and thinking when `thinking` is true.
+const DEEPSEEK_V41_TEMPLATE: &str = concat!(
+    "{% if tools %}{{- '<｜System｜>Call tools as\\n\\n<｜DSML｜ calls>\\n<｜DSML｜ invoke ",
+    "name=\"...\">...</｜DSML｜ invoke>\\n</｜DSML｜ calls>\\nTools: ' }}{% for tool in tools %}",
+    "{{- tool | tojson }}{% endfor %}{% endif %}",
+    "{% for m in messages %}{{- '<｜' + m.role + '｜>' + m.content }}{% endfor %}",
+    "{% if add_generation_prompt %}{{- '<｜Assistant｜>' }}",
+    "{% if thinking is defined and thinking %}{{- '<think>' }}{% else %}{{- '</think>' }}",
+    "{% endif %}{% endif %}",
+);
+
+/// DeepSeek V4.1 may go from its thinking straight into its calls: the tool block ends the
+/// reasoning, and the calls are read from what follows, whole and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deepseek_v41_thinks_straight_into_its_calls() {
+    let mut model = Arc::into_inner(tiny_model()).unwrap();
+    model.chat_template = Some(DEEPSEEK_V41_TEMPLATE.to_owned());
+    let model = Arc::new(model);
+    let template = model.chat_template.as_deref().unwrap();
+    let reasoning_format = ReasoningFormat::detect(template);
+    assert_eq!(reasoning_format.map(|f| f.name), Some("deepseek_v41"));
+    assert_eq!(ToolFormat::for_template(template), Some(ToolFormat::DsmlV41));
+    let codec = ModelCodec(model.clone());
+    let thought = "Paris, so the weather tool.\n\n";
+    let block = "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter \
+                 name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n\
+                 </｜DSML｜ calls>";
+    // After the block: dropped, as V4.1's reference parser drops it.
+    let text = format!("{thought}{block}</think>Done.");
+    let script = codec.encode(&text).unwrap();
+    let offset = |n: usize| codec.decode(&script[..n]).unwrap().len();
+    let thinking_tokens = (0..script.len()).filter(|&i| offset(i + 1) <= thought.len()).count();
+    let mut config = sched(&model, StepMode::Sync);
+    config.request_tokens_max = 4096;
+    config.pool.pages_total = 512;
+    let engine = EngineConfig::new(config.clone());
+    let runner =
+        InlineRunner::new(ScriptedExecutor::new(script, model.stop_tokens[0]), StepCost::ZERO);
+    let mut app = AppConfig::new("m", config.request_tokens_max);
+    app.tool_format = Some(ToolFormat::DsmlV41);
+    app.reasoning_format = reasoning_format;
+    let server = TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app).await;
+    let weather = vec![("get_weather".to_owned(), json!({"city": "Paris"}))];
+    let body = json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": tools(), "max_tokens": 400, "chat_template_kwargs": {"thinking": true},
+    });
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], thought, "{out}");
+    assert_eq!(message["content"], Value::Null, "{out}");
+    assert_eq!(calls_of(&message["tool_calls"]), weather, "{out}");
+    assert_eq!(out["choices"][0]["finish_reason"], "tool_calls");
+    let details = &out["usage"]["completion_tokens_details"];
+    assert_eq!(details["reasoning_tokens"], thinking_tokens, "{out}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = server.stream("/v1/chat/completions", &streamed).await;
+    assert_eq!(&events.last().unwrap()["usage"], &out["usage"], "{events:?}");
+    let reasoning: String = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["delta"]["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(reasoning, thought);
+    assert_eq!(fold_chat_stream(&events), (String::new(), weather.clone()));
+
+    // Thinking off: the prompt closes the block, so the thought is the answer's content.
+    let mut off = body.clone();
+    off["chat_template_kwargs"] = json!({"thinking": false});
+    let (status, out) = server.post("/v1/chat/completions", &off).await;
+    assert_eq!(status, 200, "{out}");
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], Value::Null, "{out}");
+    assert_eq!(message["content"], thought.trim_end(), "{out}");
+    assert_eq!(calls_of(&message["tool_calls"]), weather, "{out}");
     server.quiescent().await;
 }

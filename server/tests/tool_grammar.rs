@@ -21,7 +21,7 @@ use lockstep_server::reasoning::{ReasoningFormat, Thinking, after_thinking};
 use lockstep_server::tool_calls::{
     ToolFormat, ToolSpec, named_call, parse_complete, required_calls,
 };
-use markup::{render_call, render_group};
+use markup::{dsml_space, render_call, render_group};
 use serde_json::{Value, json};
 
 fn specs() -> Vec<ToolSpec> {
@@ -74,8 +74,9 @@ fn render(format: ToolFormat, calls: &[(&str, Value)]) -> String {
     let each: Vec<String> = calls
         .iter()
         .map(|(name, args)| match format {
-            ToolFormat::DsmlV32 | ToolFormat::DsmlV4 if *name == "lookup" => {
-                format!("<｜DSML｜invoke name=\"{name}\">\n{args}\n</｜DSML｜invoke>\n")
+            ToolFormat::DsmlV32 | ToolFormat::DsmlV4 | ToolFormat::DsmlV41 if *name == "lookup" => {
+                let s = dsml_space(format);
+                format!("<｜DSML｜{s}invoke name=\"{name}\">\n{args}\n</｜DSML｜{s}invoke>\n")
             }
             _ => render_call(format, name, args, false),
         })
@@ -180,7 +181,7 @@ async fn every_dialect_s_calls_pass_its_grammar_and_parse_back() {
 fn dsml_parameters_follow_the_schema_s_order_and_its_required_ones() {
     let vocabulary = Vocabulary::tiny();
     let specs = specs();
-    for format in [ToolFormat::DsmlV32, ToolFormat::DsmlV4] {
+    for format in [ToolFormat::DsmlV32, ToolFormat::DsmlV4, ToolFormat::DsmlV41] {
         let grammar = required_calls(format, &specs, true);
         // Declared order; an optional parameter may be left out, a required one may not.
         let swapped = render(format, &[("get_weather", json!({"days": 3, "city": "Oslo"}))]);
@@ -246,4 +247,15 @@ fn a_grammar_waits_for_the_thinking_to_end() {
         after_thinking(format("qwen3"), Thinking::Must, &Grammar::Lark("x: \"a\"".into()))
             .is_none()
     );
+    // DeepSeek V4.1: its thinking ends at `</think>`, and holds no tool block, which would end
+    // it early for the reasoning split.
+    let v41 = ToolFormat::DsmlV41;
+    let calls = required_calls(v41, &specs(), true);
+    let call = render(v41, &[("get_weather", json!({"city": "Oslo", "days": 3}))]);
+    let thought_calls = held("deepseek_v41", Thinking::Must, &calls);
+    vocabulary.accepts(&thought_calls, &format!("Oslo.</think>\n\n{call}")).unwrap();
+    for text in [format!("Oslo.\n\n{call}"), format!("Oslo. <｜DSML｜ calls></think>{call}")] {
+        assert!(vocabulary.accepts(&thought_calls, &text).is_err(), "{text:?}");
+    }
+    vocabulary.accepts(&thought_calls, &format!("<｜DSML｜ call</think>{call}")).unwrap();
 }

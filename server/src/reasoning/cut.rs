@@ -1,5 +1,6 @@
-//! Text cut into pieces at two markers, so that each marker is a piece of its own however the
-//! text arrives: a suffix that may still grow into a marker waits for what follows it.
+//! Text cut into pieces at a format's markers (two, or three with DeepSeek V4.1's tool block), so
+//! that each marker is a piece of its own however the text arrives: a suffix that may still grow
+//! into a marker waits for what follows it.
 
 /// One piece of the text.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,17 +13,21 @@ pub(super) enum Piece {
 
 #[derive(Debug)]
 pub(super) struct Cutter {
-    markers: [&'static str; 2],
+    markers: Vec<&'static str>,
     /// Text not yet cut: at most a marker's length less one, between pushes.
     held: String,
 }
 
 impl Cutter {
-    /// `markers` must not be empty, and neither may hold the other.
-    pub(super) fn new(markers: [&'static str; 2]) -> Cutter {
+    /// No marker may be empty, nor hold another.
+    pub(super) fn new(markers: &[&'static str]) -> Cutter {
         debug_assert!(markers.iter().all(|m| !m.is_empty()));
-        debug_assert!(!markers[0].contains(markers[1]) && !markers[1].contains(markers[0]));
-        Cutter { markers, held: String::new() }
+        debug_assert!(
+            markers.iter().enumerate().all(|(i, a)| {
+                markers.iter().enumerate().all(|(j, b)| i == j || !a.contains(b))
+            })
+        );
+        Cutter { markers: markers.to_vec(), held: String::new() }
     }
 
     pub(super) fn push(&mut self, text: &str) -> Vec<Piece> {

@@ -16,8 +16,8 @@ pub enum Thinking {
     May,
 }
 
-/// `grammar` after the thinking: free text up to the first closing marker, blanks, then what
-/// `grammar` allows. A Lark grammar must begin with its `start` rule on the first line (ours
+/// `grammar` after the thinking: free text up to the first closing marker (and without a tool
+/// block that would end it early), blanks, then what `grammar` allows. A Lark grammar must begin with its `start` rule on the first line (ours
 /// do: `tool_calls::required_calls` and `named_call`); `None` for one that does not.
 pub fn after_thinking(
     format: ReasoningFormat,
@@ -34,7 +34,12 @@ pub fn after_thinking(
         }
     };
     // Lazy: the thinking ends at the first closing marker, as the reasoning split reads it.
-    let thought = format!("lockstep_thought[lazy]: /(.|\\n)*{}/", regex_escaped(format.end));
+    let mut thought = format!("lockstep_thought[lazy]: /(.|\\n)*{}/", regex_escaped(format.end));
+    // A tool block in the thinking would end it there for the split (DeepSeek V4.1): the
+    // grammar's thinking holds none, so that it ends where the split's does.
+    if let Some(block) = format.tool_block {
+        thought.push_str(&format!(" & ~/(.|\\n)*{}(.|\\n)*/", regex_escaped(block)));
+    }
     let blank = "lockstep_blank: /[ \\t\\r\\n]{1,20}/";
     let start = match thinking {
         Thinking::Must => format!("start: lockstep_thought lockstep_blank? {answer}"),

@@ -37,16 +37,33 @@ pub struct ReasoningFormat {
     pub start: &'static str,
     /// Ends it; what follows is the answer.
     pub end: &'static str,
+    /// A tool block's opener that also ends the reasoning, kept in the content for the tool-call
+    /// parser: DeepSeek V4.1 may go from its thinking straight into its calls. Everything after
+    /// it is content, markers included.
+    pub tool_block: Option<&'static str>,
 }
 
 const THINK: (&str, &str) = ("<think>", "</think>");
 
+/// DeepSeek V4.1's tool block opener.
+const DSML_V41_BLOCK: &str = reasoning_parser::parsers::deepseek_v41::TOOL_BLOCK_START;
+
 impl ReasoningFormat {
-    /// reasoning-parser's parsers whose rules are two markers, and those markers (checked
-    /// against the crate by a test). Its parsers with more markers or states of their own
-    /// (DeepSeek V4.1's tool block, Gemma 4's channels, Kimi K3, MiniMax M3, Hunyuan V4,
-    /// Inkling) are not served: `cut` would have to know every marker they act on.
-    pub const ALL: [ReasoningFormat; 13] = [
+    /// reasoning-parser's parsers whose rules are two markers, or two and DeepSeek V4.1's tool
+    /// block, and those markers (checked against the crate by a test). Its parsers with states of
+    /// their own beyond those (Gemma 4's channels, Kimi K3, MiniMax M3, Hunyuan V4, Inkling) are
+    /// not served: `cut` would have to know every marker they act on.
+    ///
+    /// DeepSeek V4.1's rules differ from the two-marker families' in more than its third marker:
+    /// a `</think>` outside the thinking is dropped (not content), a `<think>` inside it is
+    /// dropped (not reasoning), and after the answer a new `<think>` opens reasoning again.
+    pub const ALL: [ReasoningFormat; 14] = [
+        ReasoningFormat {
+            name: "deepseek_v41",
+            start: THINK.0,
+            end: THINK.1,
+            tool_block: Some(DSML_V41_BLOCK),
+        },
         ReasoningFormat::think("deepseek_r1"),
         ReasoningFormat::think("deepseek_v31"),
         ReasoningFormat::think("deepseek_v4"),
@@ -58,16 +75,24 @@ impl ReasoningFormat {
         ReasoningFormat::think("minimax"),
         ReasoningFormat::think("step3"),
         ReasoningFormat::think("nano_v3"),
-        ReasoningFormat { name: "kimi", start: "◁think▷", end: "◁/think▷" },
+        ReasoningFormat {
+            name: "kimi", start: "◁think▷", end: "◁/think▷", tool_block: None
+        },
         ReasoningFormat {
             name: "cohere_cmd",
             start: "<|START_THINKING|>",
             end: "<|END_THINKING|>",
+            tool_block: None,
         },
     ];
 
     const fn think(name: &'static str) -> ReasoningFormat {
-        ReasoningFormat { name, start: THINK.0, end: THINK.1 }
+        ReasoningFormat { name, start: THINK.0, end: THINK.1, tool_block: None }
+    }
+
+    /// Every marker the format's parser acts on.
+    pub fn markers(self) -> Vec<&'static str> {
+        [Some(self.start), Some(self.end), self.tool_block].into_iter().flatten().collect()
     }
 
     /// The format a `--reasoning-parser` name stands for; the error lists the valid names.
@@ -82,15 +107,16 @@ impl ReasoningFormat {
     }
 
     /// Chosen from a chat template by the markers it writes; None when it writes none. A
-    /// template with `<think>` gets Qwen 3's rules (reasoning only after an opening marker, in
-    /// the output or at the end of the prompt), which read every `<think>` family whose
-    /// template opens the thinking itself; a model that starts thinking without one (the first
-    /// DeepSeek R1 templates) needs `--reasoning-parser deepseek_r1`.
+    /// template with `<think>` and DeepSeek V4.1's tool block gets V4.1's rules; one with
+    /// `<think>` alone gets Qwen 3's (reasoning only after an opening marker, in the output or
+    /// at the end of the prompt), which read every `<think>` family whose template opens the
+    /// thinking itself; a model that starts thinking without one (the first DeepSeek R1
+    /// templates) needs `--reasoning-parser deepseek_r1`.
     pub fn detect(chat_template: &str) -> Option<ReasoningFormat> {
         ReasoningFormat::ALL
             .into_iter()
-            .filter(|f| f.start != THINK.0 || f.name == "qwen3")
-            .find(|f| chat_template.contains(f.start) && chat_template.contains(f.end))
+            .filter(|f| f.start != THINK.0 || f.name == "qwen3" || f.tool_block.is_some())
+            .find(|f| f.markers().iter().all(|marker| chat_template.contains(marker)))
     }
 
     /// Whether the family's models start inside their thinking (DeepSeek R1, Qwen 3 Thinking),

@@ -72,7 +72,7 @@ impl ReasoningStream {
             }),
         };
         ReasoningStream {
-            cutter: Cutter::new([format.start, format.end]),
+            cutter: Cutter::new(&format.markers()),
             parser,
             unplaced: VecDeque::new(),
             reasoning_tokens: 0,

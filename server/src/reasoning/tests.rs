@@ -52,6 +52,10 @@ fn the_format_is_read_from_the_template() {
     assert_eq!(ReasoningFormat::detect(cohere).map(|f| f.name), Some("cohere_cmd"));
     assert_eq!(ReasoningFormat::detect("{{ messages }} <tool_call>"), None);
     assert_eq!(ReasoningFormat::detect("only <think> opens"), None);
+    let v41 = "{{ '<think>' + r + '</think>' }}{% if calls %}\n\n<｜DSML｜ calls>{% endif %}";
+    assert_eq!(ReasoningFormat::detect(v41).map(|f| f.name), Some("deepseek_v41"));
+    let v4 = "{{ '<think>' + r + '</think>' }}{% if calls %}\n\n<｜DSML｜tool_calls>{% endif %}";
+    assert_eq!(ReasoningFormat::detect(v4).map(|f| f.name), Some("qwen3"));
 }
 
 #[test]
@@ -66,7 +70,7 @@ fn the_prompts_end_says_where_the_turn_starts() {
 
 #[test]
 fn families_split_as_their_models_write() {
-    let cases: [(&str, &str, &str, (&str, &str)); 9] = [
+    let cases: [(&str, &str, &str, (&str, &str)); 15] = [
         // Qwen 3 thinks when it opens a block itself.
         ("qwen3", "assistant\n", "<think>\nhm\n</think>\n\nYes.", ("\nhm\n", "\n\nYes.")),
         ("qwen3", "assistant\n", "Yes.", ("", "Yes.")),
@@ -86,6 +90,20 @@ fn families_split_as_their_models_write() {
         // Cut off while thinking: all reasoning; a second block after the answer is answer.
         ("qwen3", "", "<think>still going", ("still going", "")),
         ("qwen3", "", "<think>a</think>b<think>c</think>", ("a", "b<think>c</think>")),
+        // DeepSeek V4.1: the tool block ends the thinking and is the answer's, with all after it.
+        (
+            "deepseek_v41",
+            "<｜Assistant｜><think>",
+            "hm\n\n<｜DSML｜ calls>\n<think>x</think>",
+            ("hm\n\n", "<｜DSML｜ calls>\n<think>x</think>"),
+        ),
+        ("deepseek_v41", "<｜Assistant｜><think>", "a</think>b", ("a", "b")),
+        ("deepseek_v41", "<｜Assistant｜></think>", "<think>a</think>b", ("", "<think>a</think>b")),
+        // A stray closing marker in the answer and a second opening one in the thinking drop;
+        // a later block is reasoning again.
+        ("deepseek_v41", "", "x</think>y", ("", "xy")),
+        ("deepseek_v41", "", "<think>a<think>b</think>c", ("ab", "c")),
+        ("deepseek_v41", "", "<think>a</think>b<think>c</think>d", ("ac", "bd")),
     ];
     for (name, prompt, text, (reasoning, content)) in cases {
         let format = format(name);
@@ -96,7 +114,7 @@ fn families_split_as_their_models_write() {
 
 #[test]
 fn the_cutter_holds_only_what_may_become_a_marker() {
-    let mut cutter = Cutter::new(["<think>", "</think>"]);
+    let mut cutter = Cutter::new(&["<think>", "</think>"]);
     assert_eq!(cutter.push("ab</th"), vec![Piece::Text("ab".into())]);
     assert_eq!(cutter.push("ink>c<"), vec![Piece::Marker("</think>"), Piece::Text("c".into())]);
     assert_eq!(cutter.push("x"), vec![Piece::Text("<x".into())]);
@@ -135,9 +153,13 @@ fn model_split(
     model.inside_at_start = inside;
     // Whether an opening marker was already taken (in the prompt, or in the output).
     let mut opened = opening == Opening::Inside;
-    let mut cutter = Cutter::new([format.start, format.end]);
+    let mut cutter = Cutter::new(&format.markers());
     let mut pieces = cutter.push(text);
     pieces.extend(cutter.finish());
+    if format.tool_block.is_some() {
+        deepseek_v41_split(&mut model, inside, pieces);
+        return model;
+    }
     for piece in pieces {
         let (len, reasoning) = match piece {
             Piece::Marker(m) if m == format.start && !opened => {
@@ -172,6 +194,45 @@ fn model_split(
     model
 }
 
+/// DeepSeek V4.1's table (reasoning-parser's `deepseek_v41`): in the answer, `<think>` opens
+/// reasoning and a `</think>` is dropped; in the reasoning, `</think>` ends it and a `<think>` is
+/// dropped; the tool block ends either, is content, and everything after it is content as written.
+fn deepseek_v41_split(model: &mut ModelReading, mut inside: bool, pieces: Vec<Piece>) {
+    let mut in_tool_block = false;
+    for piece in pieces {
+        let text = match &piece {
+            Piece::Marker(m) => (*m).to_owned(),
+            Piece::Text(t) => t.clone(),
+        };
+        let reasoning = match piece {
+            _ if in_tool_block => {
+                model.content.push_str(&text);
+                false
+            }
+            Piece::Marker("<｜DSML｜ calls>") => {
+                (in_tool_block, inside) = (true, false);
+                model.content.push_str(&text);
+                false
+            }
+            // Opens, ends, or (the state unchanged) is dropped.
+            Piece::Marker(m) => {
+                inside = m == "<think>";
+                false
+            }
+            Piece::Text(_) if inside => {
+                model.reasoning.push_str(&text);
+                true
+            }
+            Piece::Text(_) => {
+                model.content.push_str(&text);
+                false
+            }
+        };
+        model.reasoning_bytes.extend(std::iter::repeat_n(reasoning, text.len()));
+        model.inside_after.extend(std::iter::repeat_n(inside, text.len()));
+    }
+}
+
 impl ModelReading {
     /// The tokens of `chunks` (one token each, cut from the text in order) that the module
     /// docs' rule counts as reasoning.
@@ -199,7 +260,8 @@ fn fragment() -> impl Strategy<Value = String> {
         Just("◁/think▷".to_owned()),
         Just("<|END_THINKING|>".to_owned()),
         Just("<|START_THINKING|>".to_owned()),
-        "(<|</|<th|</thi|◁|◁/th|<\\|START)",
+        Just("<｜DSML｜ calls>".to_owned()),
+        "(<|</|<th|</thi|◁|◁/th|<\\|START|<｜DSML｜ c|<｜DSML｜calls>)",
         "[a-z <>/\n|é😀]{0,8}",
     ]
 }

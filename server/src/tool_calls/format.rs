@@ -18,15 +18,20 @@ pub enum ToolFormat {
     DsmlV32,
     /// DeepSeek V4 DSML: as V3.2 with the block named `tool_calls`.
     DsmlV4,
+    /// DeepSeek V4.1 DSML: a space before each tag's name (`<｜DSML｜ calls>`, `<｜DSML｜ invoke`,
+    /// `<｜DSML｜ parameter`), an `invoke` outside a block a call too, and the reference's rule
+    /// that everything from the first of them on belongs to the calls.
+    DsmlV41,
 }
 
 /// Where one dialect's markup begins and ends in a completion's text.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Markup {
-    /// The marker that opens a tool section.
-    pub open: &'static str,
+    /// The markers that open a tool section (the first of them in the text does).
+    pub opens: &'static [&'static str],
     /// The marker that closes it; `None` when a section runs to the end of the text (Llama 3,
-    /// whose calls are the rest of the reply).
+    /// whose calls are the rest of the reply; DeepSeek V4.1, whose reference parser reads
+    /// nothing after its calls as content).
     pub close: Option<&'static str>,
     /// Whether a text whose first non-blank character is `{` is one section as a whole (Llama 3's
     /// bare JSON calls, as `LlamaParser::parse_complete` reads them).
@@ -34,13 +39,14 @@ pub(super) struct Markup {
 }
 
 impl ToolFormat {
-    pub const ALL: [ToolFormat; 6] = [
+    pub const ALL: [ToolFormat; 7] = [
         ToolFormat::Hermes,
         ToolFormat::Llama3Json,
         ToolFormat::DeepSeekV3,
         ToolFormat::DeepSeekV31,
         ToolFormat::DsmlV32,
         ToolFormat::DsmlV4,
+        ToolFormat::DsmlV41,
     ];
 
     /// The name the `--tool-call-parser` flag takes.
@@ -52,6 +58,7 @@ impl ToolFormat {
             ToolFormat::DeepSeekV31 => "deepseek_v31",
             ToolFormat::DsmlV32 => "dsml_v32",
             ToolFormat::DsmlV4 => "dsml_v4",
+            ToolFormat::DsmlV41 => "dsml_v41",
         }
     }
 
@@ -69,7 +76,9 @@ impl ToolFormat {
     /// comment, say) is read as its most specific dialect.
     pub fn detect(chat_template: &str) -> Option<ToolFormat> {
         let has = |marker: &str| chat_template.contains(marker);
-        if has("｜DSML｜tool_calls") {
+        if has("｜DSML｜ calls") {
+            Some(ToolFormat::DsmlV41)
+        } else if has("｜DSML｜tool_calls") {
             Some(ToolFormat::DsmlV4)
         } else if has("｜DSML｜function_calls") {
             Some(ToolFormat::DsmlV32)
@@ -102,17 +111,74 @@ impl ToolFormat {
     }
 
     pub(super) fn markup(self) -> Markup {
-        let section = |open, close| Markup { open, close: Some(close), bare_json: false };
+        let section = |open: &'static [&'static str], close| Markup {
+            opens: open,
+            close: Some(close),
+            bare_json: false,
+        };
         match self {
-            ToolFormat::Hermes => section("<tool_call>", "</tool_call>"),
+            ToolFormat::Hermes => section(&["<tool_call>"], "</tool_call>"),
             ToolFormat::Llama3Json => {
-                Markup { open: "<|python_tag|>", close: None, bare_json: true }
+                Markup { opens: &["<|python_tag|>"], close: None, bare_json: true }
             }
             ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
-                section("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+                section(&["<｜tool▁calls▁begin｜>"], "<｜tool▁calls▁end｜>")
             }
-            ToolFormat::DsmlV32 => section("<｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
-            ToolFormat::DsmlV4 => section("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+            ToolFormat::DsmlV32 => section(&[DSML_V32.block_open], DSML_V32.block_close),
+            ToolFormat::DsmlV4 => section(&[DSML_V4.block_open], DSML_V4.block_close),
+            ToolFormat::DsmlV41 => Markup {
+                opens: &[DSML_V41.block_open, DSML_V41.invoke_open],
+                close: None,
+                bare_json: false,
+            },
+        }
+    }
+
+    /// The DSML dialects' tag names; None for the others.
+    pub(super) fn dsml(self) -> Option<Dsml> {
+        match self {
+            ToolFormat::DsmlV32 => Some(DSML_V32),
+            ToolFormat::DsmlV4 => Some(DSML_V4),
+            ToolFormat::DsmlV41 => Some(DSML_V41),
+            _ => None,
         }
     }
 }
+
+/// A DSML dialect's tags, as tool-parser's `DsmlDialect` names them (a test checks them against
+/// it): V3.2's and V4's differ in their block's name, V4.1's put a space before every name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Dsml {
+    /// `<｜DSML｜{block}>`.
+    pub block_open: &'static str,
+    pub block_close: &'static str,
+    /// The start of an invoke tag, up to its name: `<｜DSML｜{invoke} name="`.
+    pub invoke_open: &'static str,
+    pub invoke_close: &'static str,
+    /// `<｜DSML｜{parameter}`, before ` name="..." string="...">`.
+    pub parameter_open: &'static str,
+    pub parameter_close: &'static str,
+}
+
+const DSML_V32: Dsml = Dsml {
+    block_open: "<｜DSML｜function_calls>",
+    block_close: "</｜DSML｜function_calls>",
+    invoke_open: "<｜DSML｜invoke name=\"",
+    invoke_close: "</｜DSML｜invoke>",
+    parameter_open: "<｜DSML｜parameter",
+    parameter_close: "</｜DSML｜parameter>",
+};
+
+const DSML_V4: Dsml =
+    Dsml {
+        block_open: "<｜DSML｜tool_calls>", block_close: "</｜DSML｜tool_calls>", ..DSML_V32
+    };
+
+const DSML_V41: Dsml = Dsml {
+    block_open: "<｜DSML｜ calls>",
+    block_close: "</｜DSML｜ calls>",
+    invoke_open: "<｜DSML｜ invoke name=\"",
+    invoke_close: "</｜DSML｜ invoke>",
+    parameter_open: "<｜DSML｜ parameter",
+    parameter_close: "</｜DSML｜ parameter>",
+};

@@ -18,18 +18,24 @@ use lockstep_core::model::Grammar;
 use lockstep_gpu::grammar::JSON_BLANKS;
 use serde_json::{Map, Value, json};
 
+use super::format::Dsml;
 use super::{ToolFormat, ToolSpec};
 
 /// The grammar of one or more calls to `specs` in `format`'s markup; of exactly one unless
 /// `parallel`.
 pub fn required_calls(format: ToolFormat, specs: &[ToolSpec], parallel: bool) -> Grammar {
-    let (open, separator, close) = match format {
-        ToolFormat::Hermes => ("", "\n", ""),
-        ToolFormat::Llama3Json => ("", "; ", ""),
-        ToolFormat::DeepSeekV3 => ("<｜tool▁calls▁begin｜>", "\n", "<｜tool▁calls▁end｜>"),
-        ToolFormat::DeepSeekV31 => ("<｜tool▁calls▁begin｜>", "", "<｜tool▁calls▁end｜>"),
-        ToolFormat::DsmlV32 => ("<｜DSML｜function_calls>\n", "", "</｜DSML｜function_calls>"),
-        ToolFormat::DsmlV4 => ("<｜DSML｜tool_calls>\n", "", "</｜DSML｜tool_calls>"),
+    let dsml_block;
+    let (open, separator, close) = match format.dsml() {
+        Some(dsml) => {
+            dsml_block = format!("{}\n", dsml.block_open);
+            (dsml_block.as_str(), "", dsml.block_close)
+        }
+        None => match format {
+            ToolFormat::Llama3Json => ("", "; ", ""),
+            ToolFormat::DeepSeekV3 => ("<｜tool▁calls▁begin｜>", "\n", "<｜tool▁calls▁end｜>"),
+            ToolFormat::DeepSeekV31 => ("<｜tool▁calls▁begin｜>", "", "<｜tool▁calls▁end｜>"),
+            _ => ("", "\n", ""),
+        },
     };
     let mut lark = Lark::default();
     let call = lark.call(format, specs);
@@ -84,9 +90,29 @@ impl Lark {
 
     /// One call, to any of `specs`.
     fn call(&mut self, format: ToolFormat, specs: &[ToolSpec]) -> String {
-        let body = match format {
-            // The JSON dialects: one object, its name picking its arguments' schema.
-            ToolFormat::Hermes | ToolFormat::Llama3Json => {
+        let body = match (format.dsml(), format) {
+            (Some(dsml), _) => {
+                let invokes: Vec<String> = specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| self.dsml_invoke(dsml, i, spec))
+                    .collect();
+                invokes.join(" | ")
+            }
+            (None, ToolFormat::DeepSeekV3) => alternatives(specs, |spec| {
+                let head =
+                    format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n", spec.name);
+                let arguments = json_value(&spec.parameters);
+                format!("{} {arguments} {}", literal(&head), literal("\n```<｜tool▁call▁end｜>"))
+            }),
+            (None, ToolFormat::DeepSeekV31) => alternatives(specs, |spec| {
+                let head = format!("<｜tool▁call▁begin｜>{}<｜tool▁sep｜>", spec.name);
+                let arguments = json_value(&spec.parameters);
+                format!("{} {arguments} {}", literal(&head), literal("<｜tool▁call▁end｜>"))
+            }),
+            // The JSON dialects (Hermes, Llama 3): one object, its name picking its arguments'
+            // schema.
+            (None, _) => {
                 let key = if format == ToolFormat::Hermes { "arguments" } else { "parameters" };
                 let calls: Vec<Value> = specs.iter().map(|spec| call_schema(spec, key)).collect();
                 let object = json_value(&json!({"anyOf": calls}));
@@ -101,31 +127,15 @@ impl Lark {
                     _ => object,
                 }
             }
-            ToolFormat::DeepSeekV3 => alternatives(specs, |spec| {
-                let head =
-                    format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n", spec.name);
-                let arguments = json_value(&spec.parameters);
-                format!("{} {arguments} {}", literal(&head), literal("\n```<｜tool▁call▁end｜>"))
-            }),
-            ToolFormat::DeepSeekV31 => alternatives(specs, |spec| {
-                let head = format!("<｜tool▁call▁begin｜>{}<｜tool▁sep｜>", spec.name);
-                let arguments = json_value(&spec.parameters);
-                format!("{} {arguments} {}", literal(&head), literal("<｜tool▁call▁end｜>"))
-            }),
-            ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
-                let invokes: Vec<String> =
-                    specs.iter().enumerate().map(|(i, spec)| self.dsml_invoke(i, spec)).collect();
-                invokes.join(" | ")
-            }
         };
         self.rule("call".to_owned(), &body)
     }
 
     /// The DSML invoke tag of a call to `spec` (the `i`th tool): its parameters as tags, or its
     /// arguments as one JSON object when the schema is more than named properties.
-    fn dsml_invoke(&mut self, i: usize, spec: &ToolSpec) -> String {
-        let open = literal(&format!("<｜DSML｜invoke name=\"{}\">\n", spec.name));
-        let close = literal("</｜DSML｜invoke>\n");
+    fn dsml_invoke(&mut self, dsml: Dsml, i: usize, spec: &ToolSpec) -> String {
+        let open = literal(&format!("{}{}\">\n", dsml.invoke_open, spec.name));
+        let close = literal(&format!("{}\n", dsml.invoke_close));
         let Some(properties) = named_properties(&spec.parameters) else {
             let arguments = json_value(&spec.parameters);
             let body = format!("{open} {arguments} {} {close}", literal("\n"));
@@ -137,7 +147,7 @@ impl Lark {
         };
         let mut body = vec![open];
         for (j, (key, schema)) in properties.iter().enumerate() {
-            let tag = self.dsml_parameter(format!("parameter_{i}_{j}"), key, schema);
+            let tag = self.dsml_parameter(dsml, format!("parameter_{i}_{j}"), key, schema);
             body.push(if required.contains(&key.as_str()) { tag } else { format!("{tag}?") });
         }
         body.push(close);
@@ -145,15 +155,16 @@ impl Lark {
     }
 
     /// A rule named `name` for the parameter tag of `key`, whose value `schema` holds.
-    fn dsml_parameter(&mut self, name: String, key: &str, schema: &Value) -> String {
+    fn dsml_parameter(&mut self, dsml: Dsml, name: String, key: &str, schema: &Value) -> String {
         let open = |string: bool| {
-            literal(&format!("<｜DSML｜parameter name=\"{key}\" string=\"{string}\">"))
+            literal(&format!("{} name=\"{key}\" string=\"{string}\">", dsml.parameter_open))
         };
-        let close = literal("</｜DSML｜parameter>\n");
+        let close = literal(&format!("{}\n", dsml.parameter_close));
         let body = match raw_text(schema) {
             // Any text up to the first closing tag: the tag itself ends it.
             Some(RawText::Any) => {
-                self.rules.push(format!("{name}_text[lazy]: /(.|\\n)*<\\/｜DSML｜parameter>/"));
+                let end = dsml.parameter_close.replace('/', "\\/");
+                self.rules.push(format!("{name}_text[lazy]: /(.|\\n)*{end}/"));
                 format!("{} {name}_text {}", open(true), literal("\n"))
             }
             Some(RawText::OneOf(words)) => {

@@ -4,7 +4,7 @@
 //! The parsing is tool-parser's (the SMG project's `parse_complete` of each dialect); this module
 //! decides where its sections are and keeps streaming and whole parsing in agreement:
 //! - `split` cuts the text into plain text and tool sections (open marker to close marker, or to
-//!   the end for Llama 3). Content outside sections streams as it comes; only a suffix that may
+//!   the end for Llama 3 and DeepSeek V4.1). Content outside sections streams as it comes; only a suffix that may
 //!   still become an open marker waits.
 //! - `resolve` gives each closed section to the dialect's `parse_complete`. A section with no
 //!   well-formed call is content again, so malformed or unfinished markup is never lost.
@@ -29,6 +29,11 @@
 //! without newlines, Llama arguments holding `;`). A malformed call in a section beside good
 //! ones is dropped, as the parsers drop it: a DeepSeek or DSML section holds several calls, a
 //! Hermes section one, so there a malformed call is content.
+//!
+//! DeepSeek V4.1 is read by its reference's rules instead (DeepSeek's `encoding.py`, which
+//! tool-parser's V4.1 dialect and the serving engines follow): its model may open calls with a
+//! block or with a bare `invoke`, and from the first of them on nothing is content, so its
+//! section runs to the end of the text.
 
 mod format;
 mod grammar;

@@ -24,6 +24,7 @@ static DEEPSEEK_V3: LazyLock<DeepSeekParser> = LazyLock::new(DeepSeekParser::new
 static DEEPSEEK_V31: LazyLock<DeepSeek31Parser> = LazyLock::new(DeepSeek31Parser::new);
 static DSML_V32: LazyLock<DeepSeekDsmlParser> = LazyLock::new(DeepSeekDsmlParser::v32);
 static DSML_V4: LazyLock<DeepSeekDsmlParser> = LazyLock::new(DeepSeekDsmlParser::v4);
+static DSML_V41: LazyLock<DeepSeekDsmlParser> = LazyLock::new(DeepSeekDsmlParser::v41);
 
 fn parser(format: ToolFormat) -> &'static dyn ToolParser {
     match format {
@@ -33,12 +34,13 @@ fn parser(format: ToolFormat) -> &'static dyn ToolParser {
         ToolFormat::DeepSeekV31 => &*DEEPSEEK_V31,
         ToolFormat::DsmlV32 => &*DSML_V32,
         ToolFormat::DsmlV4 => &*DSML_V4,
+        ToolFormat::DsmlV41 => &*DSML_V41,
     }
 }
 
 /// The calls in one section, with any text the parser found in front of them; None when the
 /// section holds no well-formed call (then it is text). A call's name is not checked against
-/// the request's tools: `parse_complete` of these six parsers never does, so a call to an
+/// the request's tools: `parse_complete` of these seven parsers never does, so a call to an
 /// undeclared tool is a call, and the server decides what to do with it.
 pub(super) async fn resolve(
     format: ToolFormat,

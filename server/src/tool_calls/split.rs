@@ -1,5 +1,5 @@
-//! Cuts a completion into plain text and tool sections (a dialect's open marker up to its close
-//! marker, or to the end of the text), as it streams or all at once. Both ways cut the same text
+//! Cuts a completion into plain text and tool sections (one of a dialect's open markers up to its
+//! close marker, or to the end of the text), as it streams or all at once. Both ways cut the same text
 //! the same way whatever the chunking; the property test and the fuzz targets hold them to it.
 //! What a section means is `resolve`'s business; this file only finds where sections are.
 
@@ -85,9 +85,8 @@ impl Splitter {
     /// In text: cuts the text before an open marker and enters the section (true), or lets out
     /// all text that cannot begin a marker and waits (false).
     fn cut_text(&mut self, pieces: &mut Vec<Piece>) -> bool {
-        let open = self.markup.open;
-        match self.held.find(open) {
-            Some(at) => {
+        match first_open(self.markup, &self.held) {
+            Some((at, open)) => {
                 push_text(pieces, self.held.drain(..at).collect());
                 self.state =
                     if self.markup.close.is_some() { State::Section } else { State::ToEnd };
@@ -95,7 +94,13 @@ impl Splitter {
                 true
             }
             None => {
-                let keep = partial_prefix_len(&self.held, open);
+                let keep = self
+                    .markup
+                    .opens
+                    .iter()
+                    .map(|open| partial_prefix_len(&self.held, open))
+                    .max()
+                    .unwrap_or(0);
                 let out: String = self.held.drain(..self.held.len() - keep).collect();
                 push_text(pieces, out);
                 false
@@ -135,23 +140,33 @@ pub(super) fn split_whole(markup: Markup, text: &str) -> Vec<Piece> {
     }
     let mut pieces = Vec::new();
     let mut rest = text;
-    while let Some(at) = rest.find(markup.open) {
+    while let Some((at, open)) = first_open(markup, rest) {
         push_text(&mut pieces, rest[..at].to_owned());
         let section = &rest[at..];
         let Some(close) = markup.close else {
             pieces.push(Piece::Section(section.to_owned()));
             return pieces;
         };
-        let Some(close_at) = section[markup.open.len()..].find(close) else {
+        let Some(close_at) = section[open.len()..].find(close) else {
             push_text(&mut pieces, section.to_owned());
             return pieces;
         };
-        let end = markup.open.len() + close_at + close.len();
+        let end = open.len() + close_at + close.len();
         pieces.push(Piece::Section(section[..end].to_owned()));
         rest = &section[end..];
     }
     push_text(&mut pieces, rest.to_owned());
     pieces
+}
+
+/// Where the first open marker in `text` is, and which it is (the longest of those starting
+/// there).
+fn first_open(markup: Markup, text: &str) -> Option<(usize, &'static str)> {
+    markup
+        .opens
+        .iter()
+        .filter_map(|&open| text.find(open).map(|at| (at, open)))
+        .min_by_key(|&(at, open)| (at, std::cmp::Reverse(open.len())))
 }
 
 fn push_text(pieces: &mut Vec<Piece>, text: String) {
@@ -227,6 +242,28 @@ mod tests {
         let bytes: Vec<String> = text.chars().map(String::from).collect();
         let chunks: Vec<&str> = bytes.iter().map(String::as_str).collect();
         assert_eq!(streamed(markup, &chunks), merged(whole));
+    }
+
+    #[test]
+    fn deepseek_v41_sections_open_at_a_block_or_an_invoke_and_run_to_the_end() {
+        let markup = ToolFormat::DsmlV41.markup();
+        let block = "a\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>tail";
+        let invoke = "a <｜DSML｜ invoke name=\"f\">\n</｜DSML｜ invoke>\n<｜DSML｜ calls>";
+        let neither = "a <｜DSML｜ call <｜DSML｜invoke name=\"f\"> <｜DSML｜ calls";
+        assert_eq!(
+            split_whole(markup, block),
+            vec![Piece::Text("a\n\n".into()), Piece::Section(block[3..].into())]
+        );
+        assert_eq!(
+            split_whole(markup, invoke),
+            vec![Piece::Text("a ".into()), Piece::Section(invoke[2..].into())]
+        );
+        assert_eq!(split_whole(markup, neither), vec![Piece::Text(neither.into())]);
+        for text in [block, invoke, neither] {
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let chunks: Vec<&str> = chars.iter().map(String::as_str).collect();
+            assert_eq!(streamed(markup, &chunks), merged(split_whole(markup, text)), "{text:?}");
+        }
     }
 
     #[test]

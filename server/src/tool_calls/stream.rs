@@ -21,7 +21,7 @@ pub struct ToolCallStream {
 }
 
 impl ToolCallStream {
-    /// `tools` are the request's; the six parsers do not look at them (see `resolve`), so a call
+    /// `tools` are the request's; the parsers do not look at them (see `resolve`), so a call
     /// to a tool the request did not offer comes out as a call like any other.
     pub fn new(format: ToolFormat, tools: &[ToolSpec]) -> ToolCallStream {
         let _ = tools;

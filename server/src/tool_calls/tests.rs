@@ -145,41 +145,105 @@ async fn deepseek_v31() {
     check(f, &weather, &weather, &[]).await;
 }
 
-async fn dsml(f: ToolFormat, block: &str) {
-    let invoke = |name: &str, params: &str| {
-        format!("<｜DSML｜invoke name=\"{name}\">\n{params}</｜DSML｜invoke>\n")
-    };
-    let param = |name: &str, string: bool, value: &str| {
+/// A DSML dialect's invoke and parameter tags, and its block around invokes.
+struct DsmlText {
+    tags: super::format::Dsml,
+}
+
+impl DsmlText {
+    fn new(f: ToolFormat) -> DsmlText {
+        DsmlText { tags: f.dsml().expect("a DSML dialect") }
+    }
+
+    fn invoke(&self, name: &str, params: &str) -> String {
+        let t = &self.tags;
+        format!("{}{name}\">\n{params}{}\n", t.invoke_open, t.invoke_close)
+    }
+
+    fn param(&self, name: &str, string: bool, value: &str) -> String {
+        let t = &self.tags;
         format!(
-            "<｜DSML｜parameter name=\"{name}\" string=\"{string}\">{value}</｜DSML｜parameter>\n"
+            "{} name=\"{name}\" string=\"{string}\">{value}{}\n",
+            t.parameter_open, t.parameter_close
         )
-    };
-    let section = |invokes: &str| format!("<｜DSML｜{block}>\n{invokes}</｜DSML｜{block}>");
+    }
+
+    fn section(&self, invokes: &str) -> String {
+        format!("{}\n{invokes}{}", self.tags.block_open, self.tags.block_close)
+    }
+}
+
+async fn dsml(f: ToolFormat) {
+    let d = DsmlText::new(f);
     let weather =
-        invoke("get_weather", &(param("city", true, "Paris") + &param("days", false, "3")));
+        d.invoke("get_weather", &(d.param("city", true, "Paris") + &d.param("days", false, "3")));
     let paris = call("get_weather", json!({"city": "Paris", "days": 3}));
-    check(f, &section(&weather), "", std::slice::from_ref(&paris)).await;
-    let two = section(&format!("{weather}{}", invoke("get_time", &param("tz", true, "CET"))));
+    check(f, &d.section(&weather), "", std::slice::from_ref(&paris)).await;
+    let two = d.section(&format!("{weather}{}", d.invoke("get_time", &d.param("tz", true, "CET"))));
     check(f, &two, "", &[paris.clone(), call("get_time", json!({"tz": "CET"}))]).await;
-    let before = format!("Let me check that.\n\n{}", section(&weather));
+    let before = format!("Let me check that.\n\n{}", d.section(&weather));
     check(f, &before, "Let me check that.", std::slice::from_ref(&paris)).await;
-    let direct = section(&invoke("get_weather", "{\"city\": \"Paris\", \"days\": 3}\n"));
+    let direct = d.section(&d.invoke("get_weather", "{\"city\": \"Paris\", \"days\": 3}\n"));
     check(f, &direct, "", std::slice::from_ref(&paris)).await;
     // DsmlParser passes a `{...}` body through unparsed; we drop it, and the section is text.
-    let malformed = section(&invoke("get_weather", "{\"city\": Paris}\n"));
+    let malformed = d.section(&d.invoke("get_weather", "{\"city\": Paris}\n"));
     check(f, &malformed, &malformed, &[]).await;
-    let cut = format!("Sure.\n\n{}", head(&section(&weather), 70));
+    let cut = format!("Sure.\n\n{}", head(&d.section(&weather), 70));
     check(f, &cut, &cut, &[]).await;
 }
 
 #[tokio::test]
 async fn dsml_v32() {
-    dsml(ToolFormat::DsmlV32, "function_calls").await;
+    dsml(ToolFormat::DsmlV32).await;
+    // Text after a block is content.
+    let d = DsmlText::new(ToolFormat::DsmlV32);
+    let after = format!("{}\nDone.", d.section(&d.invoke("f", "")));
+    check(ToolFormat::DsmlV32, &after, "Done.", &[call("f", json!({}))]).await;
 }
 
 #[tokio::test]
 async fn dsml_v4() {
-    dsml(ToolFormat::DsmlV4, "tool_calls").await;
+    dsml(ToolFormat::DsmlV4).await;
+}
+
+#[tokio::test]
+async fn dsml_v41() {
+    let f = ToolFormat::DsmlV41;
+    dsml(f).await;
+    let d = DsmlText::new(f);
+    let weather = d.invoke("get_weather", &d.param("city", true, "Paris"));
+    let paris = call("get_weather", json!({"city": "Paris"}));
+    // An invoke without a block is a call, and so is each one after it.
+    let bare = format!("Checking.\n\n{weather}{}", d.invoke("get_time", ""));
+    check(f, &bare, "Checking.", &[paris.clone(), call("get_time", json!({}))]).await;
+    // From the first call on nothing is content: text after the block, or between invokes.
+    let after = format!("{}\nDone.<think>x</think>", d.section(&weather));
+    check(f, &after, "", std::slice::from_ref(&paris)).await;
+    let between = format!("{weather}and then{}", d.section(&d.invoke("get_time", "")));
+    check(f, &between, "", &[paris.clone(), call("get_time", json!({}))]).await;
+    // The other dialects' tags are text to it.
+    let v4 = DsmlText::new(ToolFormat::DsmlV4);
+    let other = v4.section(&v4.invoke("get_weather", &v4.param("city", true, "Paris")));
+    check(f, &other, &other, &[]).await;
+}
+
+#[test]
+fn dsml_tags_are_the_tool_parsers() {
+    use tool_parser::parsers::DsmlDialect;
+    for (format, dialect) in [
+        (ToolFormat::DsmlV32, DsmlDialect::V32),
+        (ToolFormat::DsmlV4, DsmlDialect::V4),
+        (ToolFormat::DsmlV41, DsmlDialect::V41),
+    ] {
+        let tags = format.dsml().unwrap();
+        let dsml = "｜DSML｜";
+        assert_eq!(tags.block_open, format!("<{dsml}{}>", dialect.block()));
+        assert_eq!(tags.block_close, format!("</{dsml}{}>", dialect.block()));
+        assert_eq!(tags.invoke_open, format!("<{dsml}{} name=\"", dialect.invoke()));
+        assert_eq!(tags.invoke_close, format!("</{dsml}{}>", dialect.invoke()));
+        assert_eq!(tags.parameter_open, format!("<{dsml}{}", dialect.parameter()));
+        assert_eq!(tags.parameter_close, format!("</{dsml}{}>", dialect.parameter()));
+    }
 }
 
 #[tokio::test]
@@ -213,7 +277,11 @@ fn names_round_trip_and_unknown_names_list_the_valid_ones() {
         assert_eq!(ToolFormat::from_name(format.name()), Ok(format));
     }
     let error = ToolFormat::from_name("mistral").unwrap_err();
-    assert!(error.contains("hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32, dsml_v4"));
+    assert!(
+        error.contains(
+            "hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32, dsml_v4, dsml_v41"
+        )
+    );
 }
 
 #[test]
@@ -232,6 +300,7 @@ fn formats_are_detected_from_template_markers() {
     assert_eq!(detect(v31), Some(ToolFormat::DeepSeekV31));
     assert_eq!(detect("<｜DSML｜function_calls>"), Some(ToolFormat::DsmlV32));
     assert_eq!(detect("<｜DSML｜tool_calls>"), Some(ToolFormat::DsmlV4));
+    assert_eq!(detect("'\\n\\n<｜DSML｜ calls>\\n'"), Some(ToolFormat::DsmlV41));
     let smollm = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
     assert_eq!(detect(smollm), None);
     // It never reads `tools`, so tools reach the model as our Hermes system message.

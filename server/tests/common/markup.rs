@@ -22,18 +22,19 @@ pub fn render_call(format: ToolFormat, name: &str, args: &Value, tight: bool) ->
         ToolFormat::DeepSeekV31 => {
             format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>")
         }
-        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 => {
-            let mut out = format!("<｜DSML｜invoke name=\"{name}\">\n");
+        ToolFormat::DsmlV32 | ToolFormat::DsmlV4 | ToolFormat::DsmlV41 => {
+            let s = dsml_space(format);
+            let mut out = format!("<｜DSML｜{s}invoke name=\"{name}\">\n");
             for (key, value) in args.as_object().unwrap() {
                 let (string, text) = match value {
                     Value::String(s) => (true, s.clone()),
                     other => (false, other.to_string()),
                 };
                 out.push_str(&format!(
-                    "<｜DSML｜parameter name=\"{key}\" string=\"{string}\">{text}</｜DSML｜parameter>\n"
+                    "<｜DSML｜{s}parameter name=\"{key}\" string=\"{string}\">{text}</｜DSML｜{s}parameter>\n"
                 ));
             }
-            out + "</｜DSML｜invoke>\n"
+            out + &format!("</｜DSML｜{s}invoke>\n")
         }
     }
 }
@@ -55,5 +56,11 @@ pub fn render_group(format: ToolFormat, each: &[String]) -> String {
         ToolFormat::DsmlV4 => {
             format!("<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>", each.concat())
         }
+        ToolFormat::DsmlV41 => format!("<｜DSML｜ calls>\n{}</｜DSML｜ calls>", each.concat()),
     }
+}
+
+/// DeepSeek V4.1 writes a space before each DSML tag's name.
+pub fn dsml_space(format: ToolFormat) -> &'static str {
+    if format == ToolFormat::DsmlV41 { " " } else { "" }
 }
