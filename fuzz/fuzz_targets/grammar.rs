@@ -3,9 +3,9 @@
 //! byte-level vocabulary (`lockstep_gpu::grammar`). No panic compiling anything. A grammar that
 //! compiles answers a mask at every step of a walk drawn under it, with rollbacks as a recompute
 //! makes them: never empty, and at the end the mask a fresh matcher told the whole output at
-//! once gives.
+//! once gives, whether compiled anew or taken from the compiler's kept grammars (as a refusal is).
 //! Input: byte 0 % 4 picks JSON Schema (0), Lark (1), or tools (2: one call, 3: parallel calls;
-//! the text a JSON object of tool names to parameter schemas, the dialect byte 0 / 4 % 6); the
+//! the text a JSON object of tool names to parameter schemas, the dialect byte 0 / 4 among `ToolFormat::ALL`); the
 //! grammar's text runs to the first 0xFF; each byte after it picks an allowed token (0xF0 and
 //! up: forget that many tokens, less 0xEF).
 
@@ -94,7 +94,15 @@ fuzz_target!(|bytes: &[u8]| {
         }
     };
     let compiler = compiler();
-    let Ok(mut matcher) = compiler.compile(&grammar) else { return };
+    let mut matcher = match compiler.compile(&grammar) {
+        Ok(matcher) => matcher,
+        Err(e) => {
+            // Refused again from the kept grammars, as a compile anew refuses it.
+            assert_eq!(compiler.compile(&grammar).err().as_ref(), Some(&e));
+            assert_eq!(compiler.compile_uncached(&grammar).err(), Some(e));
+            return;
+        }
+    };
     let mut output: Vec<u32> = Vec::new();
     for &pick in picks.iter().take(64) {
         let tokens = allowed(&matcher.allowed(&output));
@@ -109,6 +117,9 @@ fuzz_target!(|bytes: &[u8]| {
         }
         output.push(token);
     }
-    let fresh = compiler.compile(&grammar).expect("it compiled once").allowed(&output);
-    assert_eq!(allowed(&matcher.allowed(&output)), allowed(&fresh), "after {output:?}");
+    let walked = allowed(&matcher.allowed(&output));
+    let kept = compiler.compile(&grammar).expect("it compiled once").allowed(&output);
+    let fresh = compiler.compile_uncached(&grammar).expect("it compiled once").allowed(&output);
+    assert_eq!(walked, allowed(&fresh), "after {output:?}");
+    assert_eq!(allowed(&kept), allowed(&fresh), "the kept grammar, after {output:?}");
 });

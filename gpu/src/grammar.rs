@@ -5,19 +5,26 @@
 //! vocabulary); a grammar then compiles in about a millisecond and answers each step's mask by
 //! walking the trie under its Earley parser.
 //!
+//! Compiled grammars are kept (`compiled_grammars`): the HTTP edge's compile of a request's
+//! grammar makes the executor's a clone, and a grammar sent again is not compiled again.
+//!
 //! A matcher answers from the output it is given, not from what it was told before (core's
 //! contract): it keeps the output it has consumed, rolls back to the common prefix when a new
 //! output departs from it (a preempted request recomputed, an overlap sample discarded), and
 //! replays from the start when rollback fails.
 
 use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory, token_bytes_from_tokenizer_json};
-use lockstep_core::model::{self, Grammar, TokenMask, TokenMatcher};
+use lockstep_core::model::{self, CompileCounts, Grammar, TokenMask, TokenMatcher};
 use serde_json::{Value, json};
 
+use crate::compiled_grammars::{
+    COMPILED_GRAMMAR_BYTES_MAX, COMPILED_GRAMMARS_MAX, CompiledGrammars,
+};
 use crate::tokenizer::Tokenizer;
 
 /// Whitespace between two tokens of JSON, at most 20 characters (llguidance's default has no
@@ -31,6 +38,8 @@ pub const JSON_BLANKS: &str = r"[\x20\x0A\x0D\x09]{1,20}";
 pub struct GrammarCompiler {
     factory: ParserFactory,
     stop_tokens: Vec<u32>,
+    /// Each grammar compiled lately, as its matcher before any output (or the compile's error).
+    compiled: Mutex<CompiledGrammars<Result<Matcher, String>>>,
 }
 
 impl fmt::Debug for GrammarCompiler {
@@ -57,7 +66,42 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env).map_err(compiler_error)?;
         // Nothing on stderr: a grammar's problems come back as errors.
         factory.quiet();
-        Ok(GrammarCompiler { factory, stop_tokens: stop_tokens.to_vec() })
+        let compiled = CompiledGrammars::new(COMPILED_GRAMMARS_MAX, COMPILED_GRAMMAR_BYTES_MAX);
+        Ok(GrammarCompiler {
+            factory,
+            stop_tokens: stop_tokens.to_vec(),
+            compiled: Mutex::new(compiled),
+        })
+    }
+
+    /// `grammar` compiled now, whatever is kept: what a kept one must equal (tests, benchmarks).
+    pub fn compile_uncached(&self, grammar: &Grammar) -> Result<Box<dyn TokenMatcher>, String> {
+        Ok(self.matcher(self.start(grammar)?))
+    }
+
+    /// The kept grammars. A panic elsewhere while they were locked left them whole (each change
+    /// to them is one call that does not panic), so a poisoned lock is taken as it is.
+    fn compiled(&self) -> MutexGuard<'_, CompiledGrammars<Result<Matcher, String>>> {
+        self.compiled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `grammar`'s matcher before any output.
+    fn start(&self, grammar: &Grammar) -> Result<Matcher, String> {
+        let parser = self.factory.create_parser(Self::top_level(grammar)?);
+        let matcher = Matcher::new(parser);
+        match matcher.get_error() {
+            Some(e) => Err(e),
+            None => Ok(matcher),
+        }
+    }
+
+    fn matcher(&self, start: Matcher) -> Box<dyn TokenMatcher> {
+        Box::new(GrammarMatcher {
+            matcher: start.clone(),
+            start,
+            consumed: Vec::new(),
+            stop_tokens: self.stop_tokens.clone(),
+        })
     }
 
     fn top_level(grammar: &Grammar) -> Result<TopLevelGrammar, String> {
@@ -81,17 +125,21 @@ impl GrammarCompiler {
 
 impl model::GrammarCompiler for GrammarCompiler {
     fn compile(&self, grammar: &Grammar) -> Result<Box<dyn TokenMatcher>, String> {
-        let parser = self.factory.create_parser(Self::top_level(grammar)?);
-        let matcher = Matcher::new(parser);
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
-        }
-        Ok(Box::new(GrammarMatcher {
-            start: matcher.clone(),
-            matcher,
-            consumed: Vec::new(),
-            stop_tokens: self.stop_tokens.clone(),
-        }))
+        let kept = self.compiled().get(grammar);
+        let start = match kept {
+            Some(start) => start,
+            // Compiled outside the lock: one long compile holds up no other.
+            None => {
+                let start = self.start(grammar);
+                self.compiled().insert(grammar.clone(), start.clone());
+                start
+            }
+        };
+        Ok(self.matcher(start?))
+    }
+
+    fn compile_counts(&self) -> Option<CompileCounts> {
+        Some(self.compiled().counts())
     }
 }
 

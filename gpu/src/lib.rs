@@ -10,6 +10,7 @@
 //! ci/device-check.sh).
 
 pub mod chat;
+mod compiled_grammars;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod default_model;

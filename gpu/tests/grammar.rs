@@ -12,7 +12,7 @@ mod tiny;
 
 use std::sync::OnceLock;
 
-use lockstep_core::model::{Grammar, GrammarCompiler as _, TokenMask};
+use lockstep_core::model::{CompileCounts, Grammar, GrammarCompiler as _, TokenMask};
 use lockstep_gpu::grammar::GrammarCompiler;
 use lockstep_gpu::tokenizer::Tokenizer;
 use proptest::prelude::*;
@@ -71,9 +71,14 @@ fn walk(grammar: &Grammar, steps: &[(u16, u8)]) -> Result<(), TestCaseError> {
     let (tokenizer, compiler) = compiler();
     let mut matcher = compiler.compile(grammar).unwrap();
     let mut output: Vec<u32> = Vec::new();
-    for &(pick, back) in steps {
+    for (step, &(pick, back)) in steps.iter().enumerate() {
         let mask = matcher.allowed(&output);
-        let fresh = compiler.compile(grammar).unwrap().allowed(&output);
+        // Every other step a grammar compiled anew, not the kept one.
+        let fresh = match step % 2 {
+            0 => compiler.compile(grammar),
+            _ => compiler.compile_uncached(grammar),
+        };
+        let fresh = fresh.unwrap().allowed(&output);
         prop_assert_eq!(allowed(&mask), allowed(&fresh), "after {:?}", output);
         let tokens = allowed(&mask);
         prop_assert!(!tokens.is_empty(), "an empty mask after {:?}", output);
@@ -125,4 +130,31 @@ fn what_the_compiler_refuses_is_an_error_not_a_panic() {
     let mut matcher = compiler.compile(&lark).unwrap();
     assert_eq!(allowed(&matcher.allowed(&[])), [b'h' as u32, 256], "h alone, or the token he");
     assert_eq!(allowed(&matcher.allowed(&[256, b't' as u32])), [tiny::IM_END]);
+}
+
+#[test]
+fn a_grammar_compiled_again_is_the_kept_one_before_any_output() {
+    let tokenizer = tokenizer();
+    let compiler = GrammarCompiler::new(&tokenizer, &[tiny::IM_END]).unwrap();
+    let grammar = schema();
+    let value = tokenizer.encode(r#"{"ok": true, "tag": "t"}"#).unwrap();
+    // The first matcher walks to the end of a whole value; what is kept must not walk with it.
+    let mut first = compiler.compile(&grammar).unwrap();
+    for n in 0..value.len() {
+        assert!(first.allowed(&value[..n]).allows(value[n]), "token {n} refused");
+    }
+    assert_eq!(allowed(&first.allowed(&value)), [tiny::IM_END]);
+    let mut kept = compiler.compile(&grammar).unwrap();
+    let mut fresh = compiler.compile_uncached(&grammar).unwrap();
+    assert_eq!(compiler.compile_counts(), Some(CompileCounts { hits: 1, misses: 1 }));
+    for n in 0..=value.len() {
+        let (a, b) = (kept.allowed(&value[..n]), fresh.allowed(&value[..n]));
+        assert_eq!(allowed(&a), allowed(&b), "after {n} tokens");
+    }
+    // A refused grammar is kept too, with its error.
+    let bad = Grammar::JsonSchema("{\"type\": \"sometimes\"}".into());
+    let refused = compiler.compile(&bad).err();
+    assert!(refused.is_some());
+    assert_eq!(compiler.compile(&bad).err(), refused);
+    assert_eq!(compiler.compile_counts(), Some(CompileCounts { hits: 2, misses: 2 }));
 }

@@ -5,8 +5,10 @@
 //! process, and each must report its own. Handles are registered once at start; recording is an
 //! atomic add.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use lockstep_core::model::GrammarCompiler;
 use lockstep_core::sched::FinishReason;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{
@@ -78,6 +80,10 @@ pub struct Metrics {
     pub transfers_failed: Counter,
     pub transfers_timed_out: Counter,
     pub transfer_seconds: Histogram,
+    /// The executor's grammar compiler, whose counts of kept grammars are read at each render.
+    grammars: Option<Arc<dyn GrammarCompiler>>,
+    grammar_cache_queries: Counter,
+    grammar_cache_hits: Counter,
 }
 
 impl Metrics {
@@ -210,8 +216,23 @@ impl Metrics {
                 "lockstep:kv_transfer_duration_seconds",
                 "From a request's arrival at the router to its hand-over to a decode worker",
             ),
+            grammars: None,
+            grammar_cache_queries: counter(
+                "lockstep:grammar_cache_queries_total",
+                "Grammar compiles asked of the model's compiler (the HTTP edge's and the executor's)",
+            ),
+            grammar_cache_hits: counter(
+                "lockstep:grammar_cache_hits_total",
+                "Grammar compiles answered from the compiled grammars it keeps",
+            ),
             handle,
         }
+    }
+
+    /// Reports `grammars`' kept-grammar counts too (a compiler that keeps none reports zeros).
+    pub fn with_grammars(mut self, grammars: Option<Arc<dyn GrammarCompiler>>) -> Metrics {
+        self.grammars = grammars;
+        self
     }
 
     pub fn finished(&self, reason: FinishReason) {
@@ -222,6 +243,10 @@ impl Metrics {
 
     /// Everything, in Prometheus text exposition format.
     pub fn render(&self) -> String {
+        if let Some(counts) = self.grammars.as_ref().and_then(|g| g.compile_counts()) {
+            self.grammar_cache_queries.absolute(counts.hits + counts.misses);
+            self.grammar_cache_hits.absolute(counts.hits);
+        }
         self.handle.render()
     }
 }

@@ -29,7 +29,8 @@ pub fn start<R: StepRunner>(
     codec: Arc<dyn TextCodec>,
     app_config: AppConfig,
 ) -> Result<Node, String> {
-    let metrics = Arc::new(Metrics::new(&app_config.model_name));
+    let metrics =
+        Arc::new(Metrics::new(&app_config.model_name).with_grammars(codec.grammars().ok()));
     let (engine, engine_task) =
         engine::spawn(engine_config, runner, metrics.clone()).map_err(|e| e.to_string())?;
     let state = Arc::new(AppState::new(app_config, engine, codec, metrics));
@@ -45,7 +46,8 @@ pub fn start_router(
     codec: Arc<dyn TextCodec>,
     app_config: AppConfig,
 ) -> Node {
-    let metrics = Arc::new(Metrics::new(&app_config.model_name));
+    let metrics =
+        Arc::new(Metrics::new(&app_config.model_name).with_grammars(codec.grammars().ok()));
     let (engine, engine_task) =
         crate::roles::router::spawn(config, transport, peer_events, metrics.clone());
     let state = Arc::new(AppState::new(app_config, engine, codec, metrics));

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestServer, streamed_text};
+use common::{TestServer, counter, streamed_text};
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::SyntheticMatcher;
 use lockstep_core::sched::{SchedConfig, StepMode};
@@ -124,6 +124,12 @@ async fn the_output_follows_the_schema_whole_streamed_and_in_a_crowd() {
         let body = request(temperature, seed);
         let (status, out) = server.post("/v1/chat/completions", &body).await;
         assert_eq!(status, 200, "{out}");
+        if seed == 0 {
+            // The HTTP edge compiled the schema (to check it) and the executor got it kept.
+            let (_, page) = server.get("/metrics").await;
+            assert_eq!(counter(&page, "lockstep:grammar_cache_queries_total"), 2, "{page}");
+            assert_eq!(counter(&page, "lockstep:grammar_cache_hits_total"), 1, "{page}");
+        }
         let content = checked(&out);
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);

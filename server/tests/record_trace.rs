@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use common::{CONTEXT, TestServer, VOCAB, sched_config};
+use common::{CONTEXT, TestServer, VOCAB, counter, sched_config};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
@@ -87,11 +87,6 @@ fn ids(value: &Value) -> Vec<u32> {
 fn output(record: &TraceRecord) -> (Vec<u32>, TraceFinish) {
     let out = record.output.as_ref().unwrap();
     (out.token_ids.clone(), out.finish_reason)
-}
-
-fn counter(metrics: &str, name: &str) -> u64 {
-    let line = metrics.lines().find(|l| l.starts_with(name)).unwrap();
-    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 async fn stop(server: TestServer, task: RecordTask<tokio::fs::File>) -> u64 {

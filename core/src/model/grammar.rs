@@ -83,6 +83,19 @@ pub trait GrammarCompiler: Send + Sync + fmt::Debug {
     /// A grammar the compiler refuses (a schema it cannot read, a grammar too large) is a clear
     /// error; the HTTP edge compiles each grammar once to say so to the client.
     fn compile(&self, grammar: &Grammar) -> Result<Box<dyn TokenMatcher>, String>;
+
+    /// How many compiles a compiler that keeps compiled grammars answered from them (the
+    /// server's metrics); `None` from one that keeps none.
+    fn compile_counts(&self) -> Option<CompileCounts> {
+        None
+    }
+}
+
+/// Compiles answered from the compiled grammars a compiler keeps (`hits`), and the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompileCounts {
+    pub hits: u64,
+    pub misses: u64,
 }
 
 /// A request's compiled grammar, or why it has none (the executor had no compiler, or the

@@ -13,7 +13,7 @@ mod sampling;
 mod synthetic_grammar;
 
 pub use executor::{ExecError, Executor};
-pub use grammar::{Grammar, GrammarCompiler, TokenMask, TokenMatcher};
+pub use grammar::{CompileCounts, Grammar, GrammarCompiler, TokenMask, TokenMatcher};
 pub use output_tokens::{OutputTokens, counts};
 pub use page_store::PageStore;
 pub use provenance::ProvenanceModel;

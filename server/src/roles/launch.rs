@@ -153,7 +153,7 @@ pub async fn serve(
         kv_layout: served.kv_layout,
         model: served.fingerprint,
     };
-    let metrics = Arc::new(Metrics::new(&served.name));
+    let metrics = Arc::new(Metrics::new(&served.name).with_grammars(served.codec.grammars().ok()));
     let dial =
         |list: &[(u32, String)]| list.iter().map(|(w, a)| (WorkerId(*w), a.clone())).collect();
     match role {

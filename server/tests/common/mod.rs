@@ -22,6 +22,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub const VOCAB: u32 = 1000;
+
+/// A counter's value in a Prometheus text page (its first line, whatever its labels).
+pub fn counter(page: &str, name: &str) -> u64 {
+    let line = page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
 pub const CONTEXT: u32 = 256;
 
 pub fn sched_config(mode: StepMode) -> SchedConfig {
