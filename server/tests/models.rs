@@ -303,6 +303,35 @@ async fn a_named_tool_choice_opens_the_call_and_an_unknown_name_is_refused() {
     assert!(out["error"]["message"].as_str().unwrap().contains("not in tools"), "{out}");
 }
 
+/// The tiny model with `template` for its chat template.
+fn templated(template: &str) -> Arc<Model> {
+    let mut model = Arc::into_inner(tiny_model()).unwrap();
+    model.chat_template = Some(template.to_owned());
+    Arc::new(model)
+}
+
+/// A server whose model writes `script` and then its stop token, reading `tool_format`'s calls
+/// and, where given, `reasoning`.
+async fn scripted_server(
+    model: &Arc<Model>,
+    script: &[u32],
+    tool_format: ToolFormat,
+    reasoning: Option<ReasoningFormat>,
+) -> TestServer {
+    let mut config = sched(model, StepMode::Sync);
+    config.request_tokens_max = 4096;
+    config.pool.pages_total = 512;
+    let engine = EngineConfig::new(config.clone());
+    let runner = InlineRunner::new(
+        ScriptedExecutor::new(script.to_vec(), model.stop_tokens[0]),
+        StepCost::ZERO,
+    );
+    let mut app = AppConfig::new("m", config.request_tokens_max);
+    app.tool_format = Some(tool_format);
+    app.reasoning_format = reasoning;
+    TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app).await
+}
+
 /// A Qwen 3 style template: Hermes tool calls, and thinking unless `enable_thinking` is false.
 const THINKING_TEMPLATE: &str = concat!(
     "{% if tools %}{{- '<|im_start|>system\\nCall tools as <tool_call>{\"name\": ..., ",
@@ -316,9 +345,7 @@ const THINKING_TEMPLATE: &str = concat!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
-    let mut model = Arc::into_inner(tiny_model()).unwrap();
-    model.chat_template = Some(THINKING_TEMPLATE.to_owned());
-    let model = Arc::new(model);
+    let model = templated(THINKING_TEMPLATE);
     let template = model.chat_template.as_deref().unwrap();
     let reasoning_format = ReasoningFormat::detect(template);
     assert_eq!(reasoning_format.map(|f| f.name), Some("qwen3"));
@@ -336,20 +363,7 @@ async fn a_thinking_models_reasoning_is_apart_from_its_answer_and_its_calls() {
     let thinking_tokens =
         (0..script.len()).filter(|&i| offset(i) >= body_start && offset(i + 1) <= body_end).count();
     assert!(thinking_tokens > 20, "{thinking_tokens}");
-    let start = |reasoning: Option<ReasoningFormat>| {
-        let mut config = sched(&model, StepMode::Sync);
-        config.request_tokens_max = 4096;
-        config.pool.pages_total = 512;
-        let engine = EngineConfig::new(config.clone());
-        let runner = InlineRunner::new(
-            ScriptedExecutor::new(script.clone(), model.stop_tokens[0]),
-            StepCost::ZERO,
-        );
-        let mut app = AppConfig::new("m", config.request_tokens_max);
-        app.tool_format = Some(ToolFormat::Hermes);
-        app.reasoning_format = reasoning;
-        TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app)
-    };
+    let start = |reasoning| scripted_server(&model, &script, ToolFormat::Hermes, reasoning);
     let server = start(reasoning_format).await;
     let body = json!({
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
@@ -448,9 +462,7 @@ const DEEPSEEK_V41_TEMPLATE: &str = concat!(
 /// reasoning, and the calls are read from what follows, whole and streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deepseek_v41_thinks_straight_into_its_calls() {
-    let mut model = Arc::into_inner(tiny_model()).unwrap();
-    model.chat_template = Some(DEEPSEEK_V41_TEMPLATE.to_owned());
-    let model = Arc::new(model);
+    let model = templated(DEEPSEEK_V41_TEMPLATE);
     let template = model.chat_template.as_deref().unwrap();
     let reasoning_format = ReasoningFormat::detect(template);
     assert_eq!(reasoning_format.map(|f| f.name), Some("deepseek_v41"));
@@ -465,16 +477,7 @@ async fn deepseek_v41_thinks_straight_into_its_calls() {
     let script = codec.encode(&text).unwrap();
     let offset = |n: usize| codec.decode(&script[..n]).unwrap().len();
     let thinking_tokens = (0..script.len()).filter(|&i| offset(i + 1) <= thought.len()).count();
-    let mut config = sched(&model, StepMode::Sync);
-    config.request_tokens_max = 4096;
-    config.pool.pages_total = 512;
-    let engine = EngineConfig::new(config.clone());
-    let runner =
-        InlineRunner::new(ScriptedExecutor::new(script, model.stop_tokens[0]), StepCost::ZERO);
-    let mut app = AppConfig::new("m", config.request_tokens_max);
-    app.tool_format = Some(ToolFormat::DsmlV41);
-    app.reasoning_format = reasoning_format;
-    let server = TestServer::start(engine, runner, Arc::new(ModelCodec(model.clone())), app).await;
+    let server = scripted_server(&model, &script, ToolFormat::DsmlV41, reasoning_format).await;
     let weather = vec![("get_weather".to_owned(), json!({"city": "Paris"}))];
     let body = json!({
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
