@@ -242,6 +242,13 @@ async fn a_reasoning_models_schema_holds_after_its_thinking() {
         body["chat_template_kwargs"] = variables.clone();
         let (status, out) = server.post("/v1/chat/completions", &body).await;
         assert_eq!(status, 200, "{out}");
+        if seed == 0 {
+            // One compile at the edge (the schema moved after the thinking), kept for the
+            // executor: not the schema as sent as well.
+            let (_, page) = server.get("/metrics").await;
+            assert_eq!(counter(&page, "lockstep:grammar_cache_queries_total"), 2, "{page}");
+            assert_eq!(counter(&page, "lockstep:grammar_cache_hits_total"), 1, "{page}");
+        }
         let message = &out["choices"][0]["message"];
         let reasoning = message["reasoning_content"].as_str().unwrap_or("").to_owned();
         let content = match message["content"].as_str().unwrap() {
@@ -276,6 +283,17 @@ async fn a_reasoning_models_schema_holds_after_its_thinking() {
     assert_eq!(status, 200, "{out}");
     checked(&out);
     assert_eq!(out["choices"][0]["message"]["reasoning_content"], Value::Null, "{out}");
+    // A schema the compiler refuses is named as the client's, moved after the thinking or not.
+    for variables in [json!({}), json!({"enable_thinking": false})] {
+        let mut bad = request(0.0, 0);
+        bad["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "sometimes"}}});
+        bad["chat_template_kwargs"] = variables;
+        let (status, out) = server.post("/v1/chat/completions", &bad).await;
+        assert_eq!(status, 400, "{out}");
+        assert_eq!(out["error"]["param"], "response_format", "{out}");
+        assert!(out["error"]["message"].as_str().unwrap().starts_with("the schema: "), "{out}");
+    }
     server.quiescent().await;
 }
 
@@ -311,6 +329,20 @@ async fn a_reasoning_model_thinks_before_a_named_call() {
         let call = &out["choices"][0]["message"]["tool_calls"][0]["function"];
         assert_eq!(call["name"], "get_weather", "{out}");
         assert_eq!(out["choices"][0]["message"]["reasoning_content"], Value::Null, "{out}");
+    }
+    // A tool whose parameters the compiler refuses: the 400 names it (or `required`'s tools).
+    let broken = json!([{"type": "function", "function": {"name": "broken", "parameters": {"type": "sometimes"}}}]);
+    for (choice, why) in [
+        (json!({"type": "function", "function": {"name": "broken"}}), "\"broken\"'s parameters: "),
+        (json!("required"), "\"required\": the tools' schemas: "),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "hi"}], "tools": broken, "tool_choice": choice,
+        });
+        let (status, out) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{out}");
+        assert_eq!(out["error"]["param"], "tool_choice", "{out}");
+        assert!(out["error"]["message"].as_str().unwrap().starts_with(why), "{why}: {out}");
     }
     server.quiescent().await;
 }

@@ -18,12 +18,13 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use lockstep_core::model::{Grammar, TokenLogprobs};
+use lockstep_core::model::TokenLogprobs;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::error::ApiError;
 use super::generation::{Generation, Next, Piece};
+use super::held_grammar::HeldGrammar;
 use super::protocol::{ChatRequest, GenerationParams, check_messages};
 use super::respond::{
     ChoiceEvents, CompletionTokens, merge_choices, parse_body, sse_events, start_choices, usage,
@@ -47,8 +48,8 @@ struct Tools {
     specs: Vec<ToolSpec>,
     /// Written at the start of the assistant's turn (a forced call's opening).
     prefix: String,
-    /// `required`'s: the output is calls.
-    grammar: Option<Grammar>,
+    /// `required`'s or a named function's: the output is calls.
+    grammar: Option<HeldGrammar>,
 }
 
 pub(super) async fn handle(
@@ -106,7 +107,7 @@ async fn prepare(
         )));
     }
     let mut grammar =
-        response_format::grammar(state, request.response_format.as_ref()).map_err(invalid)?;
+        response_format::grammar(request.response_format.as_ref()).map_err(invalid)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let mut params = request
         .common
@@ -136,18 +137,12 @@ async fn prepare(
                 if variables.is_empty() { "messages" } else { "messages or chat_template_kwargs" };
             invalid(ApiError::invalid_param(param, e))
         })?;
-    let held_by = if tools.as_ref().is_some_and(|t| t.grammar.is_some()) {
-        "tool_choice"
-    } else {
-        "response_format"
-    };
-    let reasoning =
-        reasoning(state, &prompt.text, prefix, &mut grammar, held_by).map_err(invalid)?;
+    let reasoning = reasoning(state, &prompt.text, prefix, &mut grammar).map_err(invalid)?;
     // Read after the grammar moved: the model thinks whatever the response shows of it.
     let reasoning = reasoning
         .filter(|_| request.separate_reasoning != Some(false))
         .map(|r| Reasoning { include: request.include_reasoning != Some(false), ..r });
-    params.spec.grammar = grammar;
+    params.spec.grammar = grammar.map(|held| held.grammar);
     let draft = arrival.map(|a| {
         let ChatRequest {
             messages, tools, tool_choice, response_format, chat_template_kwargs, ..
@@ -174,15 +169,18 @@ struct Reasoning {
 }
 
 /// How a completion of `prompt` reads its reasoning, when the server reads any; and `grammar`
-/// (the request's, from `held_by`) moved after the thinking, where the turn may think.
+/// moved after the thinking, where the turn may think. Compiles the grammar the request ends
+/// up with, once (`held_grammar`).
 fn reasoning(
     state: &AppState,
     prompt: &str,
     prefix: &str,
-    grammar: &mut Option<Grammar>,
-    held_by: &'static str,
+    grammar: &mut Option<HeldGrammar>,
 ) -> Result<Option<Reasoning>, ApiError> {
-    let Some(format) = state.config.reasoning_format else { return Ok(None) };
+    let Some(format) = state.config.reasoning_format else {
+        grammar.as_ref().map_or(Ok(()), |held| held.check(state))?;
+        return Ok(None);
+    };
     // A turn the server opened with a call (Hermes's named tool, on a server without a grammar
     // compiler) has no thinking.
     let opening = if prefix.is_empty() { format.opening(prompt) } else { Opening::Closed };
@@ -194,14 +192,19 @@ fn reasoning(
         Opening::ByParser if format.starts_inside() => Some(Thinking::Must),
         Opening::ByParser => Some(Thinking::May),
     };
-    let Some(after) = thinking.and_then(|thinking| after_thinking(format, thinking, held)) else {
+    let after = thinking.and_then(|thinking| after_thinking(format, thinking, &held.grammar));
+    let Some(after) = after else {
         // Held from the first token: what the grammar writes is all answer.
+        held.check(state)?;
         return Ok(read(Opening::Closed));
     };
-    let invalid = |why: String| ApiError::invalid_param(held_by, why);
-    let compiler = state.codec.grammars().map_err(&invalid)?;
-    compiler.compile(&after).map_err(|e| invalid(format!("after the thinking: {e}")))?;
-    *held = after;
+    let compiler = state.codec.grammars().map_err(|e| held.invalid(e))?;
+    if let Err(e) = compiler.compile(&after) {
+        // The grammar as sent names the client's own schema when it is what the compiler refuses.
+        held.check(state)?;
+        return Err(held.invalid(format!("after the thinking: {e}")));
+    }
+    held.grammar = after;
     Ok(read(opening))
 }
 
@@ -278,32 +281,27 @@ fn tools(
     // Where the markup allows, a grammar holds the output to the one call (its arguments to the
     // tool's schema); a server without a compiler relies on the prefix alone.
     let grammar = match (named_call(format, &specs[0], &prefix), state.codec.grammars()) {
-        (Some(grammar), Ok(compiler)) => {
-            compiler.compile(&grammar).map_err(|e| {
-                ApiError::invalid_param("tool_choice", format!("{name:?}'s parameters: {e}"))
-            })?;
-            Some(grammar)
+        (Some(grammar), Ok(_)) => {
+            Some(HeldGrammar::new(grammar, "tool_choice", format!("{name:?}'s parameters")))
         }
         _ => None,
     };
     Ok((Some(vec![offered[at].clone()]), Some(Tools { format, specs, prefix, grammar })))
 }
 
-/// `required`'s grammar, compiled once to check it (a tool's parameters schema the compiler
-/// cannot enforce is the client's 400).
+/// `required`'s grammar (a server without a grammar compiler cannot hold the output to calls).
 fn calls_grammar(
     state: &AppState,
     format: ToolFormat,
     specs: &[ToolSpec],
     parallel: bool,
-) -> Result<Grammar, ApiError> {
-    let invalid = |why: String| ApiError::invalid_param("tool_choice", why);
+) -> Result<HeldGrammar, ApiError> {
+    state
+        .codec
+        .grammars()
+        .map_err(|e| ApiError::invalid_param("tool_choice", format!("\"required\": {e}")))?;
     let grammar = required_calls(format, specs, parallel);
-    let compiler = state.codec.grammars().map_err(|e| invalid(format!("\"required\": {e}")))?;
-    compiler
-        .compile(&grammar)
-        .map_err(|e| invalid(format!("\"required\": the tools' schemas: {e}")))?;
-    Ok(grammar)
+    Ok(HeldGrammar::new(grammar, "tool_choice", "\"required\": the tools' schemas".into()))
 }
 
 fn tool_spec((i, tool): (usize, &Value)) -> Result<ToolSpec, ApiError> {

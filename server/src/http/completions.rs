@@ -58,13 +58,15 @@ async fn prepare(
     if request.best_of.is_some_and(|n| n != 1) {
         return Err(invalid(ApiError::invalid_param("best_of", "only best_of = 1 is supported")));
     }
-    let grammar =
-        response_format::grammar(state, request.response_format.as_ref()).map_err(invalid)?;
+    let grammar = response_format::grammar(request.response_format.as_ref()).map_err(invalid)?;
+    if let Some(held) = &grammar {
+        held.check(state).map_err(invalid)?;
+    }
     let mut params = request
         .common
         .validate(&state.config.model_name, request.logprobs, state.next_seed())
         .map_err(invalid)?;
-    params.spec.grammar = grammar;
+    params.spec.grammar = grammar.map(|held| held.grammar);
     let prompt = match completion_prompt(&request.prompt).map_err(invalid)? {
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => {

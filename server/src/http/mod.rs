@@ -8,6 +8,7 @@ mod chat;
 mod completions;
 mod error;
 mod generation;
+mod held_grammar;
 mod info;
 mod logprobs;
 pub mod openapi;

@@ -3,21 +3,19 @@
 //! `{"type": "text"}` (or none) leaves the output free; `{"type": "json_object"}` holds it to
 //! one JSON object; `{"type": "json_schema", "json_schema": {"name": …, "schema": {…}}}` to JSON
 //! the schema accepts (llguidance's reading of JSON Schema: what it cannot enforce it refuses,
-//! so a schema we accept is one the output follows). The grammar is compiled here once, so that
-//! a schema the server cannot use is the client's 400, not a failed step.
+//! so a schema we accept is one the output follows). The caller compiles it (`HeldGrammar::check`,
+//! once on the request's path), so that a schema the server cannot use is the client's 400, not a
+//! failed step.
 
 use lockstep_core::model::Grammar;
 use lockstep_core::wire::GRAMMAR_BYTES_MAX;
 use serde_json::Value;
 
-use super::AppState;
 use super::error::ApiError;
+use super::held_grammar::HeldGrammar;
 
-/// The grammar `format` asks for, compiled once to check it.
-pub(super) fn grammar(
-    state: &AppState,
-    format: Option<&Value>,
-) -> Result<Option<Grammar>, ApiError> {
+/// The grammar `format` asks for, not yet compiled.
+pub(super) fn grammar(format: Option<&Value>) -> Result<Option<HeldGrammar>, ApiError> {
     let invalid = |why: String| ApiError::invalid_param("response_format", why);
     let Some(format) = format else { return Ok(None) };
     let grammar = match format.get("type").and_then(Value::as_str) {
@@ -42,7 +40,5 @@ pub(super) fn grammar(
     if grammar.text().len() > GRAMMAR_BYTES_MAX {
         return Err(invalid(format!("the schema is over {GRAMMAR_BYTES_MAX} bytes")));
     }
-    let compiler = state.codec.grammars().map_err(&invalid)?;
-    compiler.compile(&grammar).map_err(|e| invalid(format!("the schema: {e}")))?;
-    Ok(Some(grammar))
+    Ok(Some(HeldGrammar::new(grammar, "response_format", "the schema".into())))
 }
