@@ -5,9 +5,9 @@
 //! makes them: never empty, and at the end the mask a fresh matcher told the whole output at
 //! once gives, whether compiled anew or taken from the compiler's kept grammars (as a refusal is).
 //! Input: byte 0 % 4 picks JSON Schema (0), Lark (1), or tools (2: one call, 3: parallel calls;
-//! the text a JSON object of tool names to parameter schemas, the dialect byte 0 / 4 among `ToolFormat::ALL`); the
-//! grammar's text runs to the first 0xFF; each byte after it picks an allowed token (0xF0 and
-//! up: forget that many tokens, less 0xEF).
+//! the text a JSON object of tool names to parameter schemas, the dialect byte 0 / 4 among
+//! `ToolFormat::ALL`); the grammar's text runs to the first 0xFF; each byte after it picks an
+//! allowed token (0xF0 and up: forget that many tokens, less 0xEF).
 
 #![no_main]
 

@@ -219,7 +219,7 @@ impl Metrics {
             grammars: None,
             grammar_cache_queries: counter(
                 "lockstep:grammar_cache_queries_total",
-                "Grammar compiles asked of the model's compiler (the HTTP edge's and the executor's)",
+                "Grammar compiles asked of the compiler (at the HTTP edge and by the executor)",
             ),
             grammar_cache_hits: counter(
                 "lockstep:grammar_cache_hits_total",

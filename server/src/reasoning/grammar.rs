@@ -17,8 +17,9 @@ pub enum Thinking {
 }
 
 /// `grammar` after the thinking: free text up to the first closing marker (and without a tool
-/// block that would end it early), blanks, then what `grammar` allows. A Lark grammar must begin with its `start` rule on the first line (ours
-/// do: `tool_calls::required_calls` and `named_call`); `None` for one that does not.
+/// block that would end it early), blanks, then what `grammar` allows. A Lark grammar must begin
+/// with its `start` rule on the first line (ours do: `tool_calls::required_calls` and
+/// `named_call`); `None` for one that does not.
 pub fn after_thinking(
     format: ReasoningFormat,
     thinking: Thinking,

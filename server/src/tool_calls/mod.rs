@@ -4,8 +4,8 @@
 //! The parsing is tool-parser's (the SMG project's `parse_complete` of each dialect); this module
 //! decides where its sections are and keeps streaming and whole parsing in agreement:
 //! - `split` cuts the text into plain text and tool sections (open marker to close marker, or to
-//!   the end for Llama 3 and DeepSeek V4.1). Content outside sections streams as it comes; only a suffix that may
-//!   still become an open marker waits.
+//!   the end for Llama 3 and DeepSeek V4.1). Content outside sections streams as it comes; only
+//!   a suffix that may still become an open marker waits.
 //! - `resolve` gives each closed section to the dialect's `parse_complete`. A section with no
 //!   well-formed call is content again, so malformed or unfinished markup is never lost.
 //! - `stream` writes the deltas; `parse_complete` runs the same steps on the whole text.
