@@ -227,6 +227,39 @@ async fn dsml_v41() {
     check(f, &other, &other, &[]).await;
 }
 
+/// V4.1 whole texts against the reference (tool-parser's V4.1 `parse_complete` on the whole
+/// text, not a section): the same calls, and the same content but for blank text touching a
+/// call, which we drop (the module docs list where else we read differently on purpose).
+#[tokio::test]
+async fn dsml_v41_whole_texts_read_as_the_reference_reads_them() {
+    use tool_parser::{DeepSeekDsmlParser, ToolParser};
+    let f = ToolFormat::DsmlV41;
+    let d = DsmlText::new(f);
+    let a = d.invoke("f", &d.param("a", true, "1"));
+    let b = d.invoke("g", &d.param("b", false, "2"));
+    let reference = DeepSeekDsmlParser::v41();
+    for text in [
+        format!("Sure.\n\n{}", d.section(&a)),
+        format!("Sure.\n\n{}tail", d.section(&a)),
+        format!("Sure. {}", d.section(&format!("{a}{b}"))),
+        format!("Sure.\n\n{}\n{}", d.section(&a), d.section(&b)),
+        format!("x {a} y {b} z"),
+        format!("{}{b}", d.section(&a)),
+        // A block never closed.
+        format!("x {}\n{a}", d.tags.block_open),
+        "no calls".to_owned(),
+    ] {
+        let (content, calls) = parse_complete(f, &text, &[]).await;
+        let calls: Vec<_> = calls.into_iter().map(|c| (c.name, c.arguments)).collect();
+        let (expected, expected_calls) = reference.parse_complete(&text).await.unwrap();
+        let expected_calls: Vec<_> =
+            expected_calls.into_iter().map(|c| (c.function.name, c.function.arguments)).collect();
+        assert!(!expected_calls.is_empty() || text == "no calls", "{text:?}");
+        assert_eq!(calls, expected_calls, "{text:?}");
+        assert_eq!(content, expected.trim_end(), "{text:?}");
+    }
+}
+
 #[test]
 fn dsml_tags_are_the_tool_parsers() {
     use tool_parser::parsers::DsmlDialect;
