@@ -24,18 +24,17 @@ use super::{ToolFormat, ToolSpec};
 /// The grammar of one or more calls to `specs` in `format`'s markup; of exactly one unless
 /// `parallel`.
 pub fn required_calls(format: ToolFormat, specs: &[ToolSpec], parallel: bool) -> Grammar {
-    let dsml_block;
-    let (open, separator, close) = match format.dsml() {
-        Some(dsml) => {
-            dsml_block = format!("{}\n", dsml.block_open);
-            (dsml_block.as_str(), "", dsml.block_close)
+    let (open, separator, close) = match (format.dsml(), format) {
+        (Some(dsml), _) => (format!("{}\n", dsml.block_open), "", dsml.block_close),
+        (None, ToolFormat::Llama3Json) => (String::new(), "; ", ""),
+        (None, ToolFormat::DeepSeekV3) => {
+            ("<｜tool▁calls▁begin｜>".to_owned(), "\n", "<｜tool▁calls▁end｜>")
         }
-        None => match format {
-            ToolFormat::Llama3Json => ("", "; ", ""),
-            ToolFormat::DeepSeekV3 => ("<｜tool▁calls▁begin｜>", "\n", "<｜tool▁calls▁end｜>"),
-            ToolFormat::DeepSeekV31 => ("<｜tool▁calls▁begin｜>", "", "<｜tool▁calls▁end｜>"),
-            _ => ("", "\n", ""),
-        },
+        (None, ToolFormat::DeepSeekV31) => {
+            ("<｜tool▁calls▁begin｜>".to_owned(), "", "<｜tool▁calls▁end｜>")
+        }
+        // Hermes: each call its own `<tool_call>` section, one a line.
+        (None, _) => (String::new(), "\n", ""),
     };
     let mut lark = Lark::default();
     let call = lark.call(format, specs);
@@ -44,7 +43,7 @@ pub fn required_calls(format: ToolFormat, specs: &[ToolSpec], parallel: bool) ->
         (true, "") => format!("{call}+"),
         (true, separator) => format!("{call} ({} {call})*", literal(separator)),
     };
-    let start = [literal(open), calls, literal(close)];
+    let start = [literal(&open), calls, literal(close)];
     // A Lark literal is never empty.
     let start: Vec<String> = start.into_iter().filter(|part| part != "\"\"").collect();
     lark.finish(&start.join(" "))
