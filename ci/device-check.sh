@@ -7,7 +7,8 @@
 #   - decode tokens/s at batch 1, 32 and 256 on a random 1.24B-parameter Llama against the HBM
 #     roofline (the device's peak, from its memory clock and bus width: an H100 SXM's 3.35 TB/s,
 #     an H200's 4.8): in f16 (plain, dependent launches, every option), and in Q4_1
-#     (dequantized to f32 at load, read in its blocks, every option).
+#     (dequantized to f32 at load, read in its blocks, every option); and the f16 model at batch 1
+#     after a 4,096-token prompt (plain, split attention, every option).
 # The checks are gpu/tests/cuda_device.rs (its benchmark is #[ignore]d in plain `cargo test`).
 #
 # Two ways to get the test binary and the kernels to a machine with no network:

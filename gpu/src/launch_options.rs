@@ -27,11 +27,21 @@ pub struct LaunchOptions {
     /// dequantized to f32 at load: 5 to 10 bits a weight read instead of 32. Switching it
     /// uploads the weights again.
     pub block_weights: bool,
+    /// On steps of up to `cuda::launch::SPLIT_ATTENTION_TOKENS_MAX` tokens, each token's
+    /// attention in blocks of 512 positions (its splits) side by side, then a merge: a long
+    /// context at a small batch otherwise walks its positions in one block per head.
+    pub split_attention: bool,
 }
 
 /// Each option's name on the command line, in `LaunchOptions`' order.
-const NAMES: [&str; 5] =
-    ["dependent-launches", "fold-norms", "wide-products", "fold-rope", "block-weights"];
+const NAMES: [&str; 6] = [
+    "dependent-launches",
+    "fold-norms",
+    "wide-products",
+    "fold-rope",
+    "block-weights",
+    "split-attention",
+];
 
 impl LaunchOptions {
     pub const ALL: LaunchOptions = LaunchOptions {
@@ -40,10 +50,11 @@ impl LaunchOptions {
         wide_products: true,
         fold_rope: true,
         block_weights: true,
+        split_attention: true,
     };
 
     /// `none`, `all`, or a comma-separated list of `dependent-launches`, `fold-norms`,
-    /// `wide-products`, `fold-rope` and `block-weights`.
+    /// `wide-products`, `fold-rope`, `block-weights` and `split-attention`.
     pub fn parse(text: &str) -> Result<LaunchOptions, String> {
         match text {
             "none" => return Ok(LaunchOptions::default()),
@@ -58,6 +69,7 @@ impl LaunchOptions {
                 "wide-products" => &mut options.wide_products,
                 "fold-rope" => &mut options.fold_rope,
                 "block-weights" => &mut options.block_weights,
+                "split-attention" => &mut options.split_attention,
                 other => {
                     return Err(format!(
                         "--cuda-launch: {other:?} is not none, all or a list of {}",
@@ -70,13 +82,14 @@ impl LaunchOptions {
         Ok(options)
     }
 
-    fn flags(self) -> [bool; 5] {
+    fn flags(self) -> [bool; 6] {
         [
             self.dependent_launches,
             self.fold_norms,
             self.wide_products,
             self.fold_rope,
             self.block_weights,
+            self.split_attention,
         ]
     }
 }
@@ -107,13 +120,14 @@ mod tests {
                 ..LaunchOptions::default()
             }
         );
-        for bits in 0..32u8 {
+        for bits in 0..64u8 {
             let options = LaunchOptions {
                 dependent_launches: bits & 1 != 0,
                 fold_norms: bits & 2 != 0,
                 wide_products: bits & 4 != 0,
                 fold_rope: bits & 8 != 0,
                 block_weights: bits & 16 != 0,
+                split_attention: bits & 32 != 0,
             };
             assert_eq!(LaunchOptions::parse(&options.to_string()), Ok(options), "{options}");
         }

@@ -9,6 +9,8 @@
 //!   launch option (block weights included) computes the plain run's bits.
 //! - A request alone equals itself in a batch of 32 mixed prefill and decode rows, bit for bit,
 //!   eager steps and graph replays included.
+//! - A long context's attention in split blocks and their merge has the bits of one block walking
+//!   the splits (the kernels on crafted inputs, and the tiny Llama past one split).
 //! - Decode tokens/s at batch 1, 32 and 256 on a random-weight Llama of about 1.2B parameters
 //!   (Llama 3.2 1B's shape, f16 and Q4_1), against the HBM roofline (`#[ignore]`: a benchmark).
 //!
@@ -27,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::{Executor, ProvenanceModel};
@@ -34,7 +37,7 @@ use lockstep_core::sched::{
     Bucket, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs,
     StepPlan,
 };
-use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions};
+use lockstep_gpu::cuda::executor::{CudaExecutor, CudaOptions, LaunchOptions, kernel_functions};
 use lockstep_gpu::cuda::kernel_cache::KernelCache;
 use lockstep_gpu::cuda::{kernels, probe};
 use lockstep_gpu::gguf::{Gguf, TensorType, f32_to_f16};
@@ -614,6 +617,170 @@ fn a_request_alone_equals_itself_in_a_batch_of_32_on_cuda() {
     batch_invariant("tiny llama in Q4_1", &Arc::new(quantized(&weights, |_| TensorType::Q4_1)));
 }
 
+/// A long context: split attention (each decoding token's 512-position splits in blocks of their
+/// own, then merged) gives the bits of the plain kernel walking the splits in one block, alone
+/// and with every option (RoPE folded into the split blocks too), and both stay with the CPU.
+/// The prefill chunks (64 tokens: more than split attention takes) walk the splits one after
+/// another in the plain kernel, so the prompt step already crosses a split boundary there.
+/// (`split_attention_blocks_and_their_merge_give_the_one_block_bits` takes more splits than
+/// blocks, windows, and tokens past the partials.)
+#[test]
+fn a_long_context_in_split_blocks_has_the_bits_of_one_block() {
+    if !device_or_skip() {
+        return;
+    }
+    let weights = tiny_llama("long");
+    let vocab = weights.config.vocab_size as u32;
+    let mut config = config(2, 64);
+    config.request_tokens_max = 800;
+    // Two rows, so a decode step has a token in split blocks beside another, both in their
+    // second split.
+    let prompts: Vec<Vec<u32>> = [(700, 7), (530, 11)]
+        .map(|(len, seed)| (0..len).map(|i| (seed + 31 * i) % vocab).collect())
+        .to_vec();
+    let requests = greedy(&prompts, 24);
+    let mut cpu = CpuExecutor::new(weights.clone(), config.pool, config.running_max);
+    let cpu = run(&mut cpu, &config, requests.clone());
+    let on = |launch| {
+        let options = CudaOptions { launch, ..CudaOptions::default() };
+        let mut executor = cuda(&weights, config.pool, config.running_max, options);
+        run(&mut executor, &config, requests.clone())
+    };
+    let plain = on(LaunchOptions::default());
+    let split = on(LaunchOptions { split_attention: true, ..LaunchOptions::default() });
+    let every = on(LaunchOptions::ALL);
+    let mut failures = Vec::new();
+    for (id, run) in &cpu {
+        let c = compare(run, &plain[id], TINY_TOLERANCE);
+        let split_changed = options_changed(&plain[id], &split[id]);
+        let every_changed = options_changed(&plain[id], &every[id]);
+        report(
+            "long context in split blocks",
+            json!({"prompt_tokens": prompts[id.0 as usize].len(), "widest_logit_gap": c.widest,
+            "steps_agreeing": c.steps, "steps": run.0.len(), "failure": c.failure,
+            "split_attention": split_changed, "every_launch_option": every_changed}),
+        );
+        for f in c.failure.iter().chain(&split_changed).chain(&every_changed) {
+            failures.push(format!("prompt {}: {f}", id.0));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Split attention at the kernel level, past what the tiny models reach: one token at position
+/// 2,500 of a paged cache whose pages sit in a shuffled order, with no window (5 splits) and a
+/// 1,500-position window (3 splits, from the window's first tile), in both head size classes the
+/// tiny models do not use. The plain kernel walks the splits in one block; split blocks, 2 a
+/// (token, head) so that each walks several splits, and the merge after them must give the same
+/// bits; so must the split kernel with partials for fewer splits than the token has (one block
+/// takes it whole and the merge leaves it).
+#[test]
+#[allow(unsafe_code, reason = "kernel launches on inputs of the test's own")]
+fn split_attention_blocks_and_their_merge_give_the_one_block_bits() {
+    if !device_or_skip() {
+        return;
+    }
+    let context = CudaContext::new(0).unwrap();
+    let stream = context.default_stream();
+    let dir = std::env::var_os("LOCKSTEP_CUDA_KERNELS_DIR").map(PathBuf::from);
+    let source = &kernels::PAGED_ATTENTION;
+    let functions = kernel_functions(&context, 0, source, dir.as_deref()).unwrap();
+    let entry = |name: String| {
+        let at = source.functions.iter().position(|f| *f == name).unwrap();
+        functions[at].clone()
+    };
+    let (heads, kv_heads, page_tokens, position) = (4usize, 2usize, 16usize, 2500usize);
+    // 157 pages, a prime, so page `i` of the row is page `61 i mod 157` of the cache.
+    let pages = position / page_tokens + 1;
+    let table: Vec<i32> = (0..pages).map(|i| (i * 61 % pages) as i32).collect();
+    let mut state = 0x9e37_79b9u32;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state as f32 / u32::MAX as f32 * 2.0 - 1.0
+    };
+    let ints = |v: &[i32]| stream.clone_htod(v).unwrap();
+    let (positions, token_rows, table_offsets) = (ints(&[position as i32]), ints(&[0]), ints(&[0]));
+    let tables = ints(&table);
+    let mut failures = Vec::new();
+    for (head_dim, class) in [(64usize, "d64"), (128, "d128")] {
+        let kv_width = kv_heads * head_dim;
+        let mut halves = |n: usize| (0..n).map(|_| f32_to_f16(uniform())).collect::<Vec<u16>>();
+        let cache = pages * page_tokens * kv_width;
+        let (keys, values) = (stream.clone_htod(&halves(cache)).unwrap(), {
+            let v = halves(cache);
+            stream.clone_htod(&v).unwrap()
+        });
+        let qkv: Vec<f32> = (0..heads * head_dim + 2 * kv_width).map(|_| 4.0 * uniform()).collect();
+        let qkv = stream.clone_htod(&qkv).unwrap();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        for window in [0i32, 1500] {
+            // `max_splits` of 0: the plain kernel; else split blocks with partials of that many.
+            let attend = |max_splits: usize| {
+                let out = stream.alloc_zeros::<f32>(heads * head_dim).unwrap();
+                let acc = stream.alloc_zeros::<f32>(heads * max_splits.max(1) * head_dim).unwrap();
+                let stats = stream.alloc_zeros::<f32>(heads * max_splits.max(1) * 2).unwrap();
+                let (heads_, kv_heads_, head_dim_) =
+                    (heads as i32, kv_heads as i32, head_dim as i32);
+                let (page_tokens_, max_splits_) = (page_tokens as i32, max_splits as i32);
+                let split = max_splits > 0;
+                let kernel = match split {
+                    false => entry(format!("paged_attention_{class}")),
+                    true => entry(format!("paged_attention_split_{class}")),
+                };
+                let mut launch = stream.launch_builder(&kernel);
+                launch.arg(&qkv).arg(&out).arg(&positions).arg(&token_rows);
+                launch.arg(&table_offsets).arg(&tables).arg(&keys).arg(&values);
+                launch.arg(&heads_).arg(&kv_heads_).arg(&head_dim_).arg(&page_tokens_);
+                launch.arg(&window).arg(&scale);
+                if split {
+                    launch.arg(&acc).arg(&stats).arg(&max_splits_);
+                }
+                let blocks = if split { 2 } else { 1 };
+                let cfg = LaunchConfig {
+                    grid_dim: (1, heads as u32, blocks),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: paged_attention(_split)_d*'s parameters in order (the split one's
+                // partials for one token of `heads` heads of `max_splits` splits); the caches
+                // hold every page the table names; 4 warps a block.
+                unsafe { launch.launch(cfg) }.unwrap();
+                if split {
+                    let merge = entry(format!("attention_merge_{class}"));
+                    let mut launch = stream.launch_builder(&merge);
+                    launch.arg(&positions).arg(&out).arg(&heads_).arg(&head_dim_).arg(&window);
+                    launch.arg(&acc).arg(&stats).arg(&max_splits_);
+                    let cfg = LaunchConfig {
+                        grid_dim: (1, heads as u32, 1),
+                        block_dim: (32, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: attention_merge_d*'s parameters in order, the partials above.
+                    unsafe { launch.launch(cfg) }.unwrap();
+                }
+                stream.clone_dtoh(&out).unwrap()
+            };
+            let plain = attend(0);
+            let splits = if window == 0 { 5 } else { 3 };
+            for (max_splits, what) in [(8, "split blocks"), (splits - 1, "taken whole")] {
+                let other = attend(max_splits);
+                let same = plain.iter().zip(&other).all(|(a, b)| a.to_bits() == b.to_bits());
+                report(
+                    "split attention kernels",
+                    json!({"head_dim": head_dim, "window": window, "splits": splits,
+                    "partials_for": max_splits, "bits_of_one_block": same}),
+                );
+                if !same || plain.iter().any(|x| !x.is_finite()) {
+                    failures.push(format!("head_dim {head_dim}, window {window}: {what}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The first tiny variant (Llama, f32), written to and loaded from a folder named for `test`.
 fn tiny_llama(test: &str) -> Arc<LlamaWeights> {
     let dir = std::env::temp_dir().join(format!("lockstep-cuda-{test}-{}", std::process::id()));
@@ -877,17 +1044,21 @@ fn random_llama(kind: TensorType, config: LlamaConfig) -> LlamaWeights {
 /// The benchmark's prompt and decode lengths.
 const BENCH_PROMPT: u32 = 32;
 const BENCH_DECODE: u32 = 48;
+/// The long-context case's prompt: where a multi-turn agent's decode steps spend their time, and
+/// where split attention (8 splits of 512 positions a head) is meant to pay.
+const BENCH_LONG_PROMPT: u32 = 4096;
 
-/// The benchmark's scheduler at `batch` requests: all prompts in one step, then full decode
-/// steps of `batch` rows, each a captured graph.
-fn bench_config(batch: u32) -> SchedConfig {
+/// The benchmark's scheduler at `batch` requests of `prompt` tokens: all prompts in one step,
+/// then full decode steps of `batch` rows, each a captured graph.
+fn bench_config(batch: u32, prompt: u32) -> SchedConfig {
+    let pages_a_row = (prompt + BENCH_DECODE + 8).div_ceil(16);
     SchedConfig {
-        pool: PoolConfig { pages_total: 8 * batch + 64, page_tokens: 16, pins_max: 0 },
+        pool: PoolConfig { pages_total: pages_a_row * batch + 64, page_tokens: 16, pins_max: 0 },
         running_max: batch,
         waiting_max: batch,
         step_tokens_max: 8192,
         prefill_chunk_tokens_max: 8192,
-        request_tokens_max: BENCH_PROMPT + BENCH_DECODE + 8,
+        request_tokens_max: prompt + BENCH_DECODE + 8,
         capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
         ..config(batch, 8192)
     }
@@ -930,13 +1101,15 @@ fn the_schedules_the_device_checks_use_are_valid() {
     for (running, chunk) in [(1, 7), (32, 2)] {
         Scheduler::new(config(running, chunk)).unwrap();
     }
-    for batch in [1u32, 32, 256] {
-        let config = bench_config(batch);
+    for (batch, prompt) in
+        [(1u32, BENCH_PROMPT), (32, BENCH_PROMPT), (256, BENCH_PROMPT), (1, BENCH_LONG_PROMPT)]
+    {
+        let config = bench_config(batch, prompt);
         let mut sched = Scheduler::new(config.clone()).unwrap();
         let mut model = ProvenanceModel::new(config.pool, batch, 128_000);
         for id in 0..u64::from(batch) {
             model.start_request(RequestId(id), SamplingSpec::GREEDY);
-            let prompt = (0..BENCH_PROMPT).map(|i| i + 1).collect();
+            let prompt = (0..prompt).map(|i| i + 1).collect();
             sched.submit(request(id, prompt, BENCH_DECODE), Time::ZERO).unwrap();
         }
         let mut full_graph_steps = 0;
@@ -971,7 +1144,12 @@ fn decode_throughput_against_the_hbm_roofline() {
         let (kind, alternative) = bench_model(model);
         let weights = Arc::new(random_llama(kind, llama_3_2_1b()));
         for &batch in &batches {
-            decode_throughput(&weights, model, batch, alternative);
+            decode_throughput(&weights, model, batch, BENCH_PROMPT, alternative);
+        }
+        // Batch 1 at a long context: plain, split attention, every option.
+        if model == "f16" && std::env::var_os("LOCKSTEP_BENCH_BATCHES").is_none() {
+            let split = LaunchOptions { split_attention: true, ..LaunchOptions::default() };
+            decode_throughput(&weights, model, 1, BENCH_LONG_PROMPT, split);
         }
     }
 }
@@ -999,27 +1177,32 @@ fn the_throughput_benchmark_runs_on_a_small_model() {
         return;
     }
     let (kind, alternative) = bench_model("q4_1");
-    decode_throughput(&Arc::new(random_llama(kind, small_llama(512))), "q4_1", 2, alternative);
+    let small = Arc::new(random_llama(kind, small_llama(512)));
+    decode_throughput(&small, "q4_1", 2, BENCH_PROMPT, alternative);
+    // The long-context case's harness at a context of two splits.
+    let split = LaunchOptions { split_attention: true, ..LaunchOptions::default() };
+    decode_throughput(&small, "q4_1", 1, 600, split);
     // K-quant rows are whole blocks of 256.
     let shape = LlamaConfig { hidden: 256, head_dim: 64, ffn: 512, ..small_llama(512) };
     let (kind, alternative) = bench_model("q4_k");
-    decode_throughput(&Arc::new(random_llama(kind, shape)), "q4_k", 2, alternative);
+    decode_throughput(&Arc::new(random_llama(kind, shape)), "q4_k", 2, BENCH_PROMPT, alternative);
 }
 
-/// Decode tokens/s of `weights` at `batch` rows, plain, with `alternative`, and with every
-/// option, side by side on one executor.
+/// Decode tokens/s of `weights` at `batch` rows of `prompt_len`-token prompts, plain, with
+/// `alternative`, and with every option, side by side on one executor.
 fn decode_throughput(
     weights: &Arc<LlamaWeights>,
     model: &str,
     batch: u32,
+    prompt_len: u32,
     alternative: LaunchOptions,
 ) {
     let c = weights.config.clone();
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
     let params = c.vocab_size * c.hidden + c.layers * c.hidden * (2 * q + 2 * kv + 3 * c.ffn);
     let kv_bytes_per_position = c.layers * 2 * c.kv_heads * c.head_dim * 2;
-    let (prompt_len, decode_steps) = (BENCH_PROMPT, BENCH_DECODE);
-    let config = bench_config(batch);
+    let decode_steps = BENCH_DECODE;
+    let config = bench_config(batch, prompt_len);
     let options = CudaOptions { graph_rows_max: 256, ..CudaOptions::default() };
     // One executor a size, its launch options switched between runs (every option adds the
     // folded norms and RoPE at batch 1, the wide products at 32 and 256, the blocks on a
@@ -1074,10 +1257,11 @@ fn decode_throughput(
         let seconds = decode_time.as_secs_f64();
         report(
             "decode throughput",
-            json!({"weights": model, "batch": batch,
+            json!({"weights": model, "batch": batch, "prompt_tokens": prompt_len,
             "dependent_launches": launch.dependent_launches,
             "fold_norms": launch.fold_norms, "wide_products": launch.wide_products,
             "fold_rope": launch.fold_rope, "block_weights": launch.block_weights,
+            "split_attention": launch.split_attention,
             "params": params, "weight_bytes": weight_bytes,
             "decode_steps_timed": decode_only_steps.saturating_sub(2),
             "tokens_per_s": decode_tokens as f64 / seconds,

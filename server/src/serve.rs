@@ -66,7 +66,8 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --cuda-launch OPTIONS  how CUDA launches a step and stores the weights, none of which changes an
                          output bit: none (the default), all, or a list of dependent-launches,
                          fold-norms, wide-products, fold-rope, block-weights (GGUF block-typed
-                         matrices, Q4_0 to Q8_0 and Q4_K to Q6_K, kept in their blocks, not f32)
+                         matrices, Q4_0 to Q8_0 and Q4_K to Q6_K, kept in their blocks, not f32),
+                         split-attention (a long context's attention spread over blocks)
                          NVRTC's kernels are kept in $LOCKSTEP_KERNEL_CACHE (default
                          ~/.cache/lockstep/kernels; empty: none) so a restart skips compiling them
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode_enum};
-use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DriverError};
 use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::{
     ExecError, Executor, GrammarCompiler, PageStore, RequestSampler, SamplingSpec, TokenLogprobs,
@@ -37,8 +37,13 @@ use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, St
 use lockstep_core::wire::KvLayout;
 
 use super::kernel_cache::KernelCache;
-use super::launch::{self, Buffers, Capacity, Dims, KernelImages, KernelOrigins, Kernels, Shape};
-pub use super::launch::{FOLDED_NORM_TOKENS_MAX, LaunchOptions, WIDE_PRODUCT_TOKENS_MIN};
+use super::kernels::KernelSource;
+use super::launch::{
+    self, Buffers, Capacity, Dims, KernelImages, KernelOrigins, Kernels, Shape, SplitPartials,
+};
+pub use super::launch::{
+    FOLDED_NORM_TOKENS_MAX, LaunchOptions, SPLIT_ATTENTION_TOKENS_MAX, WIDE_PRODUCT_TOKENS_MIN,
+};
 use super::layout::{self, KvCacheLayout, Limits, Part, StepArrays};
 use super::nvrtc;
 use super::probe::{self, DeviceInfo};
@@ -88,6 +93,30 @@ impl std::fmt::Debug for Captured {
     }
 }
 
+/// The entry points of one kernel source in its `functions` order, for a test that launches a
+/// kernel on inputs of its own: loaded into `context` as an executor on device `ordinal` loads
+/// them, compiled by NVRTC for the device or, with `prebuilt`, its cubin in that folder.
+pub fn kernel_functions(
+    context: &Arc<CudaContext>,
+    ordinal: usize,
+    source: &KernelSource,
+    prebuilt: Option<&Path>,
+) -> Result<Vec<CudaFunction>, String> {
+    let device = probe::probe_device(ordinal).map_err(|e| e.to_string())?;
+    let (major, minor) = device.compute_capability;
+    let images = match prebuilt {
+        None => KernelImages::Nvrtc {
+            target: nvrtc::choose_target((major, minor), &nvrtc::supported_archs()?)?,
+            cache: None,
+        },
+        Some(dir) => {
+            let sm = u32::try_from(major * 10 + minor).map_err(|_| "a negative capability")?;
+            KernelImages::Prebuilt { dir, sm }
+        }
+    };
+    launch::load_functions(context, images, source)
+}
+
 /// Executes plans on a CUDA device over paged KV.
 #[derive(Debug)]
 pub struct CudaExecutor {
@@ -107,6 +136,10 @@ pub struct CudaExecutor {
     graphs: BTreeMap<usize, Captured>,
     graph_rows_max: usize,
     launch_options: LaunchOptions,
+    /// Split attention's partial states, while `launch_options.split_attention` is on.
+    split_partials: Option<SplitPartials>,
+    /// The most positions a row can hold: the model's context, or the pool's, the lesser.
+    row_positions_max: usize,
     tables: PageTables,
     recent: RecentSamples,
     samplers: BTreeMap<RequestId, RequestSampler>,
@@ -197,6 +230,7 @@ impl CudaExecutor {
             samples: rows.max(options.graph_rows_max),
         };
         let buffers = Buffers::new(&stream, &dims, capacity).map_err(driver("buffers"))?;
+        let row_positions_max = c.context_length.min(pool.pages_total as usize * page_tokens);
         let limits = Limits {
             vocab_size: c.vocab_size,
             page_tokens,
@@ -219,6 +253,8 @@ impl CudaExecutor {
             graphs: BTreeMap::new(),
             graph_rows_max: options.graph_rows_max,
             launch_options: LaunchOptions::default(),
+            split_partials: None,
+            row_positions_max,
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
@@ -319,9 +355,21 @@ impl CudaExecutor {
     /// the old options). No step is in flight between steps (`step` waits for the stream).
     pub fn set_launch_options(&mut self, options: LaunchOptions) -> Result<(), String> {
         self.graphs.clear();
+        let new_partials = match (options.split_attention, &self.split_partials) {
+            (true, None) => {
+                let partials = SplitPartials::new(&self.stream, &self.dims, self.row_positions_max);
+                Some(partials.map_err(driver("allocating split attention's partials"))?)
+            }
+            _ => None,
+        };
         if options.block_weights != self.device_weights.blocks {
             self.device_weights =
                 weights::upload(&self.weights, &self.stream, options.block_weights)?;
+        }
+        if !options.split_attention {
+            self.split_partials = None;
+        } else if new_partials.is_some() {
+            self.split_partials = new_partials;
         }
         // `griddepcontrol` is sm_90's; the kernels compile it out below.
         let dependent_launches =
@@ -338,6 +386,7 @@ impl CudaExecutor {
             kv: &self.kv,
             kv_layout: self.kv_layout,
             options: self.launch_options,
+            partials: self.split_partials.as_ref(),
         }
     }
 

@@ -129,6 +129,15 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_rope_d64",
         "paged_attention_rope_d128",
         "paged_attention_rope_d256",
+        "paged_attention_split_d64",
+        "paged_attention_split_d128",
+        "paged_attention_split_d256",
+        "paged_attention_rope_split_d64",
+        "paged_attention_rope_split_d128",
+        "paged_attention_rope_split_d256",
+        "attention_merge_d64",
+        "attention_merge_d128",
+        "attention_merge_d256",
     ],
 };
 pub const ARGMAX: KernelSource = KernelSource {
@@ -144,6 +153,10 @@ pub const ALL: [KernelSource; 6] =
 /// The largest head size `paged_attention.cu` holds (its `HEAD_DIM_MAX`); `rope_kv_write.cu`
 /// holds more rotary pairs than that (its `ROPE_PAIRS_MAX`). A model past it is refused at load.
 pub const HEAD_DIM_MAX: usize = 256;
+
+/// The positions of one split of a token's attention (`paged_attention.cu`'s
+/// `ATTENTION_SPLIT_POSITIONS`): the bits of a long context depend on it, so it is fixed.
+pub const ATTENTION_SPLIT_POSITIONS: usize = 512;
 
 impl KernelSource {
     /// The file a cubin of this source for `sm_{sm}` is kept in, compiled ahead of time
@@ -179,6 +192,11 @@ mod tests {
     #[test]
     fn the_limits_match_the_sources() {
         assert!(PAGED_ATTENTION.source.contains(&format!("#define HEAD_DIM_MAX {HEAD_DIM_MAX}")));
+        assert!(
+            PAGED_ATTENTION.source.contains(&format!(
+                "#define ATTENTION_SPLIT_POSITIONS {ATTENTION_SPLIT_POSITIONS}"
+            ))
+        );
         // At least HEAD_DIM_MAX / 2 pairs.
         assert!(ROPE_KV_WRITE.source.contains(&format!("#define ROPE_PAIRS_MAX {HEAD_DIM_MAX}")));
         assert!(

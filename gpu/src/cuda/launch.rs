@@ -55,6 +55,11 @@ pub struct Kernels {
     /// The same with `rope_kv_write` folded in, for steps of one token a row
     /// (`LaunchOptions::fold_rope`).
     paged_attention_rope: [CudaFunction; 3],
+    /// The two again in split blocks (`LaunchOptions::split_attention`), and the merge of the
+    /// splits' states after them.
+    paged_attention_split: [CudaFunction; 3],
+    paged_attention_rope_split: [CudaFunction; 3],
+    attention_merge: [CudaFunction; 3],
     argmax: CudaFunction,
 }
 
@@ -142,6 +147,17 @@ impl ModuleLoader<'_> {
     }
 }
 
+/// One source's entry points in order, loaded as `Kernels::load` loads them.
+pub fn load_functions(
+    context: &Arc<CudaContext>,
+    images: KernelImages<'_>,
+    source: &KernelSource,
+) -> Result<Vec<CudaFunction>, String> {
+    let mut loader =
+        ModuleLoader { context, images, nvrtc_version: None, origins: KernelOrigins::default() };
+    loader.functions(source)
+}
+
 impl Kernels {
     /// Every source's machine code, loaded into `context`; and where each module came from.
     pub fn load(
@@ -173,11 +189,15 @@ impl Kernels {
             || group(products.by_ref().take(STORAGE_TYPES).collect(), kernels::MATMUL.name);
         let (matmul, matmul_swiglu) = (next()?, next()?);
         let (matmul_wide, matmul_swiglu_wide) = (next()?, next()?);
-        // paged_attention.cu: plain, then with RoPE folded in; three head sizes each.
+        // paged_attention.cu: plain, with RoPE folded in, the two in split blocks, the merge;
+        // three head sizes each.
         let mut attention = module(&kernels::PAGED_ATTENTION)?.into_iter();
         let mut next_attention =
             || group(attention.by_ref().take(3).collect(), kernels::PAGED_ATTENTION.name);
         let (paged_attention, paged_attention_rope) = (next_attention()?, next_attention()?);
+        let (paged_attention_split, paged_attention_rope_split) =
+            (next_attention()?, next_attention()?);
+        let attention_merge = next_attention()?;
         let kernels = Kernels {
             embed: group(module(&kernels::EMBED)?, kernels::EMBED.name)?,
             matmul,
@@ -188,6 +208,9 @@ impl Kernels {
             rope_kv_write: one(module(&kernels::ROPE_KV_WRITE)?, kernels::ROPE_KV_WRITE.name)?,
             paged_attention,
             paged_attention_rope,
+            paged_attention_split,
+            paged_attention_rope_split,
+            attention_merge,
             argmax: one(module(&kernels::ARGMAX)?, kernels::ARGMAX.name)?,
         };
         Ok((kernels, loader.origins))
@@ -399,6 +422,42 @@ fn config(grid_x: u32, grid_y: u32, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Where split attention blocks leave each split's softmax state for the merge
+/// (`paged_attention.cu`'s `Partials`): room for `tokens` tokens of `heads` heads of up to
+/// `max_splits` splits each. Allocated by the executor while `LaunchOptions::split_attention`
+/// is on.
+#[derive(Debug)]
+pub struct SplitPartials {
+    acc: CudaSlice<f32>,
+    stats: CudaSlice<f32>,
+    max_splits: usize,
+}
+
+impl SplitPartials {
+    /// For a model of `d`'s shape whose rows hold at most `positions` positions:
+    /// `SPLIT_ATTENTION_TOKENS_MAX` tokens of as many splits as `positions` fill. A token past
+    /// them is still right: one block takes it whole.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        d: &Dims,
+        positions: usize,
+    ) -> Result<SplitPartials, DriverError> {
+        let max_splits = split_count(positions).max(2);
+        let states = SPLIT_ATTENTION_TOKENS_MAX * d.heads * max_splits;
+        Ok(SplitPartials {
+            acc: stream.alloc_zeros::<f32>(states * d.head_dim)?,
+            stats: stream.alloc_zeros::<f32>(states * 2)?,
+            max_splits,
+        })
+    }
+}
+
+/// How many splits of `ATTENTION_SPLIT_POSITIONS` a row of `positions` positions spans at most:
+/// its positions counted from its window's first tile, which starts up to 31 positions before.
+pub fn split_count(positions: usize) -> usize {
+    (positions + 31).div_ceil(kernels::ATTENTION_SPLIT_POSITIONS)
+}
+
 /// The entry point for a matrix's storage type, of a kernel's `PerStorage`.
 fn for_type<'k>(kernels: &'k PerStorage, data: &MatrixData) -> &'k CudaFunction {
     let [f32_kernel, f16_kernel, bf16_kernel, q4_0, q4_1, q8_0, q4_k, q6_k, q5_1, q5_k] = kernels;
@@ -452,6 +511,8 @@ pub struct Model<'a> {
     pub kv: &'a CudaSlice<u16>,
     pub kv_layout: KvCacheLayout,
     pub options: LaunchOptions,
+    /// Present while `options.split_attention` is on.
+    pub partials: Option<&'a SplitPartials>,
 }
 
 /// The fewest tokens a step has for its products to go wide: past one tile of `matmul.cu`
@@ -463,6 +524,23 @@ pub const WIDE_PRODUCT_TOKENS_MIN: usize = 9;
 /// layer less than a norm kernel's latency at a few tokens and far more at hundreds. Folded or
 /// not, the bits are the same, so the choice by size keeps a request's bits its own.
 pub const FOLDED_NORM_TOKENS_MAX: usize = 8;
+
+/// The most tokens a step may have for its attention to go in split blocks: a block per (token,
+/// head) already fills the device at a few dozen tokens, and the partials are sized for this
+/// many.
+pub const SPLIT_ATTENTION_TOKENS_MAX: usize = 16;
+
+/// The blocks split attention aims for: about four resident blocks an SM on Hopper and
+/// Blackwell (132 to 148 SMs). A constant, not the device's count, so the launch shapes are the
+/// same everywhere; the bits do not depend on it either way.
+const SPLIT_ATTENTION_BLOCKS: usize = 512;
+
+/// Blocks a (token, head) of a step of `tokens` tokens of `heads` heads: enough for
+/// `SPLIT_ATTENTION_BLOCKS` in all, at most `max_splits` (a token's splits past them wait for
+/// a block that walks several).
+fn split_blocks(tokens: usize, heads: usize, max_splits: usize) -> usize {
+    SPLIT_ATTENTION_BLOCKS.div_ceil(tokens.max(1) * heads.max(1)).min(max_splits)
+}
 
 /// Queues a forward pass of `shape` on `stream`: embeddings, every layer, the final norm of the
 /// sampled rows, their logits and their argmax.
@@ -651,7 +729,9 @@ fn rope_kv_write(
 }
 
 /// Paged attention of the step's `n` tokens; with `rope` (the layer's Q/K/V bias, if any), the
-/// entry point that folds `rope_kv_write` in, for a step of one token a row.
+/// entry point that folds `rope_kv_write` in, for a step of one token a row. With split
+/// attention on and a step of few tokens, each token's splits go to blocks of their own and a
+/// merge follows.
 fn attention(
     stream: &CudaStream,
     m: &Model<'_>,
@@ -661,17 +741,26 @@ fn attention(
     rope: Option<Option<&CudaSlice<f32>>>,
 ) -> Result<(), DriverError> {
     let d = &m.dims;
+    let split = match m.partials {
+        Some(partials) if n <= SPLIT_ATTENTION_TOKENS_MAX => {
+            let blocks = split_blocks(n, d.heads, partials.max_splits);
+            (blocks > 1).then_some((partials, blocks))
+        }
+        _ => None,
+    };
     let (keys, values) = layer_cache(m, layer);
-    let kernels = match rope {
-        None => &m.kernels.paged_attention,
-        Some(_) => &m.kernels.paged_attention_rope,
+    let kernels = match (rope, split) {
+        (None, None) => &m.kernels.paged_attention,
+        (Some(_), None) => &m.kernels.paged_attention_rope,
+        (None, Some(_)) => &m.kernels.paged_attention_split,
+        (Some(_), Some(_)) => &m.kernels.paged_attention_rope_split,
     };
-    let kernel = match d.head_dim {
-        ..=64 => &kernels[0],
-        65..=128 => &kernels[1],
-        _ => &kernels[2],
+    let size_class = match d.head_dim {
+        ..=64 => 0,
+        65..=128 => 1,
+        _ => 2,
     };
-    let mut call = KernelCall::new(stream, kernel);
+    let mut call = KernelCall::new(stream, &kernels[size_class]);
     call.buffer(&b.qkv).buffer(&b.attended);
     let [positions, token_rows, table_offsets, tables] = b.tables();
     call.buffer(&positions).buffer(&token_rows).buffer(&table_offsets).buffer(&tables);
@@ -691,13 +780,31 @@ fn attention(
         // The caches again, as the pointers it writes the token's key and value through.
         call.buffer(&keys).buffer(&values);
     }
+    let mut cfg = config(grid(n)?, grid(d.heads)?, 128);
+    if let Some((partials, blocks)) = split {
+        call.buffer(&partials.acc).buffer(&partials.stats).int(partials.max_splits as i32);
+        cfg.grid_dim.2 = grid(blocks)?;
+    }
     // SAFETY: paged_attention_d*'s 14 parameters in order, or paged_attention_rope_d*'s 20
-    // (the same, then bias, freq_factors, theta_scale, halves and the caches to write), the
+    // (the same, then bias, freq_factors, theta_scale, halves and the caches to write), either
+    // followed by the partials' two pointers and their splits a (token, head) for the `_split`
+    // entry points (partials of SPLIT_ATTENTION_TOKENS_MAX >= n tokens of `heads` heads); the
     // entry point for the head size (`Dims::of` refused more than 256); a block of
-    // ATTENTION_WARPS (4) warps per (token, head), heads on the grid's y (at most 65,535 there;
-    // a model has far fewer heads). The folded one only for a step of one token a row (its
-    // header says why that makes its cache writes race with no read).
-    unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 128), m.options.dependent_launches) }
+    // ATTENTION_WARPS (4) warps per (token, head, split block), heads on the grid's y (at most
+    // 65,535 there; a model has far fewer heads). The folded one only for a step of one token
+    // a row (its header says why that makes its cache writes race with no read).
+    unsafe { call.launch(cfg, m.options.dependent_launches) }?;
+    let Some((partials, _)) = split else {
+        return Ok(());
+    };
+    let mut call = KernelCall::new(stream, &m.kernels.attention_merge[size_class]);
+    call.buffer(&positions).buffer(&b.attended);
+    call.int(d.heads as i32).int(d.head_dim as i32).int(d.window as i32);
+    call.buffer(&partials.acc).buffer(&partials.stats).int(partials.max_splits as i32);
+    // SAFETY: attention_merge_d*(const int* positions, float* out, int heads, int head_dim,
+    // int window, float* partial_acc, float* partial_stats, int max_splits), the split entry
+    // point's partials; one warp per (token, head).
+    unsafe { call.launch(config(grid(n)?, grid(d.heads)?, 32), m.options.dependent_launches) }
 }
 
 /// Layer `layer`'s keys and values, all pages.

@@ -1,5 +1,6 @@
 // Attention of every token of a step over its row's paged KV: one block of `ATTENTION_WARPS`
-// warps per (token, query head), grid (tokens, heads).
+// warps per (token, query head), grid (tokens, heads); in split blocks, (tokens, heads, blocks a
+// token).
 // A step mixes decode rows (one token) and prefill chunks (several consecutive positions of one
 // row); every token attends to positions `first..=position` of its own row, reading K and V
 // through the row's page table, so a chunk is causal by construction: its own K and V were
@@ -7,12 +8,21 @@
 // (0 without a window), as the CPU's `LlamaConfig::window_start`.
 //
 // Fixed split per row (batch invariance): positions go in tiles of 32 aligned to multiples of 32,
-// lane `l` scoring position `tile + l` (a sequential fused dot product over the head); warp `w`
-// of the block takes tiles `w`, `w + ATTENTION_WARPS`, ... (counted from the window's first
-// tile), merged by an online softmax in its tile order; then warp 0 merges the warps' states in
-// warp order. The order depends only on the token's position and the window, never on the
-// batch. The query is rounded to half precision first, as the CPU's is to
-// meet the half-precision cache. Head sizes up to 256.
+// lane `l` scoring position `tile + l` (a sequential fused dot product over the head), and tiles
+// go in splits of ATTENTION_SPLIT_POSITIONS counted from the window's first tile. In a split,
+// warp `w` of the block takes tiles `w`, `w + ATTENTION_WARPS`, ..., merged by an online softmax
+// in its tile order; then warp 0 merges the warps' states in warp order into the split's state,
+// and the splits' states are merged in split order (`merge_state`). The order depends only on
+// the token's position and the window, never on the batch. The query is rounded to half
+// precision first, as the CPU's is to meet the half-precision cache. Head sizes up to 256.
+//
+// Splits are what lets a long context spread over the device: the plain entry points walk a
+// token's splits one after another in one block; the `_split` ones (`LaunchOptions::
+// split_attention`, on steps of a few tokens, where (token, head) blocks alone would leave most
+// of the device idle at a long context) give each split a block of its own, and
+// `attention_merge_*` then merges the splits' states in the same order with the same
+// arithmetic: the same bits either way. A context of one split (up to 512 positions) has the
+// bits it had before splits existed.
 //
 // Latency, not bandwidth, bounds a decode step's attention (a warp walks its row's positions):
 // the warps of a block walk different tiles, each lane's key is read as 16-byte vectors, the
@@ -37,6 +47,8 @@
 #define HEAD_DIM_MAX 256
 #define ATTENTION_WARPS 4
 #define VALUE_BATCH 8
+// A split's positions (`cuda::launch::ATTENTION_SPLIT_POSITIONS`): 16 tiles, 4 a warp.
+#define ATTENTION_SPLIT_POSITIONS 512
 
 // RoPE's inputs, for the entry points that fold it in (`FOLD_ROPE`).
 struct Rope {
@@ -50,9 +62,9 @@ struct Rope {
 
 // With `FOLD_ROPE`, `rope_kv_write`'s work for this block's heads (see the header): the rotated
 // query into `query`, the key and value in halves into `own_key` and `own_value`, written into
-// the cache at slot `at` by the group's first query head.
+// the cache at slot `at` when `write` (by one block of the group's first query head).
 __device__ void fold_rope(const Rope& rope, const float* token_qkv, int h, int kv_head,
-                          int heads, int kv_heads, int head_dim, long at,
+                          int heads, int kv_heads, int head_dim, long at, bool write,
                           float* query, f16_bits* own_key, f16_bits* own_value,
                           float* cos_of, float* sin_of) {
     const int pairs = head_dim / 2, q_width = heads * head_dim, kv_width = kv_heads * head_dim;
@@ -87,7 +99,7 @@ __device__ void fold_rope(const Rope& rope, const float* token_qkv, int h, int k
         own_value[i] = float_to_half(vt[i] + (v_bias ? v_bias[i] : 0.0f));
     }
     __syncthreads();
-    if (h % (heads / kv_heads) == 0) {
+    if (write) {
         const long slot = at * kv_width + kv_head * head_dim;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             rope.key_cache[slot + i] = own_key[i];
@@ -96,54 +108,107 @@ __device__ void fold_rope(const Rope& rope, const float* token_qkv, int h, int k
     }
 }
 
-template <int DIMS_PER_LANE, bool FOLD_ROPE>
-__device__ void paged_attention(
-    const float* qkv, float* out, const int* positions, const int* token_rows,
-    const int* table_offsets, const int* tables, const f16_bits* key_cache,
-    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
-    int window, float scale, const Rope& rope) {
-    __shared__ float query[HEAD_DIM_MAX];
-    __shared__ float warp_max_of[ATTENTION_WARPS], warp_total_of[ATTENTION_WARPS];
-    __shared__ float warp_acc_of[ATTENTION_WARPS][HEAD_DIM_MAX];
-    // The token's own key and value when RoPE is folded in, 16-byte aligned for vector loads.
-    __shared__ __align__(16) f16_bits own_key[FOLD_ROPE ? HEAD_DIM_MAX : 8];
-    __shared__ __align__(16) f16_bits own_value[FOLD_ROPE ? HEAD_DIM_MAX : 8];
-    __shared__ float cos_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
-    __shared__ float sin_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
-    allow_next_kernel();
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int group = heads / kv_heads, kv_head = h / group;
-    const int kv_width = kv_heads * head_dim;
-    const int position = positions[t];
-    if (FOLD_ROPE) {
-        // The angles read only the step's inputs: with a dependent launch they are computed
-        // while the Q/K/V product finishes.
-        for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
-            sincosf(rope_angle(position, rope.theta_scale, rope.freq_factors, i), &sin_of[i],
-                    &cos_of[i]);
-        }
+// One split's softmax state for a (token, query head), or several splits merged: the largest
+// score, the sum of the weights under it, and the values weighed by them, not yet divided by the
+// sum. Warp 0 holds it, lane `l` the dimensions `l + 32 j`.
+template <int DIMS_PER_LANE>
+struct SoftmaxState {
+    float max, total, acc[DIMS_PER_LANE];
+};
+
+template <int DIMS_PER_LANE>
+__device__ __forceinline__ SoftmaxState<DIMS_PER_LANE> empty_state() {
+    SoftmaxState<DIMS_PER_LANE> s;
+    s.max = NEG_INFINITY;
+    s.total = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DIMS_PER_LANE; j++) s.acc[j] = 0.0f;
+    return s;
+}
+
+// `into` followed by `next`, the later positions, each rescaled to the larger maximum. Products
+// and sums rounded one by one (no contraction), so that the kernel merging splits in a block and
+// the merge kernel after split blocks, compiled apart, give the same bits. An empty `into` takes
+// `next` as it is: a token of one split has the bits the kernel had before splits.
+template <int DIMS_PER_LANE>
+__device__ __forceinline__ void merge_state(SoftmaxState<DIMS_PER_LANE>& into,
+                                            const SoftmaxState<DIMS_PER_LANE>& next) {
+    if (into.max == NEG_INFINITY) {
+        into = next;
+        return;
     }
-    wait_for_inputs();
-    const float* token_qkv = qkv + (long)t * (kv_width * 2 + heads * head_dim);
-    const int* table = tables + table_offsets[token_rows[t]];
-    if (FOLD_ROPE) {
-        const long at = (long)table[position / page_tokens] * page_tokens + position % page_tokens;
-        fold_rope(rope, token_qkv, h, kv_head, heads, kv_heads, head_dim, at, query, own_key,
-                  own_value, cos_of, sin_of);
-    } else {
-        const float* qt = token_qkv + h * head_dim;
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-            query[i] = half_to_float(float_to_half(qt[i]));
-        }
-        __syncthreads();
+    const float m = fmaxf(into.max, next.max);
+    const float f_into = expf(into.max - m), f_next = expf(next.max - m);
+    into.total = __fadd_rn(__fmul_rn(into.total, f_into), __fmul_rn(next.total, f_next));
+#pragma unroll
+    for (int j = 0; j < DIMS_PER_LANE; j++) {
+        into.acc[j] = __fadd_rn(__fmul_rn(into.acc[j], f_into), __fmul_rn(next.acc[j], f_next));
     }
+    into.max = m;
+}
+
+// The attention output row: the weighed values over the sum of the weights.
+template <int DIMS_PER_LANE>
+__device__ __forceinline__ void write_output(const SoftmaxState<DIMS_PER_LANE>& s, float* o,
+                                             int lane, int head_dim) {
+#pragma unroll
+    for (int j = 0; j < DIMS_PER_LANE; j++) {
+        const int i = lane + 32 * j;
+        if (i < head_dim) o[i] = s.acc[j] / s.total;
+    }
+}
+
+// A token's positions in splits: `base..=position` (`base` the window's first tile) in splits of
+// ATTENTION_SPLIT_POSITIONS, the last one short.
+struct Span {
+    int first, base, splits;
+};
+
+__device__ __forceinline__ Span span_of(int position, int window) {
     const int first = window > 0 ? max(0, position + 1 - window) : 0;
+    const int base = first - first % 32;
+    return {first, base, (position - base) / ATTENTION_SPLIT_POSITIONS + 1};
+}
+
+// Where split blocks leave their states (`paged_attention_split_*`) for the merge kernel: split
+// `s` of (token `t`, head `h`) at index `(t * heads + h) * max_splits + s`, its weighed values in
+// `acc` (`head_dim` floats an index) and its maximum and sum in `stats` (two an index). A token
+// of more splits than `max_splits` is taken whole by one block.
+struct Partials {
+    float* acc;
+    float* stats;
+    int max_splits;
+};
+
+// What one block reads to walk a split: the token's query (shared), its row's page table, the
+// caches at its KV head, and (folded RoPE) its own key and value.
+struct Walk {
+    const float* query;
+    const int* table;
+    const f16_bits* key_cache;
+    const f16_bits* value_cache;
+    const f16_bits* own_key;
+    const f16_bits* own_value;
+    int kv_head, kv_width, head_dim, page_tokens, first, position;
+    float scale;
+};
+
+// The softmax state of the token's positions `lo..=hi` (one split, `lo` a multiple of 32 from
+// the window's first tile): warp `w` walks the tiles `w`, `w + ATTENTION_WARPS`, ... of the split
+// by an online softmax in tile order, then warp 0 merges the warps' states in warp order and
+// returns it (the other warps return an empty state). Every thread of the block calls it.
+template <int DIMS_PER_LANE, bool FOLD_ROPE>
+__device__ SoftmaxState<DIMS_PER_LANE> attend_split(const Walk& k, int lo, int hi,
+                                                    float* warp_max_of, float* warp_total_of,
+                                                    float (*warp_acc_of)[HEAD_DIM_MAX]) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int head_dim = k.head_dim, first = k.first, position = k.position;
+    const float* query = k.query;
     float acc[DIMS_PER_LANE];
 #pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] = 0.0f;
     float running_max = NEG_INFINITY, total = 0.0f;
-    for (int tile = first - first % 32 + 32 * warp; tile <= position;
-         tile += 32 * ATTENTION_WARPS) {
+    for (int tile = lo + 32 * warp; tile <= hi; tile += 32 * ATTENTION_WARPS) {
         const int p = tile + lane;
         const bool seen = p >= first && p <= position;
         float score = NEG_INFINITY;
@@ -151,10 +216,10 @@ __device__ void paged_attention(
         // the lane that scored the position rather than reading the page table again.
         long at = 0;
         if (seen) {
-            at = ((long)table[p / page_tokens] * page_tokens + p % page_tokens);
+            at = ((long)k.table[p / k.page_tokens] * k.page_tokens + p % k.page_tokens);
             const f16_bits* key = FOLD_ROPE && p == position
-                                      ? own_key
-                                      : key_cache + at * kv_width + kv_head * head_dim;
+                                      ? k.own_key
+                                      : k.key_cache + at * k.kv_width + k.kv_head * head_dim;
             float dot = 0.0f;
             if (head_dim % 8 == 0) {
                 // 16-byte aligned: `at * kv_width` and `kv_head * head_dim` are multiples of 8.
@@ -182,7 +247,7 @@ __device__ void paged_attention(
                     dot = fmaf(half_to_float(key[i]), query[i], dot);
                 }
             }
-            score = dot * scale;
+            score = dot * k.scale;
         }
         const float next_max = fmaxf(running_max, warp_max(score));
         const float weight = seen ? expf(score - next_max) : 0.0f;
@@ -204,9 +269,10 @@ __device__ void paged_attention(
                 // Lane `min(l0 + u, last)` scored this position, so its `at` is set.
                 const int l_u = min(l0 + u, last);
                 const long at_u = __shfl_sync(0xffffffffu, at, l_u);
-                const f16_bits* value = FOLD_ROPE && tile + l_u == position
-                                            ? own_value
-                                            : value_cache + at_u * kv_width + kv_head * head_dim;
+                const f16_bits* value =
+                    FOLD_ROPE && tile + l_u == position
+                        ? k.own_value
+                        : k.value_cache + at_u * k.kv_width + k.kv_head * head_dim;
 #pragma unroll
                 for (int j = 0; j < DIMS_PER_LANE; j++) {
                     const int i = lane + 32 * j;
@@ -227,8 +293,9 @@ __device__ void paged_attention(
             }
         }
     }
-    // The warps' states, merged by warp 0 in warp order. Warp 0 always has the window's first
-    // tile, so the merged maximum is finite; a warp that had no tile adds nothing.
+    // The warps' states, merged by warp 0 in warp order. Warp 0 always has the split's first
+    // tile, which holds a position of the window, so the merged maximum is finite; a warp that
+    // had no tile adds nothing.
     if (lane == 0) {
         warp_max_of[warp] = running_max;
         warp_total_of[warp] = total;
@@ -239,30 +306,139 @@ __device__ void paged_attention(
         if (i < head_dim) warp_acc_of[warp][i] = acc[j];
     }
     __syncthreads();
-    if (warp != 0) return;
-    float merged_max = warp_max_of[0];
+    SoftmaxState<DIMS_PER_LANE> merged = empty_state<DIMS_PER_LANE>();
+    if (warp != 0) return merged;
+    merged.max = warp_max_of[0];
 #pragma unroll
-    for (int w = 1; w < ATTENTION_WARPS; w++) merged_max = fmaxf(merged_max, warp_max_of[w]);
-    float merged_total = 0.0f, merged[DIMS_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < DIMS_PER_LANE; j++) merged[j] = 0.0f;
+    for (int w = 1; w < ATTENTION_WARPS; w++) merged.max = fmaxf(merged.max, warp_max_of[w]);
 #pragma unroll
     for (int w = 0; w < ATTENTION_WARPS; w++) {
         if (warp_max_of[w] == NEG_INFINITY) continue;
-        const float factor = expf(warp_max_of[w] - merged_max);
-        merged_total += warp_total_of[w] * factor;
+        const float factor = expf(warp_max_of[w] - merged.max);
+        merged.total += warp_total_of[w] * factor;
 #pragma unroll
         for (int j = 0; j < DIMS_PER_LANE; j++) {
             const int i = lane + 32 * j;
-            if (i < head_dim) merged[j] += warp_acc_of[w][i] * factor;
+            if (i < head_dim) merged.acc[j] += warp_acc_of[w][i] * factor;
         }
     }
-    float* o = out + ((long)t * heads + h) * head_dim;
-#pragma unroll
-    for (int j = 0; j < DIMS_PER_LANE; j++) {
-        const int i = lane + 32 * j;
-        if (i < head_dim) o[i] = merged[j] / merged_total;
+    return merged;
+}
+
+// One block per (token, query head), or with `SPLIT` per (token, query head, `blockIdx.z`): block
+// `z` of `gridDim.z` takes the token's splits `z`, `z + gridDim.z`, ... and leaves each split's
+// state in `partials` for `attention_merge`. A token of one split, or of more than the partials
+// hold, is taken whole by block 0, which writes its output, as the kernel without `SPLIT` does
+// for every token: its splits one after another, merged in split order by `merge_state`.
+template <int DIMS_PER_LANE, bool FOLD_ROPE, bool SPLIT>
+__device__ void paged_attention(
+    const float* qkv, float* out, const int* positions, const int* token_rows,
+    const int* table_offsets, const int* tables, const f16_bits* key_cache,
+    const f16_bits* value_cache, int heads, int kv_heads, int head_dim, int page_tokens,
+    int window, float scale, const Rope& rope, const Partials& partials) {
+    __shared__ float query[HEAD_DIM_MAX];
+    __shared__ float warp_max_of[ATTENTION_WARPS], warp_total_of[ATTENTION_WARPS];
+    __shared__ float warp_acc_of[ATTENTION_WARPS][HEAD_DIM_MAX];
+    // The token's own key and value when RoPE is folded in, 16-byte aligned for vector loads.
+    __shared__ __align__(16) f16_bits own_key[FOLD_ROPE ? HEAD_DIM_MAX : 8];
+    __shared__ __align__(16) f16_bits own_value[FOLD_ROPE ? HEAD_DIM_MAX : 8];
+    __shared__ float cos_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
+    __shared__ float sin_of[FOLD_ROPE ? HEAD_DIM_MAX / 2 : 1];
+    allow_next_kernel();
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int group = heads / kv_heads, kv_head = h / group;
+    const int kv_width = kv_heads * head_dim;
+    const int position = positions[t];
+    const Span span = span_of(position, window);
+    const bool whole = !SPLIT || span.splits == 1 || span.splits > partials.max_splits;
+    const int z = SPLIT ? blockIdx.z : 0;
+    if (whole ? z != 0 : z >= span.splits) {
+        // Nothing to do; waiting first keeps "this kernel done" meaning "its inputs were done"
+        // for the kernel after it, which waits on this one alone.
+        wait_for_inputs();
+        return;
     }
+    if (FOLD_ROPE) {
+        // The angles read only the step's inputs: with a dependent launch they are computed
+        // while the Q/K/V product finishes.
+        for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
+            sincosf(rope_angle(position, rope.theta_scale, rope.freq_factors, i), &sin_of[i],
+                    &cos_of[i]);
+        }
+    }
+    wait_for_inputs();
+    const float* token_qkv = qkv + (long)t * (kv_width * 2 + heads * head_dim);
+    const int* table = tables + table_offsets[token_rows[t]];
+    if (FOLD_ROPE) {
+        const long at = (long)table[position / page_tokens] * page_tokens + position % page_tokens;
+        // Block 0 of the group's first query head writes the key and value into the cache.
+        const bool write = z == 0 && h % group == 0;
+        fold_rope(rope, token_qkv, h, kv_head, heads, kv_heads, head_dim, at, write, query,
+                  own_key, own_value, cos_of, sin_of);
+    } else {
+        const float* qt = token_qkv + h * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            query[i] = half_to_float(float_to_half(qt[i]));
+        }
+        __syncthreads();
+    }
+    const Walk walk = {query,    table,      key_cache,   value_cache, own_key,
+                       own_value, kv_head,   kv_width,    head_dim,    page_tokens,
+                       span.first, position, scale};
+    SoftmaxState<DIMS_PER_LANE> merged = empty_state<DIMS_PER_LANE>();
+    for (int s = z; s < span.splits; s += whole ? 1 : gridDim.z) {
+        const int lo = span.base + s * ATTENTION_SPLIT_POSITIONS;
+        const int hi = min(position, lo + ATTENTION_SPLIT_POSITIONS - 1);
+        const SoftmaxState<DIMS_PER_LANE> split = attend_split<DIMS_PER_LANE, FOLD_ROPE>(
+            walk, lo, hi, warp_max_of, warp_total_of, warp_acc_of);
+        if (warp == 0) {
+            if (whole) {
+                merge_state(merged, split);
+            } else {
+                const long index = ((long)t * heads + h) * partials.max_splits + s;
+#pragma unroll
+                for (int j = 0; j < DIMS_PER_LANE; j++) {
+                    const int i = lane + 32 * j;
+                    if (i < head_dim) partials.acc[index * head_dim + i] = split.acc[j];
+                }
+                if (lane == 0) {
+                    partials.stats[2 * index] = split.max;
+                    partials.stats[2 * index + 1] = split.total;
+                }
+            }
+        }
+        // The next split writes the warps' states again once warp 0 has read them.
+        __syncthreads();
+    }
+    if (whole && warp == 0) write_output(merged, out + ((long)t * heads + h) * head_dim, lane, head_dim);
+}
+
+// After `paged_attention_split_*`: one warp per (token, query head) merges the token's split
+// states in split order, as the unsplit kernel does in its block, and writes the output; a token
+// the split kernel took whole is left alone.
+template <int DIMS_PER_LANE>
+__device__ void attention_merge(const int* positions, float* out, int heads, int head_dim,
+                                int window, const Partials& partials) {
+    allow_next_kernel();
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const Span span = span_of(positions[t], window);
+    wait_for_inputs();
+    if (span.splits == 1 || span.splits > partials.max_splits) return;
+    const long first_index = ((long)t * heads + h) * partials.max_splits;
+    SoftmaxState<DIMS_PER_LANE> merged = empty_state<DIMS_PER_LANE>();
+    for (int s = 0; s < span.splits; s++) {
+        const long index = first_index + s;
+        SoftmaxState<DIMS_PER_LANE> split;
+        split.max = partials.stats[2 * index];
+        split.total = partials.stats[2 * index + 1];
+#pragma unroll
+        for (int j = 0; j < DIMS_PER_LANE; j++) {
+            const int i = lane + 32 * j;
+            split.acc[j] = i < head_dim ? partials.acc[index * head_dim + i] : 0.0f;
+        }
+        merge_state(merged, split);
+    }
+    write_output(merged, out + ((long)t * heads + h) * head_dim, lane, head_dim);
 }
 
 #define ATTENTION_PARAMETERS                                                                \
@@ -278,29 +454,77 @@ __device__ void paged_attention(
     const float *bias, const float *freq_factors, float theta_scale, int halves,           \
         f16_bits *key_out, f16_bits *value_out
 
+// Where `paged_attention_split_*` leaves split states and `attention_merge_*` reads them.
+#define SPLIT_PARAMETERS float *partial_acc, float *partial_stats, int max_splits
+#define SPLIT_ARGUMENTS Partials{partial_acc, partial_stats, max_splits}
+#define ROPE_ARGUMENTS Rope{bias, freq_factors, theta_scale, halves, key_out, value_out}
+
+// Each head size class's entry points, written out (the emulator finds entry points by name in
+// the source): plain, with RoPE folded in, the same two in split blocks, and the merge after
+// the split ones.
+
 extern "C" __global__ void paged_attention_d64(ATTENTION_PARAMETERS) {
-    paged_attention<2, false>(ATTENTION_ARGUMENTS, Rope{});
-}
-
-extern "C" __global__ void paged_attention_d128(ATTENTION_PARAMETERS) {
-    paged_attention<4, false>(ATTENTION_ARGUMENTS, Rope{});
-}
-
-extern "C" __global__ void paged_attention_d256(ATTENTION_PARAMETERS) {
-    paged_attention<8, false>(ATTENTION_ARGUMENTS, Rope{});
+    paged_attention<2, false, false>(ATTENTION_ARGUMENTS, Rope{}, Partials{});
 }
 
 extern "C" __global__ void paged_attention_rope_d64(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
-    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
-    paged_attention<2, true>(ATTENTION_ARGUMENTS, rope);
+    paged_attention<2, true, false>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, Partials{});
+}
+
+extern "C" __global__ void paged_attention_split_d64(ATTENTION_PARAMETERS, SPLIT_PARAMETERS) {
+    paged_attention<2, false, true>(ATTENTION_ARGUMENTS, Rope{}, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void paged_attention_rope_split_d64(ATTENTION_PARAMETERS, ROPE_PARAMETERS,
+                                                         SPLIT_PARAMETERS) {
+    paged_attention<2, true, true>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void attention_merge_d64(const int* positions, float* out, int heads,
+                                               int head_dim, int window, SPLIT_PARAMETERS) {
+    attention_merge<2>(positions, out, heads, head_dim, window, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void paged_attention_d128(ATTENTION_PARAMETERS) {
+    paged_attention<4, false, false>(ATTENTION_ARGUMENTS, Rope{}, Partials{});
 }
 
 extern "C" __global__ void paged_attention_rope_d128(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
-    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
-    paged_attention<4, true>(ATTENTION_ARGUMENTS, rope);
+    paged_attention<4, true, false>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, Partials{});
+}
+
+extern "C" __global__ void paged_attention_split_d128(ATTENTION_PARAMETERS, SPLIT_PARAMETERS) {
+    paged_attention<4, false, true>(ATTENTION_ARGUMENTS, Rope{}, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void paged_attention_rope_split_d128(ATTENTION_PARAMETERS, ROPE_PARAMETERS,
+                                                         SPLIT_PARAMETERS) {
+    paged_attention<4, true, true>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void attention_merge_d128(const int* positions, float* out, int heads,
+                                               int head_dim, int window, SPLIT_PARAMETERS) {
+    attention_merge<4>(positions, out, heads, head_dim, window, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void paged_attention_d256(ATTENTION_PARAMETERS) {
+    paged_attention<8, false, false>(ATTENTION_ARGUMENTS, Rope{}, Partials{});
 }
 
 extern "C" __global__ void paged_attention_rope_d256(ATTENTION_PARAMETERS, ROPE_PARAMETERS) {
-    const Rope rope = {bias, freq_factors, theta_scale, halves, key_out, value_out};
-    paged_attention<8, true>(ATTENTION_ARGUMENTS, rope);
+    paged_attention<8, true, false>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, Partials{});
+}
+
+extern "C" __global__ void paged_attention_split_d256(ATTENTION_PARAMETERS, SPLIT_PARAMETERS) {
+    paged_attention<8, false, true>(ATTENTION_ARGUMENTS, Rope{}, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void paged_attention_rope_split_d256(ATTENTION_PARAMETERS, ROPE_PARAMETERS,
+                                                         SPLIT_PARAMETERS) {
+    paged_attention<8, true, true>(ATTENTION_ARGUMENTS, ROPE_ARGUMENTS, SPLIT_ARGUMENTS);
+}
+
+extern "C" __global__ void attention_merge_d256(const int* positions, float* out, int heads,
+                                               int head_dim, int window, SPLIT_PARAMETERS) {
+    attention_merge<8>(positions, out, heads, head_dim, window, SPLIT_ARGUMENTS);
 }
