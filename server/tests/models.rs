@@ -303,6 +303,79 @@ async fn a_named_tool_choice_opens_the_call_and_an_unknown_name_is_refused() {
     assert!(out["error"]["message"].as_str().unwrap().contains("not in tools"), "{out}");
 }
 
+/// `/tokenize` counts what the generating routes compute from: a prompt as completions encode
+/// it, messages and tools as chat renders them (with `add_generation_prompt` false, a prefix of
+/// that); `/detokenize` gives a prompt's text back; bad bodies are 4xx that name the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_counts_the_tokens_the_generating_routes_compute_from() {
+    let model = templated(THINKING_TEMPLATE);
+    let server = scripted_server(&model, &[], ToolFormat::Hermes, None).await;
+    let text = "The quick brown fox, twice: the quick brown fox.";
+    let (status, tokenized) = server.post("/tokenize", &json!({"prompt": text})).await;
+    assert_eq!(status, 200, "{tokenized}");
+    let (_, completion) =
+        server.post("/v1/completions", &json!({"prompt": text, "max_tokens": 1})).await;
+    assert_eq!(tokenized["count"], completion["usage"]["prompt_tokens"], "{completion}");
+    assert_eq!(tokenized["tokens"].as_array().unwrap().len() as u64, tokenized["count"]);
+    assert_eq!(tokenized["max_model_len"], 4096);
+    assert_eq!(tokenized["token_strs"], Value::Null);
+
+    // Without the tokenizer's special tokens, the text comes back whole, and token by token.
+    let plain = json!({"prompt": text, "add_special_tokens": false, "return_token_strs": true});
+    let (_, plain) = server.post("/tokenize", &plain).await;
+    let strs: Vec<&str> =
+        plain["token_strs"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    assert_eq!(strs.concat(), text);
+    let (status, back) =
+        server.post("/detokenize", &json!({"tokens": plain["tokens"], "model": "m"})).await;
+    assert_eq!((status, back["prompt"].as_str()), (200, Some(text)), "{back}");
+
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let messages = json!([{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"}]);
+    for variables in [json!(null), json!({"enable_thinking": false})] {
+        let body = json!({"messages": messages, "tools": tools,
+            "chat_template_kwargs": variables});
+        let (status, tokenized) = server.post("/tokenize", &body).await;
+        assert_eq!(status, 200, "{tokenized}");
+        let mut chat = body.clone();
+        chat["max_tokens"] = json!(1);
+        let (status, answer) = server.post("/v1/chat/completions", &chat).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(tokenized["count"], answer["usage"]["prompt_tokens"], "{variables}");
+    }
+    let open = |add_generation_prompt| json!({"messages": messages, "add_generation_prompt": add_generation_prompt});
+    let (_, opened) = server.post("/tokenize", &open(true)).await;
+    let (_, so_far) = server.post("/tokenize", &open(false)).await;
+    let (opened, so_far) =
+        (opened["tokens"].as_array().unwrap(), so_far["tokens"].as_array().unwrap());
+    assert!(so_far.len() < opened.len() && opened.starts_with(so_far), "{so_far:?} {opened:?}");
+
+    let vocab = model.weights.config.vocab_size;
+    for (path, body, status, param) in [
+        ("/tokenize", json!({"prompt": "a", "messages": messages}), 400, None),
+        ("/tokenize", json!({"model": "m"}), 400, None),
+        (
+            "/tokenize",
+            json!({"messages": messages, "add_special_tokens": true}),
+            400,
+            Some("add_special_tokens"),
+        ),
+        ("/tokenize", json!({"prompt": "a", "tools": tools}), 400, Some("tools")),
+        ("/tokenize", json!({"messages": [{"role": "robot"}]}), 400, Some("messages")),
+        ("/tokenize", json!({"prompt": "a", "model": "other"}), 404, None),
+        ("/detokenize", json!({"tokens": [1, vocab]}), 400, Some("tokens")),
+        ("/detokenize", json!({"tokens": [-1]}), 400, None),
+    ] {
+        let (got, error) = server.post(path, &body).await;
+        assert_eq!(got, status, "{body}: {error}");
+        if let Some(param) = param {
+            assert_eq!(error["error"]["param"], param, "{body}: {error}");
+        }
+    }
+}
+
 /// The tiny model with `template` for its chat template.
 fn templated(template: &str) -> Arc<Model> {
     let mut model = Arc::into_inner(tiny_model()).unwrap();

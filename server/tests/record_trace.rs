@@ -25,7 +25,7 @@ use lockstep_server::record::{
     TraceFinish, TraceHeader, TraceRecord,
 };
 use lockstep_server::serve::ServeOptions;
-use lockstep_server::text::{SyntheticCodec, TextCodec};
+use lockstep_server::text::{ChatEnd, SyntheticCodec, TextCodec};
 use lockstep_server::tool_calls::ToolFormat;
 use serde_json::{Map, Value, json};
 
@@ -217,10 +217,16 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
         chat_template_kwargs: None,
     };
     assert_eq!(r2.request, Some(sent));
-    assert_eq!(r1.input_ids, codec.encode_chat(&turn1, None, &Map::new(), "").unwrap().tokens);
+    assert_eq!(
+        r1.input_ids,
+        codec.encode_chat(&turn1, None, &Map::new(), ChatEnd::AssistantTurn("")).unwrap().tokens
+    );
     assert_eq!(
         r2.input_ids,
-        codec.encode_chat(&turn2, Some(&tools), &Map::new(), "").unwrap().tokens
+        codec
+            .encode_chat(&turn2, Some(&tools), &Map::new(), ChatEnd::AssistantTurn(""))
+            .unwrap()
+            .tokens
     );
     assert_eq!(r1.sampling.seed, 11);
     assert_eq!(output(r1).0, ids(&chat1_out["choices"][0]["token_ids"]));

@@ -90,13 +90,19 @@ impl Tokenizer {
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) are recognized,
     /// as llama.cpp does when asked to parse specials.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        let encoding = self.inner.encode(text, false).map_err(|e| e.to_string())?;
-        let mut ids = Vec::with_capacity(encoding.len() + 1);
+        let plain = self.encode_plain(text)?;
+        let mut ids = Vec::with_capacity(plain.len() + 1);
         if self.add_bos {
             ids.extend(self.bos);
         }
-        ids.extend_from_slice(encoding.get_ids());
+        ids.extend_from_slice(&plain);
         Ok(ids)
+    }
+
+    /// As `encode`, without the BOS the tokenizer adds (vLLM's `add_special_tokens: false`).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String> {
+        let encoding = self.inner.encode(text, false).map_err(|e| e.to_string())?;
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// Text of `ids`; special tokens are kept when `keep_special`.

@@ -36,6 +36,7 @@ use crate::reasoning::{
     join_deltas,
 };
 use crate::record::{Arrival, RequestInput};
+use crate::text::ChatEnd;
 use crate::tool_calls::{
     ParsedCall, ToolCallStream, ToolDelta, ToolFormat, ToolSpec, named_call, parse_complete,
     required_calls,
@@ -131,7 +132,12 @@ async fn prepare(
     let variables = request.chat_template_kwargs.clone().unwrap_or_default();
     let prompt = state
         .codec
-        .encode_chat(&request.messages, rendered_tools.as_deref(), &variables, prefix)
+        .encode_chat(
+            &request.messages,
+            rendered_tools.as_deref(),
+            &variables,
+            ChatEnd::AssistantTurn(prefix),
+        )
         .map_err(|e| {
             let param =
                 if variables.is_empty() { "messages" } else { "messages or chat_template_kwargs" };
@@ -206,6 +212,15 @@ fn reasoning(
     }
     held.grammar = after;
     Ok(read(opening))
+}
+
+/// The tools a chat request offering `offered` (and choosing none in particular) renders into
+/// its prompt, checked as the request's are (`/tokenize`).
+pub(super) fn rendered_tools(
+    state: &AppState,
+    offered: Option<&[Value]>,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    tools(state, offered, None, true).map(|(rendered, _)| rendered)
 }
 
 /// The tools to render into the prompt, and how to parse calls out of the output (for

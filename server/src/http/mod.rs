@@ -1,6 +1,8 @@
 //! The OpenAI-compatible HTTP API (axum), served from any `axum::serve::Listener`.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `POST
+//! /tokenize` and `POST /detokenize` (vLLM's: the tokens a request would be computed from, and
+//! token ids' text), `GET /health`
 //! (fails when the engine holds work and completes no step for `health_stall_max`), `GET
 //! /metrics` (Prometheus text), `GET /openapi.json` (what the server accepts).
 
@@ -15,6 +17,7 @@ pub mod openapi;
 mod protocol;
 mod respond;
 mod response_format;
+mod tokenize;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +127,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::handle))
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/models", get(info::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .route("/openapi.json", get(info::openapi))

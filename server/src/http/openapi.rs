@@ -20,10 +20,12 @@ use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
 
 /// Every route the router serves, as (method, path): the document describes exactly these, and
 /// the tests check the router answers each of them and no other method on their paths.
-pub const ROUTES: [(&str, &str); 6] = [
+pub const ROUTES: [(&str, &str); 8] = [
     ("post", "/v1/completions"),
     ("post", "/v1/chat/completions"),
     ("get", "/v1/models"),
+    ("post", "/tokenize"),
+    ("post", "/detokenize"),
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
@@ -82,6 +84,60 @@ fn paths(model: &str) -> Value {
             "operationId": "listModels",
             "summary": "The one model this server serves.",
             "responses": { "200": json_response("the model", reference("ModelList")) },
+        }},
+        "/tokenize": { "post": {
+            "operationId": "tokenize",
+            "summary": "The tokens a prompt or a chat would be computed from, as the generating \
+                        routes encode and render them (vLLM's route).",
+            "requestBody": {
+                "required": true,
+                "content": { "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            reference("TokenizePromptRequest"),
+                            reference("TokenizeChatRequest"),
+                        ],
+                    },
+                    "example": { "model": model, "prompt": "Once upon a time" },
+                }},
+            },
+            "responses": {
+                "200": json_response("the tokens", reference("TokenizeResponse")),
+                "400": error_response(
+                    "the body is not JSON of this shape, gives both prompt and messages or \
+                     neither, gives a chat's field with a prompt (or add_special_tokens with \
+                     messages), or the chat template refuses the messages",
+                    false,
+                ),
+                "404": error_response(
+                    "`model` names a model this server does not serve (code `model_not_found`)",
+                    false,
+                ),
+                "413": error_response("the body is larger than the server's limit", false),
+            },
+        }},
+        "/detokenize": { "post": {
+            "operationId": "detokenize",
+            "summary": "The text of token ids, special tokens left out (vLLM's route).",
+            "requestBody": {
+                "required": true,
+                "content": { "application/json": {
+                    "schema": reference("DetokenizeRequest"),
+                    "example": { "model": model, "tokens": [1, 2, 3] },
+                }},
+            },
+            "responses": {
+                "200": json_response("the text", reference("DetokenizeResponse")),
+                "400": error_response(
+                    "the body is not JSON of this shape, or a token id is past the vocabulary",
+                    false,
+                ),
+                "404": error_response(
+                    "`model` names a model this server does not serve (code `model_not_found`)",
+                    false,
+                ),
+                "413": error_response("the body is larger than the server's limit", false),
+            },
         }},
         "/health": { "get": {
             "operationId": "health",
@@ -252,6 +308,19 @@ fn request_schemas(config: &AppConfig) -> Map<String, Value> {
     let mut schemas = Map::new();
     schemas.insert("CompletionRequest".into(), completion);
     schemas.insert("ChatCompletionRequest".into(), chat);
+    let (tokenize_prompt, tokenize_chat) = tokenize_requests(config);
+    schemas.insert("TokenizePromptRequest".into(), tokenize_prompt);
+    schemas.insert("TokenizeChatRequest".into(), tokenize_chat);
+    schemas.insert(
+        "DetokenizeRequest".into(),
+        object(
+            &["tokens"],
+            json!({
+                "model": common_properties(config)["model"].clone(),
+                "tokens": described(token_ids(), "token ids, each below the vocabulary's size"),
+            }),
+        ),
+    );
     schemas.insert("Message".into(), message());
     schemas.insert("TextPart".into(), text_part());
     schemas.insert("Tool".into(), tool());
@@ -461,6 +530,39 @@ fn chat_properties(config: &AppConfig) -> Value {
     })
 }
 
+/// `/tokenize`'s two bodies: a prompt, or a chat (its messages, tools and template variables as
+/// a chat request's).
+fn tokenize_requests(config: &AppConfig) -> (Value, Value) {
+    let model = common_properties(config)["model"].clone();
+    let flag = |default: bool, description: &str| {
+        json!({ "type": "boolean", "nullable": true, "default": default,
+                "description": description })
+    };
+    let return_token_strs = flag(false, "each token's text too, as the log-probabilities show it");
+    let prompt = object(
+        &["prompt"],
+        json!({
+            "model": model,
+            "prompt": { "type": "string" },
+            "add_special_tokens": flag(true, "the tokenizer's BOS first, as completions have it"),
+            "return_token_strs": return_token_strs,
+        }),
+    );
+    let chat_fields = chat_properties(config);
+    let chat = object(
+        &["messages"],
+        json!({
+            "model": model,
+            "messages": chat_fields["messages"].clone(),
+            "tools": chat_fields["tools"].clone(),
+            "chat_template_kwargs": chat_fields["chat_template_kwargs"].clone(),
+            "add_generation_prompt": flag(true, "the assistant's turn opened after the messages"),
+            "return_token_strs": return_token_strs,
+        }),
+    );
+    (prompt, chat)
+}
+
 fn message() -> Value {
     object(
         &["role"],
@@ -562,6 +664,19 @@ fn response_schemas() -> Map<String, Value> {
     add("ChatCompletionChunk", chat_chunk());
     add("ChatLogprobs", chat_logprobs());
     add("ModelList", model_list());
+    add(
+        "TokenizeResponse",
+        closed(
+            &["count", "max_model_len", "tokens", "token_strs"],
+            json!({
+                "count": { "type": "integer", "minimum": 0 },
+                "max_model_len": { "type": "integer", "minimum": 1 },
+                "tokens": token_ids(),
+                "token_strs": nullable(json!({ "type": "array", "items": { "type": "string" } })),
+            }),
+        ),
+    );
+    add("DetokenizeResponse", closed(&["prompt"], json!({ "prompt": { "type": "string" } })));
     add(
         "Health",
         closed(

@@ -12,16 +12,18 @@ use serde_json::{Map, Value};
 
 pub trait TextCodec: Send + Sync + std::fmt::Debug + 'static {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// As `encode`, without the special tokens the tokenizer adds (its BOS).
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String>;
     /// Text of `ids`, special tokens left out.
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
     /// OpenAI messages (and tools, and further template variables) through the chat template,
-    /// with the assistant's turn opened and `assistant_prefix` written at its start.
+    /// ending as `end` says.
     fn encode_chat(
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
         variables: &Map<String, Value>,
-        assistant_prefix: &str,
+        end: ChatEnd<'_>,
     ) -> Result<ChatPrompt, String>;
     /// The chat template, if the model has one (the tool-call format is detected from it).
     fn chat_template(&self) -> Option<&str>;
@@ -30,6 +32,17 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug + 'static {
     fn token_text(&self, id: u32) -> String;
     /// What compiles constrained requests' grammars over this vocabulary, or why there is none.
     fn grammars(&self) -> Result<Arc<dyn GrammarCompiler>, String>;
+}
+
+/// Where a rendered chat ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnd<'a> {
+    /// In the assistant's turn, opened, with this written at its start (a forced call's
+    /// opening; empty for a plain turn): what a chat request is answered from.
+    AssistantTurn(&'a str),
+    /// After the last message (the template's `add_generation_prompt` false): the conversation
+    /// as it stands, which `/tokenize` can count.
+    LastMessage,
 }
 
 /// A chat request's prompt: the text the template wrote (where a reasoning model's turn opens
@@ -48,6 +61,10 @@ impl TextCodec for ModelCodec {
         self.0.tokenizer.encode(text)
     }
 
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.0.tokenizer.encode_plain(text)
+    }
+
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         self.0.tokenizer.decode(ids, false)
     }
@@ -57,10 +74,13 @@ impl TextCodec for ModelCodec {
         messages: &[Value],
         tools: Option<&[Value]>,
         variables: &Map<String, Value>,
-        assistant_prefix: &str,
+        end: ChatEnd<'_>,
     ) -> Result<ChatPrompt, String> {
-        let mut text = self.0.render_chat_json(messages, tools, variables, true)?;
-        text.push_str(assistant_prefix);
+        let open_turn = matches!(end, ChatEnd::AssistantTurn(_));
+        let mut text = self.0.render_chat_json(messages, tools, variables, open_turn)?;
+        if let ChatEnd::AssistantTurn(prefix) = end {
+            text.push_str(prefix);
+        }
         Ok(ChatPrompt { tokens: self.0.encode_chat(&text)?, text })
     }
 
@@ -111,6 +131,11 @@ impl TextCodec for SyntheticCodec {
         Ok(text.split_whitespace().map(|w| self.word(w)).collect())
     }
 
+    /// The synthetic vocabulary has no special tokens: `encode`'s.
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.encode(text)
+    }
+
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         Ok(ids.iter().map(|id| format!(" t{id}")).collect())
     }
@@ -120,7 +145,7 @@ impl TextCodec for SyntheticCodec {
         messages: &[Value],
         tools: Option<&[Value]>,
         variables: &Map<String, Value>,
-        assistant_prefix: &str,
+        end: ChatEnd<'_>,
     ) -> Result<ChatPrompt, String> {
         let mut text = String::new();
         if !variables.is_empty() {
@@ -134,8 +159,10 @@ impl TextCodec for SyntheticCodec {
             let content = m.get("content").map(Value::to_string).unwrap_or_default();
             text.push_str(&format!("{role} {content} "));
         }
-        text.push_str("assistant ");
-        text.push_str(assistant_prefix);
+        if let ChatEnd::AssistantTurn(prefix) = end {
+            text.push_str("assistant ");
+            text.push_str(prefix);
+        }
         Ok(ChatPrompt { tokens: self.encode(&text)?, text })
     }
 

@@ -5,6 +5,6 @@ mod codec;
 mod detokenize;
 mod stop;
 
-pub use codec::{ChatPrompt, ModelCodec, SyntheticCodec, TextCodec};
+pub use codec::{ChatEnd, ChatPrompt, ModelCodec, SyntheticCodec, TextCodec};
 pub use detokenize::Detokenizer;
 pub use stop::StopMatcher;
