@@ -30,12 +30,13 @@ use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 
 use crate::client::{Connection, Response, sse_data};
+use crate::http::ApiKey;
 
 pub const USAGE: &str = "\
 usage: lockstep bench-serve --trace PATH [--url http://127.0.0.1:8000] [--limit N]
                             [--scale-tokens F] [--max-input N] [--max-output N] [--vocab N]
                             [--time-scale F] [--concurrency N] [--retries N]
-                            [--request-timeout S] [--seed S] [--json]
+                            [--request-timeout S] [--seed S] [--json] [--api-key KEY]
 
 Replays a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids of
 512-token prefix blocks) against a running server's POST /v1/completions, streaming, and reports
@@ -57,7 +58,9 @@ requests/s, output tokens/s, TTFT, ITL and end-to-end latency.
   --retries N          retries of a request answered 429, after its Retry-After (default 3)
   --request-timeout S  seconds one request may take, end to end (default 600)
   --seed S             seed of the synthesized prompts (default 0)
-  --json               print the summary as one JSON object";
+  --json               print the summary as one JSON object
+  --api-key KEY        the server's --api-key, sent as `Authorization: Bearer KEY`
+                       ($LOCKSTEP_API_KEY when the flag is not given)";
 
 /// Tokens in one block of a Mooncake trace's `hash_ids`.
 pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
@@ -89,6 +92,8 @@ pub struct BenchOptions {
     pub request_timeout: Duration,
     pub seed: u64,
     pub json: bool,
+    /// Sent as `Authorization: Bearer KEY` (`--api-key`, else `$LOCKSTEP_API_KEY`).
+    pub api_key: Option<ApiKey>,
 }
 
 impl BenchOptions {
@@ -108,6 +113,7 @@ impl BenchOptions {
             request_timeout: Duration::from_secs(600),
             seed: 0,
             json: false,
+            api_key: None,
         }
     }
 
@@ -133,12 +139,26 @@ impl BenchOptions {
                 }
                 "--seed" => o.seed = number(&value()?, flag)?,
                 "--json" => o.json = true,
+                "--api-key" => {
+                    o.api_key = Some(ApiKey::new(&value()?).map_err(|e| format!("--api-key: {e}"))?)
+                }
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
         o.trace = trace.ok_or("--trace PATH is required")?;
         o.check()?;
         Ok(o)
+    }
+
+    /// Without `--api-key`, the key in `$LOCKSTEP_API_KEY`, if set (the binary's edge).
+    pub fn with_key_from_env(mut self) -> Result<BenchOptions, String> {
+        if self.api_key.is_none()
+            && let Some(key) = std::env::var_os("LOCKSTEP_API_KEY")
+        {
+            let key = key.to_str().ok_or("LOCKSTEP_API_KEY: not UTF-8")?;
+            self.api_key = Some(ApiKey::new(key).map_err(|e| format!("LOCKSTEP_API_KEY: {e}"))?);
+        }
+        Ok(self)
     }
 
     /// Refuses options that cannot run: each bound positive and within its maximum.
@@ -497,7 +517,8 @@ pub async fn bench(options: &BenchOptions) -> Result<Summary, String> {
     options.check()?;
     let records = load_trace(options)?;
     let authority = authority(&options.url)?;
-    let (model, context) = server_model(&authority, options.request_timeout).await?;
+    let (model, context) =
+        server_model(&authority, options.api_key.as_ref(), options.request_timeout).await?;
     let shape = Shape {
         scale_tokens: options.scale_tokens,
         max_input: options.max_input,
@@ -520,9 +541,13 @@ pub async fn bench(options: &BenchOptions) -> Result<Summary, String> {
 }
 
 /// The served model's name and `max_model_len`, from `GET /v1/models`.
-async fn server_model(authority: &str, wait_max: Duration) -> Result<(String, u32), String> {
+async fn server_model(
+    authority: &str,
+    api_key: Option<&ApiKey>,
+    wait_max: Duration,
+) -> Result<(String, u32), String> {
     let asked = async {
-        let mut c = connect(authority).await?;
+        let mut c = connect(authority, api_key).await?;
         let response = c.get("/v1/models").await?;
         if response.status != hyper::StatusCode::OK {
             return Err(format!("status {}", response.status));
@@ -543,13 +568,17 @@ async fn server_model(authority: &str, wait_max: Duration) -> Result<(String, u3
     Ok((name.to_owned(), context))
 }
 
-async fn connect(authority: &str) -> Result<Connection, String> {
+async fn connect(authority: &str, api_key: Option<&ApiKey>) -> Result<Connection, String> {
     let io = tokio::net::TcpStream::connect(authority)
         .await
         .map_err(|e| format!("connecting to {authority}: {e}"))?;
     // Tokens go out one small write at a time; Nagle would hold them back.
     io.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
-    Connection::new(io).await
+    let connection = Connection::new(io).await?;
+    Ok(match api_key {
+        Some(key) => connection.with_api_key(key.as_str()),
+        None => connection,
+    })
 }
 
 /// Sends each request at its (scaled) trace time to `concurrency` workers, each with a
@@ -624,7 +653,10 @@ async fn one_request(
     loop {
         if connection.is_none() {
             // Opened before the clock starts: TTFT is the server's, not the handshake's.
-            let opened = tokio::time::timeout(run.options.request_timeout, connect(&run.authority));
+            let opened = tokio::time::timeout(
+                run.options.request_timeout,
+                connect(&run.authority, run.options.api_key.as_ref()),
+            );
             match opened.await {
                 Ok(Ok(c)) => *connection = Some(c),
                 Ok(Err(e)) => return (failed(connection, index, e), retried),

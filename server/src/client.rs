@@ -12,6 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 #[derive(Debug)]
 pub struct Connection {
     sender: http1::SendRequest<Full<Bytes>>,
+    /// `Bearer KEY`, sent with every request (`with_api_key`).
+    authorization: Option<String>,
 }
 
 /// A response whose body arrives in frames (server-sent events come one or more per frame).
@@ -34,7 +36,12 @@ impl Connection {
             // Ends when either side closes; its error, if any, surfaces on the next request.
             let _ = connection.await;
         });
-        Ok(Connection { sender })
+        Ok(Connection { sender, authorization: None })
+    }
+
+    /// This connection, sending `key` as `Authorization: Bearer KEY` (a server's `--api-key`).
+    pub fn with_api_key(self, key: &str) -> Connection {
+        Connection { authorization: Some(format!("Bearer {key}")), ..self }
     }
 
     pub async fn request(
@@ -44,13 +51,15 @@ impl Connection {
         body: Option<&str>,
     ) -> Result<Response, String> {
         let body = Full::new(Bytes::from(body.unwrap_or("").to_owned()));
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(path)
             .header("host", "lockstep")
-            .header("content-type", "application/json")
-            .body(body)
-            .map_err(|e| e.to_string())?;
+            .header("content-type", "application/json");
+        if let Some(authorization) = &self.authorization {
+            request = request.header("authorization", authorization);
+        }
+        let request = request.body(body).map_err(|e| e.to_string())?;
         self.sender.ready().await.map_err(|e| format!("connection: {e}"))?;
         let response = self.sender.send_request(request).await.map_err(|e| format!("send: {e}"))?;
         let (parts, body) = response.into_parts();

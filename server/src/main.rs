@@ -39,10 +39,12 @@ fn main() -> ExitCode {
             println!("{}", bench_serve::USAGE);
             return ExitCode::SUCCESS;
         }
-        Some("serve") => serve::ServeOptions::parse(&args[1..]).and_then(|o| serve::run(&o)),
-        Some("bench-serve") => {
-            bench_serve::BenchOptions::parse(&args[1..]).and_then(|o| bench_serve::run(&o))
-        }
+        Some("serve") => serve::ServeOptions::parse(&args[1..])
+            .and_then(serve::ServeOptions::with_key_from_env)
+            .and_then(|o| serve::run(&o)),
+        Some("bench-serve") => bench_serve::BenchOptions::parse(&args[1..])
+            .and_then(bench_serve::BenchOptions::with_key_from_env)
+            .and_then(|o| bench_serve::run(&o)),
         Some("generate") => {
             generate::Options::parse(&args[1..]).and_then(|options| generate::run(&options))
         }

@@ -68,6 +68,7 @@ pub struct Metrics {
     pub trace_records_dropped: Counter,
     pub rejected_queue_full: Counter,
     pub rejected_invalid: Counter,
+    pub rejected_unauthorized: Counter,
     pub client_aborts: Counter,
     // Disaggregated roles: the data plane, the peer links and the router's transfers.
     pub kv_bytes_sent: Counter,
@@ -174,6 +175,10 @@ impl Metrics {
             rejected_invalid: counter(
                 "lockstep:requests_rejected_invalid_total",
                 "Requests refused with a 4xx for their content",
+            ),
+            rejected_unauthorized: counter(
+                "lockstep:requests_rejected_unauthorized_total",
+                "Requests refused with 401: no API key, or another (`--api-key`)",
             ),
             client_aborts: counter(
                 "lockstep:client_aborts_total",

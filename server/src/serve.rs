@@ -20,7 +20,7 @@ use lockstep_gpu::llama::LlamaWeights;
 use lockstep_gpu::model::Model;
 
 use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
-use crate::http::AppConfig;
+use crate::http::{ApiKey, AppConfig};
 use crate::node;
 use crate::reasoning::ReasoningFormat;
 use crate::record::{self, RecordTask, Recorder, RecorderLimits, TraceHeader};
@@ -70,6 +70,9 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          split-attention (a long context's attention spread over blocks)
                          NVRTC's kernels are kept in $LOCKSTEP_KERNEL_CACHE (default
                          ~/.cache/lockstep/kernels; empty: none) so a restart skips compiling them
+  --api-key KEY          clients must send `Authorization: Bearer KEY` (else a 401) on every
+                         route but /health, /metrics and /openapi.json; $LOCKSTEP_API_KEY when
+                         the flag is not given (keeps the key out of the process list)
   --record-trace FILE    write every request served to FILE in lockstep's trace format, for
                          `sim replay` (traces/README.md); the file is truncated at start
 
@@ -116,6 +119,8 @@ pub struct ServeOptions {
     /// How CUDA launches a step (`--cuda-launch`).
     pub cuda_launch: LaunchOptions,
     pub record_trace: Option<PathBuf>,
+    /// The key clients must bear (`--api-key`, else `$LOCKSTEP_API_KEY`).
+    pub api_key: Option<ApiKey>,
     pub role: Option<lockstep_core::wire::Role>,
     pub worker_id: Option<u32>,
     pub peer_port: u16,
@@ -153,6 +158,7 @@ impl ServeOptions {
             device: Device::Cpu,
             cuda_launch: LaunchOptions::default(),
             record_trace: None,
+            api_key: None,
             role: None,
             worker_id: None,
             peer_port: 9000,
@@ -200,6 +206,9 @@ impl ServeOptions {
                 }
                 "--seed" => o.seed = Some(number(&value()?, flag)?),
                 "--record-trace" => o.record_trace = Some(PathBuf::from(value()?)),
+                "--api-key" => {
+                    o.api_key = Some(ApiKey::new(&value()?).map_err(|e| format!("--api-key: {e}"))?)
+                }
                 "--device" => o.device = Device::parse(&value()?)?,
                 "--cuda-launch" => o.cuda_launch = LaunchOptions::parse(&value()?)?,
                 "--executor" => match value()?.as_str() {
@@ -232,6 +241,18 @@ impl ServeOptions {
             return Err("--role and --worker-id go together".into());
         }
         Ok(o)
+    }
+
+    /// Without `--api-key`, the key in `$LOCKSTEP_API_KEY`, if set (the binary's edge: `parse`
+    /// reads its arguments alone).
+    pub fn with_key_from_env(mut self) -> Result<ServeOptions, String> {
+        if self.api_key.is_none()
+            && let Some(key) = std::env::var_os("LOCKSTEP_API_KEY")
+        {
+            let key = key.to_str().ok_or("LOCKSTEP_API_KEY: not UTF-8")?;
+            self.api_key = Some(ApiKey::new(key).map_err(|e| format!("LOCKSTEP_API_KEY: {e}"))?);
+        }
+        Ok(self)
     }
 
     /// The scheduler for a model of `context` tokens and `eos` end tokens.
@@ -561,6 +582,7 @@ pub(crate) fn app_config(
     app.reasoning_format = formats.reasoning;
     app.unix_time_at_start = unix_now.as_secs();
     app.seed = options.seed.unwrap_or(unix_now.as_nanos() as u64);
+    app.api_key = options.api_key.clone();
     app
 }
 

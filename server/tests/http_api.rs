@@ -613,3 +613,52 @@ async fn models_metrics_and_a_drain_that_finishes_open_requests_and_refuses_new_
     assert_eq!(body["usage"]["completion_tokens"], 40);
     assert_eq!(drained.await.unwrap(), Drained::Cleanly);
 }
+
+/// `--api-key`: every route but /health, /metrics and /openapi.json answers a request without
+/// the key, or with another, with OpenAI's 401 (and `WWW-Authenticate: Bearer`), before it reads
+/// the body; with the key the request is served; the document shows the scheme.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_server_serves_only_the_bearer_of_its_key() {
+    let key = "sk-lockstep-test";
+    let server = TestServer::provenance_with(sched_config(StepMode::Sync), StepCost::ZERO, |app| {
+        app.api_key = Some(lockstep_server::http::ApiKey::new(key).unwrap());
+    })
+    .await;
+    let body = completion(&[3, 4], 2).to_string();
+    for (path, method) in [
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/models", "get"),
+        ("/tokenize", "post"),
+        ("/nowhere", "get"),
+    ] {
+        for bearer in [None, Some("sk-other"), Some("sk-lockstep-tes")] {
+            let mut c = server.connect().await;
+            if let Some(bearer) = bearer {
+                c = c.with_api_key(bearer);
+            }
+            let response = match method {
+                "post" => c.post(path, &body).await.unwrap(),
+                _ => c.get(path).await.unwrap(),
+            };
+            assert_eq!(response.status.as_u16(), 401, "{path} with {bearer:?}");
+            assert_eq!(response.headers["www-authenticate"], "Bearer");
+            let error = response.json().await.unwrap();
+            assert_eq!(error["error"]["code"], "invalid_api_key", "{error}");
+        }
+    }
+    let mut c = server.connect().await.with_api_key(key);
+    let response = c.post("/v1/completions", &body).await.unwrap();
+    assert_eq!(response.status.as_u16(), 200);
+    assert_eq!(response.json().await.unwrap()["usage"]["completion_tokens"], 2);
+    for path in lockstep_server::http::OPEN_PATHS {
+        assert_eq!(server.get(path).await.0, 200, "{path} is open");
+    }
+    let (_, doc) = server.get("/openapi.json").await;
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["components"]["securitySchemes"]["apiKey"]["scheme"], "bearer");
+    assert!(doc["paths"]["/v1/completions"]["post"]["responses"]["401"].is_object());
+    assert_eq!(doc["paths"]["/health"]["get"]["security"], json!([]));
+    let (_, metrics) = server.get("/metrics").await;
+    assert_eq!(common::counter(&metrics, "lockstep:requests_rejected_unauthorized_total"), 15);
+}

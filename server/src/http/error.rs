@@ -52,6 +52,18 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route {path}"))
     }
 
+    /// A request without the server's API key (`auth`), as OpenAI answers one.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "this server needs an API key: send it as `Authorization: Bearer KEY`",
+            )
+        }
+    }
+
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message)
     }

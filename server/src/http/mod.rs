@@ -6,6 +6,7 @@
 //! (fails when the engine holds work and completes no step for `health_stall_max`), `GET
 //! /metrics` (Prometheus text), `GET /openapi.json` (what the server accepts).
 
+mod auth;
 mod chat;
 mod completions;
 mod error;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use auth::{ApiKey, OPEN_PATHS};
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -65,6 +67,8 @@ pub struct AppConfig {
     /// Where served requests are recorded (`--record-trace`); `None`: nothing is recorded and
     /// recording costs nothing.
     pub recorder: Option<Recorder>,
+    /// The key every request but to `auth::OPEN_PATHS` must bear (`--api-key`); `None`: no key.
+    pub api_key: Option<ApiKey>,
 }
 
 impl AppConfig {
@@ -81,6 +85,7 @@ impl AppConfig {
             unix_time_at_start: 0,
             seed: 0,
             recorder: None,
+            api_key: None,
         }
     }
 }
@@ -135,5 +140,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(info::not_found)
         .method_not_allowed_fallback(info::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_max))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key))
         .with_state(state)
 }

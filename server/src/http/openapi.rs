@@ -14,6 +14,7 @@
 use serde_json::{Map, Value, json};
 
 use super::AppConfig;
+use super::auth::OPEN_PATHS;
 use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
 use lockstep_core::model::SamplingSpec;
 use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
@@ -41,7 +42,7 @@ const _: () = assert!(STOP_CHARS_MAX * 4 <= STOP_BYTES_MAX && STOP_CHARS_MAX > 0
 pub fn document(config: &AppConfig) -> Value {
     let mut schemas = request_schemas(config);
     schemas.extend(response_schemas());
-    json!({
+    let mut document = json!({
         "openapi": "3.0.3",
         "info": {
             "title": "lockstep",
@@ -53,7 +54,40 @@ pub fn document(config: &AppConfig) -> Value {
         "x-model": config.model_name,
         "paths": paths(&config.model_name),
         "components": { "schemas": schemas },
-    })
+    });
+    if config.api_key.is_some() {
+        require_key(&mut document);
+    }
+    document
+}
+
+/// With `--api-key`: the bearer scheme on every operation but the open paths', each of those
+/// others answering 401 without the key.
+fn require_key(document: &mut Value) {
+    document["components"]["securitySchemes"] =
+        json!({ "apiKey": { "type": "http", "scheme": "bearer" } });
+    document["security"] = json!([{ "apiKey": [] }]);
+    let Some(paths) = document["paths"].as_object_mut() else { return };
+    for (path, operations) in paths.iter_mut() {
+        let Some(operations) = operations.as_object_mut() else { continue };
+        for operation in operations.values_mut() {
+            if OPEN_PATHS.contains(&path.as_str()) {
+                operation["security"] = json!([]);
+            } else {
+                let mut unauthorized = error_response(
+                    "no `Authorization: Bearer KEY` with the server's API key (code \
+                     `invalid_api_key`)",
+                    false,
+                );
+                unauthorized["headers"] = json!({ "WWW-Authenticate": {
+                    "description": "the scheme to authenticate with",
+                    "required": true,
+                    "schema": { "type": "string", "enum": ["Bearer"] },
+                }});
+                operation["responses"]["401"] = unauthorized;
+            }
+        }
+    }
 }
 
 fn paths(model: &str) -> Value {
