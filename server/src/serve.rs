@@ -70,6 +70,10 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
                          split-attention (a long context's attention spread over blocks)
                          NVRTC's kernels are kept in $LOCKSTEP_KERNEL_CACHE (default
                          ~/.cache/lockstep/kernels; empty: none) so a restart skips compiling them
+  --scheduling-policy fcfs|priority
+                         fcfs (the default): requests in arrival order, and a request's
+                         `priority` other than 0 refused; priority: lower `priority` admitted
+                         first (then arrival order) and preempted last, as vLLM's
   --api-key KEY          clients must send `Authorization: Bearer KEY` (else a 401) on every
                          route but /health, /metrics and /openapi.json; $LOCKSTEP_API_KEY when
                          the flag is not given (keeps the key out of the process list)
@@ -121,6 +125,8 @@ pub struct ServeOptions {
     pub record_trace: Option<PathBuf>,
     /// The key clients must bear (`--api-key`, else `$LOCKSTEP_API_KEY`).
     pub api_key: Option<ApiKey>,
+    /// `--scheduling-policy priority`: requests may set `priority`.
+    pub priority_scheduling: bool,
     pub role: Option<lockstep_core::wire::Role>,
     pub worker_id: Option<u32>,
     pub peer_port: u16,
@@ -159,6 +165,7 @@ impl ServeOptions {
             cuda_launch: LaunchOptions::default(),
             record_trace: None,
             api_key: None,
+            priority_scheduling: false,
             role: None,
             worker_id: None,
             peer_port: 9000,
@@ -206,6 +213,15 @@ impl ServeOptions {
                 }
                 "--seed" => o.seed = Some(number(&value()?, flag)?),
                 "--record-trace" => o.record_trace = Some(PathBuf::from(value()?)),
+                "--scheduling-policy" => match value()?.as_str() {
+                    "fcfs" => o.priority_scheduling = false,
+                    "priority" => o.priority_scheduling = true,
+                    other => {
+                        return Err(format!(
+                            "--scheduling-policy: {other:?} is not fcfs or priority"
+                        ));
+                    }
+                },
                 "--api-key" => {
                     o.api_key = Some(ApiKey::new(&value()?).map_err(|e| format!("--api-key: {e}"))?)
                 }
@@ -583,6 +599,7 @@ pub(crate) fn app_config(
     app.unix_time_at_start = unix_now.as_secs();
     app.seed = options.seed.unwrap_or(unix_now.as_nanos() as u64);
     app.api_key = options.api_key.clone();
+    app.priority_scheduling = options.priority_scheduling;
     app
 }
 

@@ -662,3 +662,48 @@ async fn an_api_key_server_serves_only_the_bearer_of_its_key() {
     let (_, metrics) = server.get("/metrics").await;
     assert_eq!(common::counter(&metrics, "lockstep:requests_rejected_unauthorized_total"), 15);
 }
+
+/// `--scheduling-policy priority`: requests waiting behind a running one are admitted lowest
+/// `priority` first, not in arrival order; a server in arrival order (the default) refuses a
+/// priority other than 0, and any server one past 32 bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_order_the_waiting_on_a_priority_server_and_are_refused_on_fcfs() {
+    let mut config = sched_config(StepMode::Sync);
+    config.running_max = 1;
+    let steps = StepCost { per_step: 3 * MS, ..StepCost::ZERO };
+    let server = TestServer::provenance_with(config.clone(), steps, |app| {
+        app.priority_scheduling = true;
+    })
+    .await;
+    let running = server.post_in_task("/v1/completions", completion(&[1, 2], 30));
+    tokio::time::sleep(20 * MS).await;
+    let finished = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiting = Vec::new();
+    for (i, priority) in [5, 0, -5].into_iter().enumerate() {
+        let mut body = completion(&[10 + i as u32, 3], 3);
+        body["priority"] = json!(priority);
+        let (answer, finished) = (server.post_in_task("/v1/completions", body), finished.clone());
+        waiting.push(tokio::spawn(async move {
+            let answer = answer.await.unwrap();
+            finished.lock().unwrap().push(priority);
+            answer
+        }));
+        tokio::time::sleep(2 * MS).await;
+    }
+    assert_eq!(running.await.unwrap()["usage"]["completion_tokens"], 30);
+    for answer in waiting {
+        assert_eq!(answer.await.unwrap()["usage"]["completion_tokens"], 3);
+    }
+    assert_eq!(*finished.lock().unwrap(), [-5, 0, 5], "admitted by priority, then arrival");
+
+    let fcfs = TestServer::provenance_with(config, StepCost::ZERO, |_| {}).await;
+    for (priority, status) in [(json!(0), 200), (json!(5), 400), (json!(1u64 << 40), 400)] {
+        let mut body = completion(&[1, 2], 2);
+        body["priority"] = priority.clone();
+        let (got, answer) = fcfs.post("/v1/completions", &body).await;
+        assert_eq!(got, status, "{priority}: {answer}");
+        if status == 400 {
+            assert_eq!(answer["error"]["param"], "priority", "{answer}");
+        }
+    }
+}

@@ -227,6 +227,9 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
     if request.constrained {
         body["response_format"] = json!({"type": "json_object"});
     }
+    if request.priority != 0 {
+        body["priority"] = json!(request.priority);
+    }
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {
         Ok(r) => r,
         Err(e) => return Ending::Failed { why: e },

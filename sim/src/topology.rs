@@ -208,6 +208,8 @@ fn serve_options(knobs: &Knobs) -> ServeOptions {
 fn app_config(setup: &HostSetup) -> AppConfig {
     let mut app = AppConfig::new(MODEL_NAME, setup.sched.request_tokens_max);
     app.seed = setup.seed;
+    // Requests take the priority their trace gives them (all 0: arrival order).
+    app.priority_scheduling = true;
     app
 }
 

@@ -138,6 +138,7 @@ fn thinking_trace() -> SimTrace {
                 repetition_penalty: 1.0,
                 logit_bias: Vec::new(),
                 constrained: false,
+                priority: 0,
             });
         }
     }

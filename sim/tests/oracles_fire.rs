@@ -38,6 +38,7 @@ fn trace() -> SimTrace {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         });
     }
     SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }

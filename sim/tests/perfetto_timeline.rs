@@ -28,6 +28,7 @@ fn trace() -> SimTrace {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         })
         .collect();
     SimTrace { name: "perfetto".into(), vocab_size: 32_000, requests }

@@ -75,6 +75,7 @@ fn a_kept_turn_keeps_the_turn_it_waits_on_and_is_renumbered() {
         repetition_penalty: 1.0,
         logit_bias: Vec::new(),
         constrained: false,
+        priority: 0,
     };
     let think = Duration::from_millis(5);
     let trace = SimTrace {

@@ -253,7 +253,8 @@ impl Router {
         self.by_request.len() + self.decoding.len() + self.queue.len()
     }
 
-    /// Starts queued requests, oldest first, while a decode worker has room; fails those that
+    /// Starts queued requests in queue order (lowest priority value first, then oldest) while a
+    /// decode worker has room; fails those that
     /// waited too long, and all of them when no prefill or no decode worker is up.
     fn pump(&mut self, now: Time) {
         if self.prefills.is_empty() || self.decodes.is_empty() {
@@ -283,10 +284,13 @@ impl Router {
         self.prefill_with_room(0).is_some() && self.decode_with_room(0).is_some()
     }
 
-    /// Puts a request at the end of the queue.
+    /// Puts a request into the queue after every request of its priority or a lower value, so
+    /// the queue runs by priority, then by when each was queued (a retry queues anew), as the
+    /// workers' schedulers admit. With every priority 0 that is the end of the queue.
     fn enqueue(&mut self, q: Queued) {
         self.index.enqueued(&q);
-        self.queue.push_back(q);
+        let at = self.queue.partition_point(|o| o.request.priority <= q.request.priority);
+        self.queue.insert(at, q);
     }
 
     /// Takes the request at `at` out of the queue.
@@ -649,6 +653,17 @@ impl Router {
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_counts()?;
         let mut queued = BTreeSet::new();
+        for (a, b) in self.queue.iter().zip(self.queue.iter().skip(1)) {
+            ensure_invariant!(
+                PD,
+                a.request.priority <= b.request.priority,
+                "{} (priority {}) is queued before {} (priority {})",
+                a.request.id,
+                a.request.priority,
+                b.request.id,
+                b.request.priority
+            );
+        }
         for q in &self.queue {
             let id = q.request.id;
             ensure_invariant!(

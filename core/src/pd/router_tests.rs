@@ -409,6 +409,42 @@ fn requests_beyond_the_decode_workers_room_wait_and_go_when_one_ends() {
 }
 
 #[test]
+fn requests_waiting_for_room_go_by_priority_then_in_the_order_they_came() {
+    let mut r = small_router(1);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    for (id, priority) in [(2, 5), (3, 0), (4, -5)] {
+        let mut request = spec(id);
+        request.priority = priority;
+        r.submit(request, Time::ZERO).unwrap();
+    }
+    drain(&mut r);
+    assert_eq!((r.requests_in_transfer(), r.requests_queued()), (1, 3));
+    let mut started = Vec::new();
+    let mut running = RequestId(1);
+    for at in 1..=3 {
+        let key = r.transfer_of(running).unwrap();
+        r.handle_envelope(outcome(D1, key, None), Time::from_millis(at));
+        let finish = Some(FinishReason::Length);
+        let body = Message::Tokens { key, request: running, index: 0, tokens: vec![5], finish };
+        r.handle_envelope(Envelope { from: D1, to: ME, body }, Time::from_millis(at));
+        let out = drain(&mut r);
+        let reserved: Vec<RequestId> = out
+            .iter()
+            .filter_map(|o| match o {
+                RouterOutput::Send(Envelope { body: Message::Reserve { request, .. }, .. }) => {
+                    Some(request.id)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reserved.len(), 1, "{out:?}");
+        running = reserved[0];
+        started.push(running.0);
+    }
+    assert_eq!(started, [4, 3, 2], "lowest priority value first");
+}
+
+#[test]
 fn a_request_waits_at_most_queue_wait_max_and_a_queued_abort_ends_it() {
     let mut r = small_router(1);
     for id in 1..=3 {

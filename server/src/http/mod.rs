@@ -69,6 +69,9 @@ pub struct AppConfig {
     pub recorder: Option<Recorder>,
     /// The key every request but to `auth::OPEN_PATHS` must bear (`--api-key`); `None`: no key.
     pub api_key: Option<ApiKey>,
+    /// Whether requests may set `priority` (`--scheduling-policy priority`, as vLLM's); if not,
+    /// one that sets another than 0 is refused, and every request is taken in arrival order.
+    pub priority_scheduling: bool,
 }
 
 impl AppConfig {
@@ -86,6 +89,7 @@ impl AppConfig {
             seed: 0,
             recorder: None,
             api_key: None,
+            priority_scheduling: false,
         }
     }
 }

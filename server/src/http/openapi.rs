@@ -449,6 +449,16 @@ fn common_properties(config: &AppConfig) -> Value {
         })),
         "ignore_eos": { "type": "boolean", "default": false },
         "return_token_ids": { "type": "boolean", "default": false },
+        "priority": nullable(match config.priority_scheduling {
+            true => described(
+                integer(i64::from(i32::MIN), i64::from(i32::MAX)),
+                "lower is admitted first (then earlier arrival) and preempted last",
+            ),
+            false => described(
+                json!({ "type": "integer", "enum": [0] }),
+                "this server takes requests in arrival order (--scheduling-policy fcfs)",
+            ),
+        }),
     })
 }
 

@@ -48,6 +48,9 @@ pub struct CommonRequest {
     /// vLLM's extension: return the prompt's and the output's token ids.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM's extension, on a server started with `--scheduling-policy priority`: lower is
+    /// admitted first (then earlier arrival), and preempted last.
+    pub priority: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,6 +125,9 @@ pub struct GenerationParams {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+    /// The scheduler's order: lower first (`NewRequest::priority`); 0 unless the server
+    /// schedules by priority (`respond::start` refuses another).
+    pub priority: i32,
     /// How many completions of the prompt (`n`, 1 to `CHOICES_MAX`): each its own request in
     /// the engine (`for_choice`).
     pub choices: u32,
@@ -234,6 +240,9 @@ impl CommonRequest {
                 format!("at most {STOP_TOKENS_MAX} stop token ids"),
             ));
         }
+        let priority = i32::try_from(self.priority.unwrap_or(0)).map_err(|_| {
+            ApiError::invalid_param("priority", "priority must be a 32-bit signed integer")
+        })?;
         if self.stream_options.is_some() && !self.stream {
             return Err(ApiError::invalid_param("stream_options", "stream_options needs stream"));
         }
@@ -263,6 +272,7 @@ impl CommonRequest {
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             return_token_ids: self.return_token_ids,
+            priority,
             choices,
         })
     }

@@ -76,6 +76,13 @@ async fn start(
         state.metrics.rejected_invalid.increment(1);
         e
     };
+    if params.priority != 0 && !state.config.priority_scheduling {
+        return Err(refused(ApiError::invalid_param(
+            "priority",
+            "this server takes requests in arrival order: a priority other than 0 needs \
+             --scheduling-policy priority",
+        )));
+    }
     let context = state.config.context_tokens;
     let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
     if prompt_tokens == 0 {
@@ -123,7 +130,7 @@ async fn start(
         max_tokens,
         stop_token_ids: params.stop_token_ids.clone(),
         ignore_eos: params.ignore_eos,
-        priority: 0,
+        priority: params.priority,
         cache_salt: 0,
     };
     let stream = state.engine.submit(request, spec).await.map_err(|e| submit_error(state, e))?;

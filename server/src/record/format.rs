@@ -103,6 +103,9 @@ pub struct TraceRecord {
     pub logit_bias: Vec<(u32, f32)>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// The request's `priority` (lower first); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub priority: i32,
     /// The client asked for server-sent events.
     #[serde(default)]
     pub stream: bool,
@@ -194,6 +197,10 @@ fn is_one(value: &f32) -> bool {
 
 fn is_zero(value: &f32) -> bool {
     *value == 0.0
+}
+
+fn is_zero_i32(value: &i32) -> bool {
+    *value == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

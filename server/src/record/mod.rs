@@ -225,6 +225,7 @@ impl Draft {
             stop_token_ids: params.stop_token_ids.clone(),
             logit_bias: params.spec.logit_bias.clone(),
             ignore_eos: params.ignore_eos,
+            priority: params.priority,
             stream: params.stream,
             output: Some(TraceOutput { token_ids: Vec::new(), finish_reason: TraceFinish::Abort }),
             timings: None,

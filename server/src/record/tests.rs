@@ -33,6 +33,7 @@ fn params() -> GenerationParams {
         stream: true,
         include_usage: false,
         return_token_ids: false,
+        priority: -3,
         choices: 1,
     }
 }
@@ -95,6 +96,8 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
     assert_eq!(one.timings, Some(TraceTimings { ttft_ms: Some(1.0), e2e_ms: 3.0 }));
     assert_eq!(one.request, Some(chat));
     assert_eq!(one.sampling.seed, u64::MAX, "a seed survives JSON bit for bit");
+    assert_eq!(one.priority, -3);
+    assert!(text.contains("\"priority\":-3"), "{text}");
     assert_eq!((one.sampling.temperature, one.sampling.top_p, one.sampling.top_k), (0.7, 0.9, 40));
     let output = one.output.as_ref().unwrap();
     assert_eq!(

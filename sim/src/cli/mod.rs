@@ -54,6 +54,8 @@ TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them)
   --logit-adjustments  two requests in three get presence/frequency penalties, one in four a
                     logit bias (those with none of their own), one in five a grammar
                     (response_format json_object: the provenance model's synthetic mask)
+  --priorities      one request in three gets priority -1, another 2 (those with none of their
+                    own): admitted before earlier arrivals or after, preempted by priority
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";
@@ -202,6 +204,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         if flag == "--logit-adjustments" {
             import.logit_adjustments = true;
+            import_args.push(flag.to_owned());
+            i += 1;
+            continue;
+        }
+        if flag == "--priorities" {
+            import.priorities = true;
             import_args.push(flag.to_owned());
             i += 1;
             continue;

@@ -158,6 +158,7 @@ mod tests {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         }
     }
 

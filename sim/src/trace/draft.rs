@@ -30,6 +30,8 @@ pub(crate) struct Draft {
     /// A recorded request sent with a `response_format` that holds its output (`json_object`,
     /// `json_schema`); none for the other formats.
     pub constrained: bool,
+    /// A recorded request's `priority` (lower first); 0 for the other formats.
+    pub priority: i32,
 }
 
 /// A prompt as the file gives it.
@@ -107,6 +109,7 @@ pub(crate) fn finish(
             repetition_penalty,
             logit_bias: logit_bias(&draft, index, vocab_size, options),
             constrained: draft.constrained || (options.logit_adjustments && index % 5 == 4),
+            priority: priority(&draft, index, options),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -173,6 +176,17 @@ fn penalties(draft: &Draft, index: usize, options: &ImportOptions) -> (f32, f32,
         (false, _) | (true, 0) => draft.penalties,
         (true, 1) => (2.0, 0.0, 1.0),
         (true, _) => (-0.5, 1.25, 1.5),
+    }
+}
+
+/// Request `index`'s priority: its own, or with `--priorities` and none of its own, -1 for one
+/// request in three and 2 for another (so some are admitted before earlier arrivals, some after,
+/// and preemption picks by priority first).
+fn priority(draft: &Draft, index: usize, options: &ImportOptions) -> i32 {
+    match (options.priorities && draft.priority == 0, index % 3) {
+        (false, _) | (true, 0) => draft.priority,
+        (true, 1) => -1,
+        (true, _) => 2,
     }
 }
 
@@ -261,6 +275,7 @@ mod tests {
             penalties: NO_PENALTIES,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         }
     }
 

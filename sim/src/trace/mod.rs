@@ -64,6 +64,8 @@ pub struct SimRequest {
     /// the provenance model's synthetic grammar then holds its draws to a mask that follows its
     /// output, which every worker must be handed and follow.
     pub constrained: bool,
+    /// Sent as `priority` when not 0: a recorded request's, or `--priorities`'.
+    pub priority: i32,
 }
 
 /// When a request is sent.
@@ -116,6 +118,9 @@ pub struct ImportOptions {
     /// penalties and grammars, and the bias and grammar every worker must be handed, meet the
     /// faults.
     pub logit_adjustments: bool,
+    /// Gives one request in three of a trace without priorities -1 and another 2
+    /// (`draft::priority`), so admission and preemption by priority meet the faults.
+    pub priorities: bool,
 }
 
 impl Default for ImportOptions {
@@ -128,6 +133,7 @@ impl Default for ImportOptions {
             max_requests: None,
             seed: 0,
             logit_adjustments: false,
+            priorities: false,
         }
     }
 }

@@ -29,6 +29,7 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

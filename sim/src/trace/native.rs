@@ -140,6 +140,7 @@ fn draft(
         ),
         logit_bias: record.logit_bias.clone(),
         constrained: record.request.as_ref().is_some_and(RequestInput::holds_output),
+        priority: record.priority,
     })
 }
 

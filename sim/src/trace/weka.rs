@@ -337,6 +337,7 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             penalties: super::draft::NO_PENALTIES,
             logit_bias: Vec::new(),
             constrained: false,
+            priority: 0,
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

@@ -169,6 +169,7 @@ fn record(
         logit_bias: Vec::new(),
         // The recorded output lengths are what the model produced: generate all of them.
         ignore_eos: true,
+        priority: 0,
         stream: turn.request.kind == "s",
         output: None,
         timings: Some(TraceTimings {
