@@ -381,7 +381,6 @@ async fn bad_input_gets_a_4xx_with_an_openai_error_and_nothing_breaks() {
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": {"5": 1, "05": 2}}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "logit_bias": (0..301).map(|t| (t.to_string(), json!(1))).collect::<serde_json::Map<_, _>>()}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "n": 0}).to_string(), 400),
-        ("/v1/completions", json!({"prompt": [[1, 2], [3]]}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "top_p": 0}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [1, 2], "temperature": -1}).to_string(), 400),
         ("/v1/completions", json!({"prompt": [999_999]}).to_string(), 400),
@@ -706,4 +705,60 @@ async fn priorities_order_the_waiting_on_a_priority_server_and_are_refused_on_fc
             assert_eq!(answer["error"]["param"], "priority", "{answer}");
         }
     }
+}
+
+/// A list of prompts (OpenAI's batch, as lm-eval-harness sends one): prompt `p`'s completion `i`
+/// is choice `p * n + i`, each what a request for that prompt alone gives it (seed + i); usage
+/// counts each prompt once; streamed equals whole; more completions than `PROMPTS_MAX`, or a
+/// list mixing text and ids, is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_prompts_is_answered_as_choices_each_its_prompt_s_alone() {
+    let server = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let prompts = [vec![3u32, 4, 5], vec![9, 8], vec![20, 21, 22, 23]];
+    let request = |prompt: Value| {
+        json!({"model": "test-model", "prompt": prompt, "max_tokens": 5, "n": 2,
+            "temperature": 0.8, "seed": 11, "return_token_ids": true})
+    };
+    let (status, batch) = server.post("/v1/completions", &request(json!(prompts))).await;
+    assert_eq!(status, 200, "{batch}");
+    let choices = batch["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 6, "{batch}");
+    for (p, prompt) in prompts.iter().enumerate() {
+        let (_, alone) = server.post("/v1/completions", &request(json!(prompt))).await;
+        assert_eq!(alone["prompt_token_ids"], json!(prompt));
+        for i in 0..2 {
+            let (choice, alone) = (&choices[p * 2 + i], &alone["choices"][i]);
+            assert_eq!(choice["index"], p * 2 + i);
+            assert_eq!(
+                (&choice["text"], &choice["token_ids"]),
+                (&alone["text"], &alone["token_ids"])
+            );
+            assert_eq!(choice["prompt_token_ids"], json!(prompt));
+        }
+    }
+    assert_eq!(batch["usage"]["prompt_tokens"], 9, "each prompt once");
+    assert_eq!(batch["usage"]["completion_tokens"], 30);
+    assert!(batch.get("prompt_token_ids").is_none(), "each choice names its own");
+
+    let mut streamed = request(json!(prompts));
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = server.stream("/v1/completions", &streamed).await;
+    let mut texts = vec![String::new(); 6];
+    for event in &events {
+        for choice in event["choices"].as_array().unwrap() {
+            texts[choice["index"].as_u64().unwrap() as usize] += choice["text"].as_str().unwrap();
+        }
+    }
+    for (text, choice) in texts.iter().zip(choices) {
+        assert_eq!(text, choice["text"].as_str().unwrap());
+    }
+    assert_eq!(events.last().unwrap()["usage"]["prompt_tokens"], 9);
+
+    let texts: Vec<String> = (0..33).map(|i| format!("t{i}")).collect();
+    for bad in [json!(texts), json!(["t1", [1, 2]]), json!([[1, 2], "t1"])] {
+        let (status, error) = server.post("/v1/completions", &request(bad.clone())).await;
+        assert_eq!((status, &error["error"]["param"]), (400, &json!("prompt")), "{bad}: {error}");
+    }
+    server.quiescent().await;
 }

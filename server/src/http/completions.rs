@@ -15,7 +15,9 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::generation::{Finish, Generation, Next, Piece};
-use super::protocol::{CompletionRequest, GenerationParams, Prompt, completion_prompt};
+use super::protocol::{
+    CompletionRequest, GenerationParams, PROMPTS_MAX, Prompt, completion_prompts,
+};
 use super::respond::{
     ChoiceEvents, CompletionTokens, merge_choices, parse_body, sse_events, start_choices, usage,
 };
@@ -30,10 +32,10 @@ pub(super) async fn handle(
 ) -> Response {
     let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
     match prepare(&state, body, arrival).await {
-        Ok((generations, params, prompt)) => {
+        Ok((generations, params, prompts)) => {
             let id = format!("cmpl-{}", generations[0].request_id().0);
             let span = tracing::info_span!("request", id = %id);
-            respond(state, generations, params, prompt, id).instrument(span).await
+            respond(state, generations, params, prompts, id).instrument(span).await
         }
         Err(e) => e.into_response(),
     }
@@ -43,7 +45,7 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Vec<Generation>, GenerationParams, Vec<u32>), ApiError> {
+) -> Result<(Vec<Generation>, GenerationParams, Vec<Vec<u32>>), ApiError> {
     let request: CompletionRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
@@ -67,35 +69,66 @@ async fn prepare(
         .validate(&state.config.model_name, request.logprobs, state.next_seed())
         .map_err(invalid)?;
     params.spec.grammar = grammar.map(|held| held.grammar);
-    let prompt = match completion_prompt(&request.prompt).map_err(invalid)? {
-        Prompt::Ids(ids) => ids,
-        Prompt::Text(text) => {
-            state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?
-        }
-    };
-    let draft = arrival.map(|a| {
-        let CompletionRequest { prompt, response_format, .. } = request;
-        a.with_input(RequestInput::Completions { prompt, response_format })
-    });
-    let generations = start_choices(state, prompt.clone(), &params, draft).await?;
-    Ok((generations, params, prompt))
+    let prompts = completion_prompts(&request.prompt).map_err(invalid)?;
+    let completions = prompts.len() * params.choices as usize;
+    if prompts.len() > 1 && completions > PROMPTS_MAX {
+        return Err(invalid(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "{} prompts × n = {completions} completions; at most {PROMPTS_MAX} a request",
+                prompts.len()
+            ),
+        )));
+    }
+    // Every prompt encoded before any starts.
+    let whole_prompt = (prompts.len() == 1).then(|| request.prompt.clone());
+    let mut encoded = Vec::with_capacity(prompts.len());
+    for (prompt, sent) in prompts {
+        let ids = match prompt {
+            Prompt::Ids(ids) => ids,
+            Prompt::Text(text) => {
+                state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?
+            }
+        };
+        encoded.push((ids, whole_prompt.clone().unwrap_or(sent)));
+    }
+    let mut generations = Vec::with_capacity(completions);
+    let mut prompt_ids = Vec::with_capacity(encoded.len());
+    for (i, (ids, sent)) in encoded.into_iter().enumerate() {
+        // Each prompt is recorded as a request of its own (as sent; a lone prompt exactly as
+        // the body had it), the first in the client's session and the others beside it.
+        let draft = arrival.as_ref().map(|a| {
+            let arrival = if i == 0 { a.clone() } else { a.beside() };
+            let response_format = request.response_format.clone();
+            arrival.with_input(RequestInput::Completions { prompt: sent, response_format })
+        });
+        // A later prompt refused (empty, or past the context) drops the generations started,
+        // which aborts them: all or none, as for `n`.
+        generations.extend(start_choices(state, ids.clone(), &params, draft).await?);
+        prompt_ids.push(ids);
+    }
+    Ok((generations, params, prompt_ids))
 }
 
-/// One `Output` a choice, each reading its own request.
+/// One `Output` a choice, each reading its own request: choice `p * n + i` is prompt `p`'s
+/// completion `i`, as OpenAI numbers them.
 async fn respond(
     state: Arc<AppState>,
     generations: Vec<Generation>,
     params: GenerationParams,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     id: String,
 ) -> Response {
+    let n = params.choices as usize;
+    let several = prompts.len() > 1;
     let outs: Vec<Output> = generations
         .into_iter()
         .enumerate()
         .map(|(index, generation)| Output {
             state: state.clone(),
             params: params.clone(),
-            prompt: prompt.clone(),
+            prompt: prompts[index / n].clone(),
+            several_prompts: several,
             id: id.clone(),
             index,
             generation,
@@ -109,9 +142,13 @@ async fn respond(
 struct Output {
     state: Arc<AppState>,
     params: GenerationParams,
+    /// This choice's prompt.
     prompt: Vec<u32>,
+    /// The request listed several prompts: each choice names its prompt's ids
+    /// (`return_token_ids`), not the response.
+    several_prompts: bool,
     id: String,
-    /// The choice's index among the request's `n`.
+    /// The choice's index among the request's prompts × `n`.
     index: usize,
     generation: Generation,
     /// Bytes of text out so far, for log-probability offsets.
@@ -144,8 +181,17 @@ impl Output {
         });
         if self.params.return_token_ids {
             choice["token_ids"] = Value::from(tokens.to_vec());
+            if self.several_prompts {
+                choice["prompt_token_ids"] = Value::from(self.prompt.clone());
+            }
         }
         choice
+    }
+
+    /// Prompt tokens the request's usage counts for this choice: its prompt's, once a prompt.
+    fn prompt_tokens(&self) -> u32 {
+        let first_of_its_prompt = self.index.is_multiple_of(self.params.choices as usize);
+        if first_of_its_prompt { self.generation.prompt_tokens } else { 0 }
     }
 
     fn envelope(&self, choices: Vec<Value>) -> Value {
@@ -156,7 +202,7 @@ impl Output {
             "model": self.state.config.model_name,
             "choices": choices,
         });
-        if self.params.return_token_ids {
+        if self.params.return_token_ids && !self.several_prompts {
             body["prompt_token_ids"] = Value::from(self.prompt.clone());
         }
         body
@@ -178,17 +224,17 @@ async fn whole(mut outs: Vec<Output>) -> Response {
         choices.push(out.choice(&text, &tokens, &lps, Some(finish)));
     }
     let completion_tokens = CompletionTokens::sum(outs.iter().map(Output::tokens));
+    let prompt_tokens = outs.iter().map(Output::prompt_tokens).sum();
     let mut body = outs[0].envelope(choices);
-    body["usage"] = usage(outs[0].generation.prompt_tokens, completion_tokens);
+    body["usage"] = usage(prompt_tokens, completion_tokens);
     Json(body).into_response()
 }
 
 /// The choices' chunks interleaved as they come (`merge_choices`), each chunk one choice's.
 fn stream(outs: Vec<Output>) -> Response {
-    let usage_chunk = outs[0]
-        .params
-        .include_usage
-        .then(|| (outs[0].envelope(vec![]), outs[0].generation.prompt_tokens));
+    let prompt_tokens = outs.iter().map(Output::prompt_tokens).sum();
+    let usage_chunk =
+        outs[0].params.include_usage.then(|| (outs[0].envelope(vec![]), prompt_tokens));
     let choices = outs.into_iter().map(|out| futures_util::stream::unfold(out, step).boxed());
     sse_events(merge_choices(choices.collect(), usage_chunk))
 }

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::AppConfig;
 use super::auth::OPEN_PATHS;
-use super::protocol::{CHOICES_MAX, STOP_BYTES_MAX, STOPS_MAX};
+use super::protocol::{CHOICES_MAX, PROMPTS_MAX, STOP_BYTES_MAX, STOPS_MAX};
 use lockstep_core::model::SamplingSpec;
 use lockstep_core::wire::{LOGIT_BIAS_MAX, STOP_TOKENS_MAX};
 
@@ -475,10 +475,14 @@ fn completion_properties(config: &AppConfig) -> Value {
             "oneOf": [
                 text,
                 ids,
-                { "type": "array", "minItems": 1, "maxItems": 1, "items": text },
-                { "type": "array", "minItems": 1, "maxItems": 1, "items": ids },
+                { "type": "array", "minItems": 1, "maxItems": PROMPTS_MAX, "items": text },
+                { "type": "array", "minItems": 1, "maxItems": PROMPTS_MAX, "items": ids },
             ],
-            "description": "text, token ids, or a list of one of either (one prompt per request)",
+            "description": format!(
+                "text, token ids, or a list of either kind: each prompt its `n` completions, \
+                 choice `p * n + i` being prompt `p`'s `i`-th; with several prompts, {PROMPTS_MAX} \
+                 completions at most"
+            ),
         },
         "logprobs": nullable(integer(0, i64::from(SamplingSpec::TOP_LOGPROBS_MAX))),
         "echo": { "type": "boolean", "enum": [false], "description": "not supported" },
@@ -765,17 +769,21 @@ fn completion_response(chunk: bool) -> Value {
     let choice = closed(
         &["index", "text", "logprobs", "finish_reason"],
         json!({
-            "index": { "type": "integer", "minimum": 0, "maximum": CHOICES_MAX - 1 },
+            "index": { "type": "integer", "minimum": 0, "maximum": PROMPTS_MAX - 1 },
             "text": { "type": "string" },
             "logprobs": nullable(reference_object("CompletionLogprobs")),
             "finish_reason": if chunk { nullable(finish) } else { finish },
             "token_ids": token_ids(),
+            "prompt_token_ids": described(
+                token_ids(),
+                "with return_token_ids and several prompts: this choice's prompt",
+            ),
         }),
     );
     let choices = if chunk {
         json!({ "type": "array", "maxItems": 1, "items": choice })
     } else {
-        json!({ "type": "array", "minItems": 1, "maxItems": CHOICES_MAX, "items": choice })
+        json!({ "type": "array", "minItems": 1, "maxItems": PROMPTS_MAX, "items": choice })
     };
     let required: &[&str] = if chunk {
         &["id", "object", "created", "model", "choices"]

@@ -300,41 +300,65 @@ fn logit_bias(map: &serde_json::Map<String, Value>) -> Result<Vec<(u32, f32)>, A
     Ok(biases)
 }
 
-/// A completion prompt: text, or token ids. A list of one is taken as its one element; more
-/// than one prompt per request is refused (one prompt a request; `n` asks for more completions
-/// of it).
+/// One completion prompt: text, or token ids.
 pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
 }
 
-pub fn completion_prompt(value: &Value) -> Result<Prompt, ApiError> {
+/// Prompts one completion request may list (OpenAI's list of prompts, as lm-eval-harness sends
+/// a batch), and completions (prompts × `n`) a request with several may ask for: each is a
+/// place in the engine's queue.
+pub const PROMPTS_MAX: usize = 64;
+
+/// `/v1/completions`' `prompt`: text, token ids, or a list of either kind (all text or all id
+/// lists), each with its JSON as sent (what a trace records of it). An empty list is one empty
+/// prompt, which `respond::start` refuses as such.
+pub fn completion_prompts(value: &Value) -> Result<Vec<(Prompt, Value)>, ApiError> {
     let bad = || {
         ApiError::invalid_param(
             "prompt",
-            "prompt must be a string, a list of token ids, or a list of one of either",
+            "prompt must be a string, a list of token ids, or a list of strings or of token-id \
+             lists",
         )
     };
-    match value {
-        Value::String(s) => Ok(Prompt::Text(s.clone())),
-        // A list of one prompt: a string, or a list of ids; no deeper.
-        Value::Array(items) if items.len() == 1 && items[0].is_string() => {
-            Ok(Prompt::Text(items[0].as_str().unwrap_or_default().to_owned()))
+    let ids = |items: &[Value]| {
+        if items.len() > PROMPT_IDS_MAX {
+            return Err(ApiError::invalid_param("prompt", "too many prompt token ids"));
         }
-        Value::Array(items) if items.len() == 1 && items[0].is_array() => match &items[0] {
-            Value::Array(ids) if ids.iter().all(Value::is_number) => completion_prompt(&items[0]),
-            _ => Err(bad()),
-        },
-        Value::Array(items) if items.len() > PROMPT_IDS_MAX => {
-            Err(ApiError::invalid_param("prompt", "too many prompt token ids"))
-        }
-        Value::Array(items) => items
+        items
             .iter()
             .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(bad))
             .collect::<Result<Vec<u32>, ApiError>>()
-            .map(Prompt::Ids),
-        _ => Err(bad()),
+    };
+    let items = match value {
+        Value::String(s) => return Ok(vec![(Prompt::Text(s.clone()), value.clone())]),
+        Value::Array(items) => items,
+        _ => return Err(bad()),
+    };
+    if items.iter().all(Value::is_number) {
+        return Ok(vec![(Prompt::Ids(ids(items)?), value.clone())]);
     }
+    if items.len() > PROMPTS_MAX {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("at most {PROMPTS_MAX} prompts a request"),
+        ));
+    }
+    if items.iter().all(Value::is_string) {
+        let texts =
+            items.iter().map(|v| (Prompt::Text(v.as_str().unwrap_or_default().into()), v.clone()));
+        return Ok(texts.collect());
+    }
+    items
+        .iter()
+        .map(|v| match v {
+            Value::Array(list) if list.iter().all(Value::is_number) => {
+                Ok((Prompt::Ids(ids(list)?), v.clone()))
+            }
+            _ => Err(bad()),
+        })
+        .collect()
 }
 
 /// Checks the shape of chat messages (roles, content as text or text parts, tool calls) so the

@@ -171,6 +171,12 @@ pub struct Arrival {
 }
 
 impl Arrival {
+    /// A request that arrived with this one but is recorded in no session: another prompt of
+    /// the same completion request, which a replay sends beside it, not as a later turn.
+    pub fn beside(&self) -> Arrival {
+        Arrival { session: None, ..self.clone() }
+    }
+
     /// With the input as the client sent it.
     pub fn with_input(self, input: RequestInput) -> Draft {
         Draft { arrival: self, input }
