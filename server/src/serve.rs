@@ -262,11 +262,8 @@ impl ServeOptions {
     /// Without `--api-key`, the key in `$LOCKSTEP_API_KEY`, if set (the binary's edge: `parse`
     /// reads its arguments alone).
     pub fn with_key_from_env(mut self) -> Result<ServeOptions, String> {
-        if self.api_key.is_none()
-            && let Some(key) = std::env::var_os("LOCKSTEP_API_KEY")
-        {
-            let key = key.to_str().ok_or("LOCKSTEP_API_KEY: not UTF-8")?;
-            self.api_key = Some(ApiKey::new(key).map_err(|e| format!("LOCKSTEP_API_KEY: {e}"))?);
+        if self.api_key.is_none() {
+            self.api_key = ApiKey::from_env()?;
         }
         Ok(self)
     }

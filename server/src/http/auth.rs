@@ -14,6 +14,9 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::error::ApiError;
 
+/// Where `serve` and `bench-serve` read the key when not given `--api-key`.
+pub const API_KEY_VARIABLE: &str = "LOCKSTEP_API_KEY";
+
 /// Paths served without the key.
 pub const OPEN_PATHS: [&str; 3] = ["/health", "/metrics", "/openapi.json"];
 
@@ -29,6 +32,14 @@ impl ApiKey {
             return Err("the API key must be visible ASCII characters, at least one".into());
         }
         Ok(ApiKey(key.to_owned()))
+    }
+
+    /// The key in `$LOCKSTEP_API_KEY`, if set: what `serve` and `bench-serve` take when not
+    /// given `--api-key` (a flag shows in the process list, the environment does not).
+    pub fn from_env() -> Result<Option<ApiKey>, String> {
+        let Some(key) = std::env::var_os(API_KEY_VARIABLE) else { return Ok(None) };
+        let key = key.to_str().ok_or(format!("{API_KEY_VARIABLE}: not UTF-8"))?;
+        ApiKey::new(key).map(Some).map_err(|e| format!("{API_KEY_VARIABLE}: {e}"))
     }
 
     /// The key itself, for a client to send.
