@@ -103,18 +103,27 @@ pub fn kernel_functions(
     prebuilt: Option<&Path>,
 ) -> Result<Vec<CudaFunction>, String> {
     let device = probe::probe_device(ordinal).map_err(|e| e.to_string())?;
+    launch::load_functions(context, kernel_images(&device, prebuilt, None)?, source)
+}
+
+/// Where `device`'s kernels come from: the cubins for its architecture in `prebuilt`, or NVRTC
+/// (through `cache` where there is one).
+fn kernel_images<'a>(
+    device: &DeviceInfo,
+    prebuilt: Option<&'a Path>,
+    cache: Option<&'a KernelCache>,
+) -> Result<KernelImages<'a>, String> {
     let (major, minor) = device.compute_capability;
-    let images = match prebuilt {
+    Ok(match prebuilt {
         None => KernelImages::Nvrtc {
             target: nvrtc::choose_target((major, minor), &nvrtc::supported_archs()?)?,
-            cache: None,
+            cache,
         },
         Some(dir) => {
             let sm = u32::try_from(major * 10 + minor).map_err(|_| "a negative capability")?;
             KernelImages::Prebuilt { dir, sm }
         }
-    };
-    launch::load_functions(context, images, source)
+    })
 }
 
 /// Executes plans on a CUDA device over paged KV.
@@ -194,20 +203,7 @@ impl CudaExecutor {
             context.disable_event_tracking()
         };
         let stream = context.new_stream().map_err(driver("stream"))?;
-        let images = match prebuilt {
-            None => KernelImages::Nvrtc {
-                target: nvrtc::choose_target(
-                    device.compute_capability,
-                    &nvrtc::supported_archs()?,
-                )?,
-                cache: options.kernel_cache.as_ref(),
-            },
-            Some(dir) => {
-                let (major, minor) = device.compute_capability;
-                let sm = u32::try_from(major * 10 + minor).map_err(|_| "a negative capability")?;
-                KernelImages::Prebuilt { dir, sm }
-            }
-        };
+        let images = kernel_images(&device, prebuilt, options.kernel_cache.as_ref())?;
         let (kernels, kernel_origins) = Kernels::load(&context, images)?;
         let device_weights = weights::upload(&weights, &stream, options.launch.block_weights)?;
         let page_tokens = pool.page_tokens as usize;
