@@ -246,7 +246,7 @@ fn busy_prefill() -> (PrefillSide, PagePool, Time) {
         }
         let mut sources: Vec<PageRef> = Vec::new();
         pool.allocate_many(TRANSFER_PAGES, &mut sources).unwrap();
-        side.handle_computed(key(id), 1, &sources, &mut pool, now);
+        side.handle_computed(key(id), 1, None, &sources, &mut pool, now);
         for page in sources {
             pool.release(page).unwrap();
         }

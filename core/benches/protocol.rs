@@ -47,6 +47,7 @@ fn spec(id: u64) -> RequestSpec {
         },
         logit_bias: vec![(7, -100.0)],
         grammar: None,
+        logprobs: None,
     }
 }
 
@@ -179,6 +180,7 @@ fn run_transfers() -> Duration {
                 prefill.handle_computed(
                     key,
                     1,
+                    None,
                     &sources[key.transfer.0 as usize],
                     &mut prefill_pool,
                     now,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::Time;
 use crate::kv::PoolConfig;
-use crate::model::{Executor, Grammar, ProvenanceModel, SamplingSpec};
+use crate::model::{Executor, Grammar, ProvenanceModel, SamplingSpec, TokenLogprobs};
 use crate::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler,
     StepMode, StepOutputs,
@@ -57,6 +57,11 @@ pub struct Harness {
     /// Executed steps whose outputs are not applied yet, oldest first.
     pub pending: VecDeque<StepOutputs>,
     pub tokens: BTreeMap<RequestId, Vec<u32>>,
+    /// Each token's log-probabilities, for the requests that asked (`logprobs`).
+    pub logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
+    /// The step being applied's log-probabilities until its `Token` events take them: a row
+    /// whose token is discarded (its request ended in an earlier step) reports none.
+    step_logprobs: BTreeMap<RequestId, TokenLogprobs>,
     pub finished: BTreeMap<RequestId, FinishReason>,
     pub preemptions: u32,
     pub steps: u64,
@@ -72,6 +77,8 @@ impl Harness {
             now: Time::ZERO,
             pending: VecDeque::new(),
             tokens: BTreeMap::new(),
+            logprobs: BTreeMap::new(),
+            step_logprobs: BTreeMap::new(),
             finished: BTreeMap::new(),
             preemptions: 0,
             steps: 0,
@@ -82,9 +89,15 @@ impl Harness {
         let (id, spec) = (req.id, SamplingSpec::for_prompt(sampling(req.id), &req.prompt));
         let result = self.sched.submit(req, self.now);
         if result.is_ok() {
-            let spec = SamplingSpec { logit_bias: logit_bias(id), grammar: grammar(id), ..spec };
+            let spec = SamplingSpec {
+                logit_bias: logit_bias(id),
+                grammar: grammar(id),
+                logprobs: logprobs(id),
+                ..spec
+            };
             self.model.start_request(id, spec);
             self.tokens.insert(id, Vec::new());
+            self.logprobs.insert(id, Vec::new());
             self.finished.remove(&id);
         }
         self.after_input();
@@ -126,8 +139,16 @@ impl Harness {
 
     pub fn apply_oldest(&mut self) -> bool {
         let Some(outputs) = self.pending.pop_front() else { return false };
+        if let Some(requests) = self.sched.step_sampling(outputs.step) {
+            for (request, l) in requests.zip(&outputs.logprobs) {
+                if let Some(l) = l {
+                    self.step_logprobs.insert(request, l.clone());
+                }
+            }
+        }
         self.sched.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
+        self.step_logprobs.clear();
         true
     }
 
@@ -176,6 +197,9 @@ impl Harness {
                         .get_mut(&request)
                         .expect("tokens only for submitted requests")
                         .push(token);
+                    if let Some(l) = self.step_logprobs.remove(&request) {
+                        self.logprobs.get_mut(&request).expect("submitted").push(l);
+                    }
                 }
                 SchedEvent::Finished { request, reason, output_tokens } => {
                     // Every step naming it has executed: the harness executes at planning.
@@ -197,7 +221,6 @@ impl Harness {
     }
 }
 
-/// A request's output when it runs alone in a fresh harness with the same config: the oracle.
 /// How the harnesses sample request `id`: greedy, and by `id`'s remainder by 3 with no penalty,
 /// a presence penalty, or all three penalties, so that the output-so-far every executor keeps for
 /// penalties (and the prompt's tokens the repetition penalty reads) is checked against the
@@ -227,20 +250,43 @@ pub fn grammar(id: RequestId) -> Option<Grammar> {
     (id.0 % 5 == 4).then_some(Grammar::JsonObject)
 }
 
+/// Request `id`'s log-probabilities in the harnesses: on three requests in seven, none, a few or
+/// the most alternatives a request may ask for (which changes no draw).
+pub fn logprobs(id: RequestId) -> Option<u8> {
+    match id.0 % 7 {
+        1 => Some(0),
+        3 => Some(2),
+        5 => Some(SamplingSpec::TOP_LOGPROBS_MAX),
+        _ => None,
+    }
+}
+
 /// Request `id` as it travels between workers, sampled as the harnesses sample it (`sampling`,
-/// `logit_bias`, `grammar`): `run_alone` of the same id and prompt is its reference.
+/// `logit_bias`, `grammar`, `logprobs`): `run_alone` of the same id and prompt is its reference.
 pub fn request_spec(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> RequestSpec {
     RequestSpec {
         sampling: sampling(id),
         logit_bias: logit_bias(id),
         grammar: grammar(id).map(Box::new),
+        logprobs: logprobs(id),
         ..RequestSpec::new(id, prompt, max_tokens)
     }
 }
 
+/// A request's output when it runs alone in a fresh harness with the same config: the oracle.
 pub fn run_alone(config: &SchedConfig, req: &NewRequest) -> Vec<u32> {
+    run_alone_with_logprobs(config, req).0
+}
+
+/// `run_alone`, and the log-probabilities of each token if the request asks for them (else
+/// none).
+pub fn run_alone_with_logprobs(
+    config: &SchedConfig,
+    req: &NewRequest,
+) -> (Vec<u32>, Vec<TokenLogprobs>) {
     let mut alone = Harness::new(SchedConfig { prefix_cache: false, ..config.clone() });
     alone.submit(req.clone()).expect("the request is admissible alone");
     alone.run_until_idle(10_000);
-    alone.tokens.remove(&req.id).unwrap_or_default()
+    let tokens = alone.tokens.remove(&req.id).unwrap_or_default();
+    (tokens, alone.logprobs.remove(&req.id).unwrap_or_default())
 }

@@ -323,7 +323,7 @@ impl Pair {
         let pages = request.prompt.len().div_ceil(PAGE_TOKENS as usize) as u32;
         let mut sources = Vec::new();
         self.prefill_pool.allocate_many(pages, &mut sources).unwrap();
-        self.prefill.handle_computed(key, 42, &sources, &mut self.prefill_pool, self.now);
+        self.prefill.handle_computed(key, 42, None, &sources, &mut self.prefill_pool, self.now);
         // The prefill scheduler finishes the request at once: only the transfer's pins hold them.
         for page in sources {
             self.prefill_pool.release(page).unwrap();
@@ -591,6 +591,7 @@ fn the_oracle_catches_decoding_from_unwritten_pages() {
         cached_pages: 0,
         computed_tokens: 10,
         first_token: 1,
+        first_logprobs: None,
     });
 }
 

@@ -92,6 +92,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     key: key(transfer, epoch),
                     first_token: 1,
                     pages_written: u32::from(pages_written % 8),
+                    first_logprobs: None,
                 },
             ),
             Op::Abort { sender, transfer, epoch } => (

@@ -110,7 +110,7 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Computed { transfer, sources: n } => {
                 let n = usize::from(n) % (sources.len() + 1);
-                side.handle_computed(key(transfer), 7, &sources[..n], &mut pool, now);
+                side.handle_computed(key(transfer), 7, None, &sources[..n], &mut pool, now);
             }
             Op::ComputeFailed { transfer } => {
                 side.handle_compute_failed(key(transfer), &mut pool, now)

@@ -127,6 +127,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     request,
                     index: u32::from(index % 8),
                     tokens: (0..u32::from(count % 5)).collect(),
+                    logprobs: Vec::new(),
                     finish: finish.then_some(FinishReason::Length),
                 };
                 router.handle_envelope(

@@ -343,14 +343,47 @@ async fn a_killed_decode_worker_ends_every_request_and_the_prefill_side_lets_go(
     assert_eq!(status, 503, "no decode worker: the router says so");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn log_probabilities_through_a_router_are_refused_not_dropped() {
-    let c = cluster(StepMode::Sync).await;
-    let body =
-        json!({ "model": "test-model", "prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 2 });
-    let (status, answer) = c.router.post("/v1/completions", &body).await;
-    assert_eq!(status, 400, "{answer}");
-    assert_eq!(answer["error"]["param"], "logprobs");
+/// Log-probabilities through a router are one process's, bit for bit: the first token's from
+/// the prefill worker (which samples it), the rest from the decode worker, each with its top
+/// alternatives, whole and streamed, greedy and sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn log_probabilities_through_a_router_equal_one_process() {
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let single = TestServer::provenance(mode, StepCost::ZERO).await;
+        let c = cluster(mode).await;
+        for i in 0..6 {
+            let mut body = completion(&prompt(200 + i, 5 + i * 3, 0), 1 + i * 3);
+            body["logprobs"] = json!(i % 4);
+            if i % 2 == 1 {
+                body["temperature"] = json!(0.9);
+                body["seed"] = json!(i);
+            }
+            let (s1, alone) = single.post("/v1/completions", &body).await;
+            let (s2, through) = c.router.post("/v1/completions", &body).await;
+            assert_eq!((s1, s2), (200, 200), "{alone} {through}");
+            let logprobs = &alone["choices"][0]["logprobs"];
+            let tokens = logprobs["token_logprobs"].as_array().unwrap().len();
+            assert_eq!(tokens as u32, 1 + i * 3, "one per token alone: {alone}");
+            assert_eq!(through["choices"][0]["logprobs"], *logprobs, "{mode:?} request {i}");
+            assert_eq!(text(&through), text(&alone));
+        }
+        // Streamed: the chunks carry the same values, the first chunk's from the prefill worker.
+        let chat = json!({
+            "model": "test-model", "messages": [{"role": "user", "content": "t5 t9 t14"}],
+            "max_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 3, "stream": true,
+        });
+        let content = |events: &[Value]| -> Vec<Value> {
+            events
+                .iter()
+                .filter_map(|e| e["choices"].get(0)?["logprobs"]["content"].as_array().cloned())
+                .flatten()
+                .collect()
+        };
+        let alone = content(&single.stream("/v1/chat/completions", &chat).await);
+        let through = content(&c.router.stream("/v1/chat/completions", &chat).await);
+        assert_eq!(alone.len(), 5, "{alone:?}");
+        assert_eq!(through, alone, "{mode:?}: streamed chat log-probabilities");
+    }
 }
 
 /// A link whose byte budget holds a few pages at a time: writes wait for room (the data plane's

@@ -55,6 +55,9 @@ pub struct Observed {
     pub first_token_at: Option<Duration>,
     pub ended_at: Option<Duration>,
     pub tokens: Vec<u32>,
+    /// Each token's log-probabilities as the stream gave them (one JSON object a token: its
+    /// text, logprob, top alternatives and text offset), when the request asked for them.
+    pub logprobs: Vec<String>,
     pub ending: Option<Ending>,
 }
 
@@ -230,6 +233,9 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
     if request.priority != 0 {
         body["priority"] = json!(request.priority);
     }
+    if let Some(top) = request.logprobs {
+        body["logprobs"] = json!(top);
+    }
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {
         Ok(r) => r,
         Err(e) => return Ending::Failed { why: e },
@@ -276,13 +282,15 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
                     Ok(t) => t,
                     Err(e) => return Ending::Failed { why: e },
                 };
-                if !tokens.is_empty() {
+                let logprobs = token_logprobs(&choice["logprobs"]);
+                if !tokens.is_empty() || !logprobs.is_empty() {
                     let mut all = seen.lock().expect("one task at a time");
                     if all[index].first_token_at.is_none() {
                         all[index].first_token_at = turmoil::sim_elapsed();
                         log.log(Event::FirstToken { request: index });
                     }
                     all[index].tokens.extend(tokens);
+                    all[index].logprobs.extend(logprobs);
                 }
                 if let Some(reason) = choice["finish_reason"].as_str() {
                     finish_reason = Some(reason.to_owned());
@@ -290,6 +298,24 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
             }
         }
     }
+}
+
+/// A completion chunk's log-probabilities (`{"tokens", "token_logprobs", "top_logprobs",
+/// "text_offset"}`, one entry each per token), one JSON object a token; none when absent.
+fn token_logprobs(logprobs: &Value) -> Vec<String> {
+    let Some(values) = logprobs["token_logprobs"].as_array() else { return Vec::new() };
+    (0..values.len())
+        .map(|i| {
+            let field = |name: &str| logprobs[name].get(i).cloned().unwrap_or(Value::Null);
+            json!({
+                "token": field("tokens"),
+                "logprob": field("token_logprobs"),
+                "top": field("top_logprobs"),
+                "offset": field("text_offset"),
+            })
+            .to_string()
+        })
+        .collect()
 }
 
 /// The synthetic codec writes token `n` as ` t<n>`.

@@ -186,6 +186,13 @@ impl<R: PageRunner> SlowRunner<R> {
                     *token = token.wrapping_add(1) % 1000;
                 }
             }
+            Some(Sabotage::SkewLogprob { after }) if sabotage::now() >= after => {
+                if let Ok(outputs) = &mut result.1
+                    && let Some(Some(first)) = outputs.logprobs.first_mut()
+                {
+                    first.logprob = f32::from_bits(first.logprob.to_bits() ^ 1);
+                }
+            }
             Some(Sabotage::Panic { after }) if sabotage::now() >= after => {
                 panic!("planted: a step panicked the engine (sabotage)");
             }

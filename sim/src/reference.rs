@@ -12,10 +12,12 @@ use crate::knobs::{Knobs, Topology};
 use crate::run::{RunConfig, context_needed, run};
 use crate::trace::{SimRequest, SimTrace, Start};
 
-/// Each request's tokens when it ran alone, by index.
+/// Each request's tokens when it ran alone, by index, and their log-probabilities as the client
+/// saw them (`Observed::logprobs`; none for a request that did not ask).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reference {
     pub outputs: Vec<Vec<u32>>,
+    pub logprobs: Vec<Vec<String>>,
 }
 
 impl Reference {
@@ -24,7 +26,7 @@ impl Reference {
         let context = context_needed(trace);
         let indices: Vec<usize> = (0..trace.requests.len()).collect();
         let chunk = indices.len().div_ceil(jobs.max(1)).max(1);
-        let results: Vec<Result<Vec<u32>, String>> = std::thread::scope(|scope| {
+        let results: Vec<Result<Alone, String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = indices
                 .chunks(chunk)
                 .map(|part| {
@@ -40,17 +42,17 @@ impl Reference {
                 })
                 .collect()
         });
-        Ok(Reference { outputs: results.into_iter().collect::<Result<_, _>>()? })
+        let (outputs, logprobs) =
+            results.into_iter().collect::<Result<Vec<Alone>, _>>()?.into_iter().unzip();
+        Ok(Reference { outputs, logprobs })
     }
 }
 
+/// A request's tokens alone, and their log-probabilities.
+type Alone = (Vec<u32>, Vec<String>);
+
 /// Request `index` alone on a fresh single server.
-fn alone(
-    trace: &SimTrace,
-    index: usize,
-    context: u32,
-    cost: CostModel,
-) -> Result<Vec<u32>, String> {
+fn alone(trace: &SimTrace, index: usize, context: u32, cost: CostModel) -> Result<Alone, String> {
     let request = SimRequest {
         index: 0,
         session: None,
@@ -71,7 +73,9 @@ fn alone(
     let outcome = run(&single, &config);
     let observed = &outcome.observed[0];
     match &observed.ending {
-        Some(Ending::Completed { .. }) if outcome.panics.is_empty() => Ok(observed.tokens.clone()),
+        Some(Ending::Completed { .. }) if outcome.panics.is_empty() => {
+            Ok((observed.tokens.clone(), observed.logprobs.clone()))
+        }
         other => Err(format!(
             "request {index} alone did not complete: {other:?}, panics {:?}, error {:?}",
             outcome.panics, outcome.sim_error

@@ -15,6 +15,9 @@ pub enum Sabotage {
     DropKvWrite { every: u32 },
     /// From `after` on, each step's first sampled token is changed: KV read from the wrong page.
     CorruptSample { after: Duration },
+    /// From `after` on, each step's first log-probability is one bit off: read from another
+    /// row's logits, or from logits computed before the step's last write.
+    SkewLogprob { after: Duration },
     /// From `after` on, launched steps never complete: a wedged device.
     Stall { after: Duration },
     /// From `after` on, a completed step panics the engine's task.
@@ -31,12 +34,13 @@ impl FromStr for Sabotage {
         match s {
             "drop-kv-write" => Ok(Sabotage::DropKvWrite { every: 3 }),
             "corrupt-sample" => Ok(Sabotage::CorruptSample { after: at }),
+            "skew-logprob" => Ok(Sabotage::SkewLogprob { after: at }),
             "stall" => Ok(Sabotage::Stall { after: at }),
             "panic" => Ok(Sabotage::Panic { after: at }),
             "shared-counter-cost" => Ok(Sabotage::SharedCounterCost),
             other => Err(format!(
-                "sabotage {other:?} is not drop-kv-write, corrupt-sample, stall, panic or \
-                 shared-counter-cost"
+                "sabotage {other:?} is not drop-kv-write, corrupt-sample, skew-logprob, stall, \
+                 panic or shared-counter-cost"
             )),
         }
     }
@@ -47,6 +51,7 @@ impl fmt::Display for Sabotage {
         match self {
             Sabotage::DropKvWrite { every } => write!(f, "drop every {every}th KV write"),
             Sabotage::CorruptSample { after } => write!(f, "corrupt samples after {after:?}"),
+            Sabotage::SkewLogprob { after } => write!(f, "skew log-probabilities after {after:?}"),
             Sabotage::Stall { after } => write!(f, "stall steps after {after:?}"),
             Sabotage::Panic { after } => write!(f, "panic in a step after {after:?}"),
             Sabotage::SharedCounterCost => write!(f, "step cost from a process-wide counter"),

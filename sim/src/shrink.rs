@@ -133,7 +133,8 @@ pub fn subset(
     keep: &BTreeSet<usize>,
 ) -> (SimTrace, Reference) {
     let outputs = keep.iter().map(|&old| reference.outputs[old].clone()).collect();
-    (sub_trace(trace, keep), Reference { outputs })
+    let logprobs = keep.iter().map(|&old| reference.logprobs[old].clone()).collect();
+    (sub_trace(trace, keep), Reference { outputs, logprobs })
 }
 
 /// The trace cut to `keep` (closed under `previous`: see `closed`), renumbered from 0.

@@ -139,6 +139,7 @@ fn thinking_trace() -> SimTrace {
                 logit_bias: Vec::new(),
                 constrained: false,
                 priority: 0,
+                logprobs: None,
             });
         }
     }

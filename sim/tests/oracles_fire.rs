@@ -12,7 +12,8 @@ use lockstep_sim::run::{RunConfig, RunOutcome, context_needed, run};
 use lockstep_sim::sabotage::Sabotage;
 use lockstep_sim::trace::{SimRequest, SimTrace, Start};
 
-/// Eight requests, two sessions of two turns sharing a prefix, the rest open loop.
+/// Eight requests, two sessions of two turns sharing a prefix, the rest open loop; three ask for
+/// log-probabilities.
 fn trace() -> SimTrace {
     let prefix: Vec<u32> = (0..40).map(|t| 100 + t * 7).collect();
     let mut requests = Vec::new();
@@ -39,6 +40,7 @@ fn trace() -> SimTrace {
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: [None, Some(0), None, Some(3)][i % 4],
         });
     }
     SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }
@@ -86,6 +88,16 @@ fn a_dropped_kv_write_is_caught_by_equal_alone() {
     let sabotage = Some(Sabotage::DropKvWrite { every: 2 });
     let outcome = run(&trace, &config(1, Topology::OneP1D, sabotage));
     assert!(fired(&reference, &outcome).contains(&Oracle::EqualAlone), "{:?}", outcome.observed);
+}
+
+#[test]
+fn a_log_probability_one_bit_off_is_caught_by_equal_alone() {
+    let trace = trace();
+    let reference = reference(&trace);
+    assert!(reference.logprobs.iter().filter(|l| !l.is_empty()).count() >= 3, "{reference:?}");
+    let sabotage = Some(Sabotage::SkewLogprob { after: Duration::ZERO });
+    let outcome = run(&trace, &config(1, Topology::OneP1D, sabotage));
+    assert_eq!(fired(&reference, &outcome), vec![Oracle::EqualAlone], "{:?}", outcome.observed);
 }
 
 #[test]

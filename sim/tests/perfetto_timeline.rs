@@ -29,6 +29,7 @@ fn trace() -> SimTrace {
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: None,
         })
         .collect();
     SimTrace { name: "perfetto".into(), vocab_size: 32_000, requests }

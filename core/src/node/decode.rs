@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{local_id, new_request, sampling_spec};
+use super::{local_id, logprobs_by_request, new_request, sampling_spec};
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::PageRef;
-use crate::model::SamplingSpec;
+use crate::model::{SamplingSpec, TokenLogprobs};
 use crate::pd::{DecodeConfig, DecodeOutput, DecodeSide};
 use crate::sched::{
     ApplyError, FinishReason, RequestId, SchedConfig, SchedConfigError, SchedEvent, Scheduler,
@@ -43,7 +43,8 @@ pub(super) struct Stream {
     running: bool,
     /// Index of the next output token to send.
     next_index: u32,
-    pending: Vec<u32>,
+    /// Tokens not sent yet, each with its log-probabilities if the request asked for them.
+    pending: Vec<(u32, Option<TokenLogprobs>)>,
     finish: Option<FinishReason>,
 }
 
@@ -54,6 +55,9 @@ pub struct DecodeNode {
     side: DecodeSide,
     /// By the scheduler's id (`local_id`).
     pub(super) streams: BTreeMap<RequestId, Stream>,
+    /// The log-probabilities of the tokens being reported (a step's, or a hand-over's first
+    /// token), by request, until their `Token` events take them (empty between inputs).
+    token_logprobs: BTreeMap<RequestId, TokenLogprobs>,
     outputs: VecDeque<DecodeNodeOutput>,
 }
 
@@ -74,6 +78,7 @@ impl DecodeNode {
             sched: Scheduler::new(sched)?,
             side: DecodeSide::new(me, pd),
             streams: BTreeMap::new(),
+            token_logprobs: BTreeMap::new(),
             outputs: VecDeque::new(),
         })
     }
@@ -174,6 +179,7 @@ impl DecodeNode {
     }
 
     pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
+        logprobs_by_request(&self.sched, outputs, &mut self.token_logprobs);
         let result = self.sched.apply_outputs(outputs, now);
         self.after_input(now);
         result
@@ -201,6 +207,7 @@ impl DecodeNode {
         self.after_pd(now);
         self.after_sched();
         self.flush_streams();
+        self.token_logprobs.clear();
     }
 
     fn after_pd(&mut self, now: Time) {
@@ -216,8 +223,15 @@ impl DecodeNode {
                     pages,
                     cached_pages,
                     first_token,
+                    first_logprobs,
                     ..
-                } => self.on_ready(key, router, &request, pages, cached_pages, first_token, now),
+                } => {
+                    if let Some(logprobs) = first_logprobs {
+                        // For the hand-over's `Token` event of the first token.
+                        self.token_logprobs.insert(local_id(key), logprobs);
+                    }
+                    self.on_ready(key, router, &request, pages, cached_pages, first_token, now)
+                }
                 DecodeOutput::Ended { key, .. } => self.forget_reservation(key),
             }
         }
@@ -277,7 +291,7 @@ impl DecodeNode {
             match event {
                 SchedEvent::Token { request, token } => {
                     if let Some(stream) = self.streams.get_mut(&request) {
-                        stream.pending.push(token);
+                        stream.pending.push((token, self.token_logprobs.remove(&request)));
                     }
                 }
                 SchedEvent::Finished { request, reason, .. } => {
@@ -299,7 +313,12 @@ impl DecodeNode {
             if stream.pending.is_empty() && stream.finish.is_none() {
                 continue;
             }
-            let tokens = std::mem::take(&mut stream.pending);
+            let (tokens, logprobs): (Vec<u32>, Vec<Option<TokenLogprobs>>) =
+                std::mem::take(&mut stream.pending).into_iter().unzip();
+            // Every token has them when the request asked (the executor reports them for each
+            // row it samples for such a request), none when it did not: a message carries all
+            // or none.
+            let logprobs = logprobs.into_iter().collect::<Option<Vec<_>>>().unwrap_or_default();
             let index = stream.next_index;
             stream.next_index += tokens.len() as u32;
             messages.push((
@@ -309,6 +328,7 @@ impl DecodeNode {
                     request: stream.request,
                     index,
                     tokens,
+                    logprobs,
                     finish: stream.finish,
                 },
             ));

@@ -23,8 +23,10 @@ mod prefill;
 pub use decode::{DecodeNode, DecodeNodeOutput};
 pub use prefill::{PrefillNode, PrefillNodeOutput};
 
-use crate::model::SamplingSpec;
-use crate::sched::{NewRequest, RequestId};
+use std::collections::BTreeMap;
+
+use crate::model::{SamplingSpec, TokenLogprobs};
+use crate::sched::{NewRequest, RequestId, Scheduler, StepOutputs};
 use crate::wire::{RequestSpec, TransferKey};
 
 /// The scheduler's id of a transfer's request on a worker.
@@ -37,7 +39,23 @@ fn sampling_spec(request: &RequestSpec) -> SamplingSpec {
     SamplingSpec {
         logit_bias: request.logit_bias.clone(),
         grammar: request.grammar.as_deref().cloned(),
+        logprobs: request.logprobs,
         ..spec
+    }
+}
+
+/// The log-probabilities a step's outputs carry, by request: taken before the scheduler applies
+/// the outputs (which retires the step), and handed to each request's `Token` event after.
+fn logprobs_by_request(
+    sched: &Scheduler,
+    outputs: &StepOutputs,
+    into: &mut BTreeMap<RequestId, TokenLogprobs>,
+) {
+    let Some(requests) = sched.step_sampling(outputs.step) else { return };
+    for (request, logprobs) in requests.zip(&outputs.logprobs) {
+        if let Some(logprobs) = logprobs {
+            into.insert(request, logprobs.clone());
+        }
     }
 }
 

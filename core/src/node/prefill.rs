@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{local_id, new_request, sampling_spec};
+use super::{local_id, logprobs_by_request, new_request, sampling_spec};
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::PageRef;
-use crate::model::SamplingSpec;
+use crate::model::{SamplingSpec, TokenLogprobs};
 use crate::pd::{PrefillConfig, PrefillOutput, PrefillSide};
 use crate::sched::{
     ApplyError, NewRequest, RequestId, SchedConfig, SchedConfigError, SchedEvent, Scheduler,
@@ -46,6 +46,8 @@ pub enum PrefillNodeOutput {
 pub(super) struct Computation {
     key: TransferKey,
     first_token: Option<u32>,
+    /// Its log-probabilities, when the request asked for them.
+    first_logprobs: Option<TokenLogprobs>,
     /// The most positions it ever had computed. A preempted prompt recomputes what it lost, and
     /// that is not progress: only passing this mark is (a worker thrashing between prompts that
     /// preempt each other must look stalled, or a transfer pinning pages would never time out).
@@ -61,6 +63,9 @@ pub struct PrefillNode {
     side: PrefillSide,
     /// Prompts being computed, by the scheduler's id (`local_id`).
     pub(super) computing: BTreeMap<RequestId, Computation>,
+    /// The step being applied's log-probabilities, by request, until its `Token` events take
+    /// them (empty between inputs).
+    step_logprobs: BTreeMap<RequestId, TokenLogprobs>,
     outputs: VecDeque<PrefillNodeOutput>,
 }
 
@@ -80,6 +85,7 @@ impl PrefillNode {
             sched: Scheduler::new(sched)?,
             side: PrefillSide::new(me, pd),
             computing: BTreeMap::new(),
+            step_logprobs: BTreeMap::new(),
             outputs: VecDeque::new(),
         })
     }
@@ -131,11 +137,13 @@ impl PrefillNode {
     }
 
     pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
+        logprobs_by_request(&self.sched, outputs, &mut self.step_logprobs);
         let result = self.sched.apply_outputs(outputs, now);
         if result.is_ok() && self.passed_high_water_marks() {
             self.side.handle_compute_progress(now);
         }
         self.after_input(now);
+        self.step_logprobs.clear();
         result
     }
 
@@ -216,6 +224,7 @@ impl PrefillNode {
                                 Computation {
                                     key,
                                     first_token: None,
+                                    first_logprobs: None,
                                     computed_high: 0,
                                     planted_preempted_in_last_step: false,
                                 },
@@ -255,6 +264,7 @@ impl PrefillNode {
                 SchedEvent::Token { request, token } => {
                     if let Some(c) = self.computing.get_mut(&request) {
                         c.first_token = Some(token);
+                        c.first_logprobs = self.step_logprobs.remove(&request);
                     }
                 }
                 SchedEvent::Finished { request, .. } => {
@@ -291,9 +301,9 @@ impl PrefillNode {
                 Some(token) if self.side.is_computing(c.key) => {
                     if crate::planted!(EmptyHandOff) && c.planted_preempted_in_last_step {
                         // vllm#50297: the page list taken after the preemption released it.
-                        self.side.handle_computed(c.key, token, &[], pool, now)
+                        self.side.handle_computed(c.key, token, c.first_logprobs, &[], pool, now)
                     } else {
-                        self.side.handle_computed(c.key, token, &pages, pool, now)
+                        self.side.handle_computed(c.key, token, c.first_logprobs, &pages, pool, now)
                     }
                 }
                 _ => self.side.handle_compute_failed(c.key, pool, now),

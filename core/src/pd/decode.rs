@@ -15,6 +15,7 @@ use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::prefix_hash::{block_hashes, root_hash};
 use crate::kv::{PagePool, PageRef, PinId};
+use crate::model::TokenLogprobs;
 use crate::wire::{
     AbortReason, Endpoint, Envelope, Message, PageSlot, RequestSpec, TransferId, TransferKey,
 };
@@ -52,6 +53,8 @@ pub enum DecodeOutput {
         cached_pages: u32,
         computed_tokens: u32,
         first_token: u32,
+        /// The first token's log-probabilities, as the prefill side sent them (if asked for).
+        first_logprobs: Option<TokenLogprobs>,
     },
     /// The transfer ended without KV.
     Ended {
@@ -231,8 +234,8 @@ impl DecodeSide {
         }
         match envelope.body {
             Message::Heartbeat { seq, progress, .. } => self.on_heartbeat(key, seq, progress, now),
-            Message::Done { first_token, pages_written, .. } => {
-                self.on_done(key, first_token, pages_written, pool)
+            Message::Done { first_token, pages_written, first_logprobs, .. } => {
+                self.on_done(key, first_token, first_logprobs, pages_written, pool)
             }
             Message::Abort { reason, .. } if from == transfer.router => {
                 self.on_router_abort(key, reason, pool)
@@ -294,14 +297,14 @@ impl DecodeSide {
                 self.send(from, Message::DoneAck { key })
             }
             #[cfg(feature = "planted-bugs")]
-            Message::Done { first_token, .. }
+            Message::Done { first_token, first_logprobs, .. }
                 if crate::planted!(SlotReuse) && self.slot_occupant(key, from).is_some() =>
             {
                 // sgl#17259, sgl#22716, sgl#27374: the late Done is matched by its metadata slot,
                 // not by transfer and epoch: the slot's new occupant takes it.
                 let occupant = self.slot_occupant(key, from).expect("matched above");
                 let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
-                self.on_done(occupant, first_token, pages, pool);
+                self.on_done(occupant, first_token, first_logprobs, pages, pool);
             }
             Message::Heartbeat { .. } | Message::Done { .. } => {
                 self.send(from, Message::Abort { key, reason: AbortReason::DecodeFailed });
@@ -439,6 +442,7 @@ impl DecodeSide {
         &mut self,
         key: TransferKey,
         first_token: u32,
+        first_logprobs: Option<TokenLogprobs>,
         pages_written: u32,
         pool: &mut PagePool,
     ) {
@@ -454,7 +458,7 @@ impl DecodeSide {
                 // sgl#17259, sgl#22716, sgl#27374: the Done of the aborted transfer is read from
                 // its metadata slot, freed at the abort and reused: the new occupant takes it.
                 let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
-                self.on_done(occupant, first_token, pages, pool);
+                self.on_done(occupant, first_token, first_logprobs, pages, pool);
             }
             return;
         }
@@ -486,6 +490,7 @@ impl DecodeSide {
             cached_pages,
             computed_tokens,
             first_token,
+            first_logprobs,
         });
     }
 
@@ -625,7 +630,7 @@ impl DecodeSide {
             return false;
         }
         let pages = self.transfers[&key.transfer].reserved.len() as u32;
-        self.on_done(key, 0, pages, pool);
+        self.on_done(key, 0, None, pages, pool);
         true
     }
 

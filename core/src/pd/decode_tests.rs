@@ -100,7 +100,10 @@ fn happy_path_hands_whole_kv_to_the_scheduler() {
         sent(&out),
         vec![(P, Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS as u32 })]
     );
-    let out = rig.deliver(P, Message::Done { key: key(1), first_token: 42, pages_written: 3 });
+    let out = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 42, pages_written: 3, first_logprobs: None },
+    );
     let ready = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { pages, first_token, computed_tokens, .. } => {
             Some((pages.clone(), *first_token, *computed_tokens))
@@ -192,7 +195,10 @@ fn leak_when_the_peer_is_silent() {
 fn fail_open() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    let out = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 2 });
+    let out = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 2, first_logprobs: None },
+    );
     assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PrefillFailed }));
     assert!(
         !out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })),
@@ -206,8 +212,14 @@ fn fail_open() {
 fn double_completion() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    let first = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
-    let second = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    let first = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+    );
+    let second = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+    );
     assert_eq!(terminals(&first), 1);
     assert_eq!(terminals(&second), 0, "a duplicate Done must not complete twice");
     assert_eq!(
@@ -223,7 +235,10 @@ fn abort_races_completion() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
-    let done = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    let done = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+    );
     assert_eq!(terminals(&aborted) + terminals(&done), 1, "exactly one terminal");
     assert!(!done.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
     assert_eq!(rig.pool.held_count(), 0, "Done means every write completed: the pages can go");
@@ -237,7 +252,11 @@ fn late_messages_of_another_epoch_are_dropped() {
     rig.reserve(1, 10);
     let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
     assert!(
-        rig.deliver(P, Message::Done { key: stale, first_token: 1, pages_written: 3 }).is_empty()
+        rig.deliver(
+            P,
+            Message::Done { key: stale, first_token: 1, pages_written: 3, first_logprobs: None }
+        )
+        .is_empty()
     );
     assert_eq!(rig.side.transfers_live(), 1);
     // Traffic meant for an earlier life of this worker is dropped too.
@@ -246,7 +265,12 @@ fn late_messages_of_another_epoch_are_dropped() {
         Envelope {
             from: P,
             to: old_me,
-            body: Message::Done { key: key(1), first_token: 1, pages_written: 3 },
+            body: Message::Done {
+                key: key(1),
+                first_token: 1,
+                pages_written: 3,
+                first_logprobs: None,
+            },
         },
         &mut rig.pool,
         rig.now,
@@ -264,7 +288,11 @@ fn a_restarted_prefill_gives_up_its_transfers_after_their_lease() {
     assert_eq!(rig.pool.held_count(), 3, "the old incarnation's writes may still be in flight");
     // The old incarnation is not heard any more.
     assert!(
-        rig.deliver(P, Message::Done { key: key(1), first_token: 1, pages_written: 3 }).is_empty()
+        rig.deliver(
+            P,
+            Message::Done { key: key(1), first_token: 1, pages_written: 3, first_logprobs: None }
+        )
+        .is_empty()
     );
     rig.advance(LEASE_MS + FLIGHT_MS);
     assert_eq!(rig.pool.held_count(), 0);
@@ -333,7 +361,10 @@ fn refusals_when_full_or_out_of_pages() {
 fn a_late_duplicate_reserve_is_ignored() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    rig.deliver(P, Message::Done { key: key(1), first_token: 1, pages_written: 3 });
+    rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 1, pages_written: 3, first_logprobs: None },
+    );
     let held = rig.pool.held_count();
     let out = rig.deliver(R, Message::Reserve { key: key(1), request: spec(1, 10), prefill: P });
     assert!(out.is_empty());
@@ -366,7 +397,10 @@ fn double_completion_by_hand() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let before = rig.side.transfers[&TransferId(1)].clone();
-    rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+    );
     // The guard removed: the completed transfer still on file, as if Done had not ended it.
     rig.side.leases.insert((before.lease_until, TransferId(1)));
     rig.side.transfers.insert(TransferId(1), before);
@@ -381,7 +415,10 @@ fn abort_races_completion_by_hand() {
     let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
     // The guard removed: the abort not recorded, so Done completes the transfer as well.
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().phase = Phase::AwaitingPrefill;
-    let done = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+    let done = rig.deliver(
+        P,
+        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+    );
     assert_eq!(
         terminals(&aborted) + terminals(&done),
         2,
@@ -396,7 +433,10 @@ fn late_messages_of_another_epoch_by_hand() {
     // The guard removed: the transfer takes messages of epoch 7 as its own.
     let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().key = stale;
-    let out = rig.deliver(P, Message::Done { key: stale, first_token: 1, pages_written: 3 });
+    let out = rig.deliver(
+        P,
+        Message::Done { key: stale, first_token: 1, pages_written: 3, first_logprobs: None },
+    );
     let handed_over = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { key, .. } => Some(*key),
         _ => None,
@@ -432,7 +472,10 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
         assert_eq!(rig.pool.next_timeout(), None, "a transfer's pin set a pool timer");
         rig.drain();
         rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
-        let out = rig.deliver(P, Message::Done { key: key(1), first_token: 7, pages_written: 3 });
+        let out = rig.deliver(
+            P,
+            Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        );
         assert!(out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
         // Transfer 2 ends on its lease, the pool's timers run before or after this side's.
         rig.now = late;

@@ -14,6 +14,7 @@ use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::{PagePool, PageRef, PinId};
+use crate::model::TokenLogprobs;
 use crate::wire::{
     AbortReason, Endpoint, Envelope, Message, PageSlot, RequestSpec, TransferId, TransferKey,
 };
@@ -113,11 +114,23 @@ struct Transfer {
     compute_progress_counted: Time,
     deadline: Time,
     phase: Phase,
+    /// The first output token's log-probabilities, if the request asked: they go with `Done`.
+    first_logprobs: Option<TokenLogprobs>,
     /// The time this transfer is filed under in `PrefillSide::due`.
     filed_due: Time,
 }
 
 impl Transfer {
+    /// The message that says every page is written.
+    fn done(&self, first_token: u32) -> Message {
+        Message::Done {
+            key: self.key,
+            first_token,
+            pages_written: self.pages.len() as u32,
+            first_logprobs: self.first_logprobs.clone(),
+        }
+    }
+
     /// When something is next due for it: a heartbeat, a retransmission, a drain, its deadline.
     fn due(&self) -> Time {
         match self.phase {
@@ -269,11 +282,12 @@ impl PrefillSide {
     }
 
     /// The prompt's KV is computed: `sources` hold it from position 0, and `first_token` is the
-    /// sampled first output token.
+    /// sampled first output token (with its log-probabilities if the request asked for them).
     pub fn handle_computed(
         &mut self,
         key: TransferKey,
         first_token: u32,
+        first_logprobs: Option<TokenLogprobs>,
         sources: &[PageRef],
         pool: &mut PagePool,
         now: Time,
@@ -282,6 +296,7 @@ impl PrefillSide {
         if t.key != key || t.phase != Phase::Computing {
             return;
         }
+        t.first_logprobs = first_logprobs;
         let prompt_pages = t.request.prompt.len().div_ceil(t.page_tokens as usize);
         let first_page = (t.cached_tokens / t.page_tokens) as usize;
         if crate::planted!(EmptyHandOff)
@@ -390,8 +405,8 @@ impl PrefillSide {
                 // Filed under a deadline that the worker's progress has since moved.
                 Phase::Computing if t.next_heartbeat > now => {}
                 Phase::DoneSent { first_token, .. } => {
-                    let (decode, pages_written) = (t.decode, t.pages.len() as u32);
-                    self.send(decode, Message::Done { key, first_token, pages_written });
+                    let (decode, done) = (t.decode, t.done(first_token));
+                    self.send(decode, done);
                     let resend_at = now.saturating_add(self.config.done_retransmit);
                     self.transfer_mut(key).phase = Phase::DoneSent { first_token, resend_at };
                 }
@@ -452,6 +467,7 @@ impl PrefillSide {
                 compute_progress_counted: now,
                 deadline,
                 phase: Phase::Computing,
+                first_logprobs: None,
                 filed_due: now,
             },
         );
@@ -532,12 +548,12 @@ impl PrefillSide {
         if issued_now as usize == t.pages.len() && t.outstanding.is_empty() {
             // Every write has completed: only now may `Done` go out.
             assert_eq!(t.completed_writes as usize, t.pages.len(), "Done with writes unresolved");
-            let (decode, pages_written) = (t.decode, t.pages.len() as u32);
+            let (decode, done) = (t.decode, t.done(first_token));
             t.phase = Phase::DoneSent {
                 first_token,
                 resend_at: now.saturating_add(self.config.done_retransmit),
             };
-            self.send(decode, Message::Done { key, first_token, pages_written });
+            self.send(decode, done);
         }
     }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::Time;
 use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
+use crate::model::TokenLogprobs;
 use crate::sched::{FinishReason, RequestId};
 use crate::wire::{
     AbortReason, Endpoint, Envelope, Epoch, Message, RequestSpec, TransferId, TransferKey, WorkerId,
@@ -61,10 +62,12 @@ pub enum RouterOutput {
         key: TransferKey,
         decode: Endpoint,
     },
-    /// The next output tokens of a decoding request, in order, each once.
+    /// The next output tokens of a decoding request, in order, each once, with their
+    /// log-probabilities when the request asked for them (else empty; else one per token).
     Tokens {
         request: RequestId,
         tokens: Vec<u32>,
+        logprobs: Vec<TokenLogprobs>,
     },
     /// The decoding request ended; nothing about it follows.
     Finished {
@@ -474,8 +477,8 @@ impl Router {
                     Some(reason) => self.fail_or_retry(key.transfer, reason, now),
                 }
             }
-            Message::Tokens { key, request, index, tokens, finish } => {
-                self.on_tokens(from, key, request, index, tokens, finish, now)
+            Message::Tokens { key, request, index, tokens, logprobs, finish } => {
+                self.on_tokens(from, key, request, index, (tokens, logprobs), finish, now)
             }
             Message::TransferLive { key } => self.on_transfer_live(from, key, now),
             _ => {}
@@ -517,7 +520,7 @@ impl Router {
         key: TransferKey,
         request: RequestId,
         index: u32,
-        tokens: Vec<u32>,
+        (tokens, logprobs): (Vec<u32>, Vec<TokenLogprobs>),
         finish: Option<FinishReason>,
         now: Time,
     ) {
@@ -549,13 +552,16 @@ impl Router {
         // (A late copy may be wholly covered by what passed since.)
         let seen = ((d.next_index - index) as usize).min(tokens.len());
         let fresh = tokens[seen..].to_vec();
+        // Empty, or one per token (the codec holds every message to that).
+        let fresh_logprobs = logprobs.get(seen..).map_or_else(Vec::new, <[_]>::to_vec);
         d.next_index += fresh.len() as u32;
         self.idle_deadlines.remove(&(d.idle_deadline, request));
         d.idle_deadline = now.saturating_add(self.config.decode_idle_timeout);
         self.idle_deadlines.insert((d.idle_deadline, request));
         self.index.changed(request);
         if !fresh.is_empty() {
-            self.outputs.push_back(RouterOutput::Tokens { request, tokens: fresh });
+            let (tokens, logprobs) = (fresh, fresh_logprobs);
+            self.outputs.push_back(RouterOutput::Tokens { request, tokens, logprobs });
         }
         if let Some(reason) = finish {
             self.forget_decoding(request);

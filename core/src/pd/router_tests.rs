@@ -1,6 +1,7 @@
 //! The router against scripted workers.
 
 use super::*;
+use crate::model::TokenLogprobs;
 use crate::wire::{Incarnation, WorkerId};
 
 const ME: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(3) };
@@ -73,8 +74,14 @@ fn ids_are_never_reused_and_belong_to_the_incarnation() {
     let k1 = r.transfer_of(RequestId(1)).unwrap();
     r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
     let finish = Some(FinishReason::Length);
-    let tokens =
-        Message::Tokens { key: k1, request: RequestId(1), index: 0, tokens: vec![5], finish };
+    let tokens = Message::Tokens {
+        key: k1,
+        request: RequestId(1),
+        index: 0,
+        tokens: vec![5],
+        logprobs: vec![],
+        finish,
+    };
     r.handle_envelope(Envelope { from: D1, to: ME, body: tokens }, Time::ZERO);
     r.submit(spec(1), Time::ZERO).unwrap();
     let k2 = r.transfer_of(RequestId(1)).unwrap();
@@ -216,7 +223,14 @@ fn tokens(
     t: &[u32],
     finish: Option<FinishReason>,
 ) -> Envelope {
-    let body = Message::Tokens { key, request: RequestId(1), index, tokens: t.to_vec(), finish };
+    let body = Message::Tokens {
+        key,
+        request: RequestId(1),
+        index,
+        tokens: t.to_vec(),
+        logprobs: vec![],
+        finish,
+    };
     Envelope { from, to: ME, body }
 }
 
@@ -238,24 +252,46 @@ fn cancel(to: Endpoint, key: TransferKey) -> RouterOutput {
 }
 
 #[test]
+fn log_probabilities_pass_on_with_their_tokens_each_once() {
+    let (mut r, key) = decoding_router();
+    let of = |token: u32| TokenLogprobs { token, logprob: -(token as f32), top: vec![(1, -0.5)] };
+    let with_logprobs = |index, t: &[u32]| {
+        let mut envelope = tokens(D1, key, index, t, None);
+        if let Message::Tokens { logprobs, .. } = &mut envelope.body {
+            *logprobs = t.iter().map(|&t| of(t)).collect();
+        }
+        envelope
+    };
+    r.handle_envelope(with_logprobs(0, &[7, 8]), Time::ZERO);
+    let passed = |tokens: Vec<u32>| {
+        let logprobs = tokens.iter().map(|&t| of(t)).collect();
+        vec![RouterOutput::Tokens { request: RequestId(1), tokens, logprobs }]
+    };
+    assert_eq!(drain(&mut r), passed(vec![7, 8]));
+    // A copy overlapping what passed: the new token goes on with its own log-probabilities.
+    r.handle_envelope(with_logprobs(1, &[8, 9]), Time::ZERO);
+    assert_eq!(drain(&mut r), passed(vec![9]));
+}
+
+#[test]
 fn tokens_pass_on_in_order_once_and_the_finish_ends_the_request() {
     let (mut r, key) = decoding_router();
     r.handle_envelope(tokens(D1, key, 0, &[7, 8], None), Time::ZERO);
     assert_eq!(
         drain(&mut r),
-        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![7, 8] }]
+        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![7, 8], logprobs: vec![] }]
     );
     // A duplicate of what passed, with one more: only the new token goes on.
     r.handle_envelope(tokens(D1, key, 0, &[7, 8, 9], None), Time::ZERO);
     assert_eq!(
         drain(&mut r),
-        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![9] }]
+        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![9], logprobs: vec![] }]
     );
     r.handle_envelope(tokens(D1, key, 3, &[4], Some(FinishReason::Length)), Time::ZERO);
     assert_eq!(
         drain(&mut r),
         vec![
-            RouterOutput::Tokens { request: RequestId(1), tokens: vec![4] },
+            RouterOutput::Tokens { request: RequestId(1), tokens: vec![4], logprobs: vec![] },
             RouterOutput::Finished { request: RequestId(1), reason: FinishReason::Length }
         ]
     );
@@ -276,7 +312,7 @@ fn tokens_that_overtake_the_outcome_prove_the_hand_over() {
         drain(&mut r),
         vec![
             RouterOutput::Decoding { request: RequestId(1), key, decode: D1 },
-            RouterOutput::Tokens { request: RequestId(1), tokens: vec![7] }
+            RouterOutput::Tokens { request: RequestId(1), tokens: vec![7], logprobs: vec![] }
         ]
     );
     r.handle_envelope(outcome(D1, key, None), Time::ZERO);
@@ -302,7 +338,10 @@ fn a_retried_request_is_never_decoded_twice_for_the_client() {
     r.handle_envelope(outcome(D2, second, None), Time::from_millis(502));
     r.handle_envelope(tokens(D2, second, 0, &[7], None), Time::from_millis(502));
     let out = drain(&mut r);
-    assert_eq!(out.last(), Some(&RouterOutput::Tokens { request: RequestId(1), tokens: vec![7] }));
+    assert_eq!(
+        out.last(),
+        Some(&RouterOutput::Tokens { request: RequestId(1), tokens: vec![7], logprobs: vec![] })
+    );
     r.handle_envelope(tokens(D1, first, 2, &[9], None), Time::from_millis(503));
     assert_eq!(drain(&mut r), vec![cancel(D1, first)]);
 }
@@ -425,7 +464,14 @@ fn requests_waiting_for_room_go_by_priority_then_in_the_order_they_came() {
         let key = r.transfer_of(running).unwrap();
         r.handle_envelope(outcome(D1, key, None), Time::from_millis(at));
         let finish = Some(FinishReason::Length);
-        let body = Message::Tokens { key, request: running, index: 0, tokens: vec![5], finish };
+        let body = Message::Tokens {
+            key,
+            request: running,
+            index: 0,
+            tokens: vec![5],
+            logprobs: vec![],
+            finish,
+        };
         r.handle_envelope(Envelope { from: D1, to: ME, body }, Time::from_millis(at));
         let out = drain(&mut r);
         let reserved: Vec<RequestId> = out

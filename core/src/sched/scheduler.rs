@@ -187,6 +187,14 @@ impl Scheduler {
         self.in_flight.len()
     }
 
+    /// The requests of `step`'s sampling rows, in row order: whose each of its
+    /// `StepOutputs::sampled` (and `logprobs`) is. `None` unless `step` is the oldest in flight,
+    /// the one `apply_outputs` takes next.
+    pub fn step_sampling(&self, step: StepId) -> Option<impl Iterator<Item = RequestId> + '_> {
+        let oldest = self.in_flight.front().filter(|s| s.step == step)?;
+        Some(oldest.rows.iter().filter(|row| row.sample).map(|row| row.request))
+    }
+
     /// Requests the scheduler holds in any phase.
     pub fn requests_held(&self) -> usize {
         self.by_id.len()

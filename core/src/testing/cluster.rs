@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::Time;
-use crate::model::{Executor, PageStore, ProvenanceModel};
+use crate::model::{Executor, PageStore, ProvenanceModel, TokenLogprobs};
 use crate::node::{DecodeNode, DecodeNodeOutput, PrefillNode, PrefillNodeOutput};
 use crate::pd::{DecodeConfig, PrefillConfig, Router, RouterConfig, RouterError, RouterOutput};
 use crate::sched::{FinishReason, RequestId, SchedConfig};
@@ -127,6 +127,8 @@ pub struct Cluster {
     write_flight: Duration,
     /// What the router passed on, per request, and how it ended.
     pub outputs: BTreeMap<RequestId, Vec<u32>>,
+    /// The log-probabilities the router passed on with them.
+    pub logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
     pub ends: BTreeMap<RequestId, End>,
     specs: BTreeMap<RequestId, RequestSpec>,
     pub writes_late: u64,
@@ -148,6 +150,7 @@ impl Cluster {
             writes: VecDeque::new(),
             write_flight: config.prefill.write_flight_max,
             outputs: BTreeMap::new(),
+            logprobs: BTreeMap::new(),
             ends: BTreeMap::new(),
             specs: BTreeMap::new(),
             writes_late: 0,
@@ -158,6 +161,7 @@ impl Cluster {
         let id = request.id;
         self.router.submit(request.clone(), self.now)?;
         self.outputs.insert(id, Vec::new());
+        self.logprobs.insert(id, Vec::new());
         self.specs.insert(id, request);
         self.after_input();
         Ok(())
@@ -377,21 +381,27 @@ impl Cluster {
     }
 
     /// The oracles once the faults stop and everything ran to the end: every request ended; one
-    /// that finished passed on exactly its output alone, one that failed a prefix of it (never a
-    /// token of another attempt or another request); no page, pin, slot or transfer is held.
+    /// that finished passed on exactly its output alone, with the same log-probabilities bit for
+    /// bit, one that failed a prefix of both (never a token of another attempt or another
+    /// request); no page, pin, slot or transfer is held.
     pub fn check_outcomes(&self, sched: &SchedConfig, specs: &BTreeMap<RequestId, RequestSpec>) {
         for (id, spec) in specs {
-            let alone = super::run_alone(
+            let (alone, alone_logprobs) = super::run_alone_with_logprobs(
                 sched,
                 &super::request(id.0, spec.prompt.clone(), spec.max_tokens),
             );
-            let got = &self.outputs[id];
+            let (got, got_logprobs) = (&self.outputs[id], &self.logprobs[id]);
             match self.ends.get(id) {
                 Some(End::Finished(_)) => {
-                    assert_eq!(got, &alone, "{id} finished with another output")
+                    assert_eq!(got, &alone, "{id} finished with another output");
+                    assert_eq!(got_logprobs, &alone_logprobs, "{id}: other log-probabilities");
                 }
                 Some(End::Failed(_)) => {
-                    assert!(alone.starts_with(got), "{id} passed on {got:?}, alone {alone:?}")
+                    assert!(alone.starts_with(got), "{id} passed on {got:?}, alone {alone:?}");
+                    assert!(
+                        alone_logprobs.starts_with(got_logprobs),
+                        "{id} passed on log-probabilities that are not its own"
+                    );
                 }
                 None => panic!("{id} never ended"),
             }
@@ -453,9 +463,18 @@ impl Cluster {
             match output {
                 RouterOutput::Send(envelope) => self.network.push_back(envelope),
                 RouterOutput::Decoding { .. } => {}
-                RouterOutput::Tokens { request, tokens } => {
+                RouterOutput::Tokens { request, tokens, logprobs } => {
                     assert!(!self.ends.contains_key(&request), "{request}: tokens after its end");
+                    let asked = self.specs[&request].logprobs.is_some();
+                    assert_eq!(
+                        logprobs.len(),
+                        if asked { tokens.len() } else { 0 },
+                        "{request}: log-probabilities for {} of {} tokens (asked: {asked})",
+                        logprobs.len(),
+                        tokens.len()
+                    );
                     self.outputs.get_mut(&request).expect("submitted").extend(tokens);
+                    self.logprobs.get_mut(&request).expect("submitted").extend(logprobs);
                 }
                 RouterOutput::Finished { request, reason } => {
                     self.end(request, End::Finished(reason))

@@ -8,11 +8,11 @@
 
 use super::codec::{Reader, WireError, Writer};
 use super::messages::*;
-use crate::model::Grammar;
+use crate::model::{Grammar, SamplingSpec, TokenLogprobs};
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -72,7 +72,9 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
             finite_penalty("logit bias", bias)?;
         }
         let grammar = request.grammar.as_ref().map_or(0, |g| g.text().len());
-        bound("grammar", grammar, GRAMMAR_BYTES_MAX)
+        bound("grammar", grammar, GRAMMAR_BYTES_MAX)?;
+        let top = request.logprobs.map_or(0, usize::from);
+        bound("top logprobs", top, TOP_LOGPROBS_MAX)
     };
     match message {
         Message::Reserve { request, .. } => spec(request),
@@ -81,9 +83,35 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
             bound("pages", pages.len(), PAGES_MAX)
         }
         Message::KvWrite { data, .. } => bound("kv data", data.len(), FRAME_BYTES_MAX),
-        Message::Tokens { tokens, .. } => bound("tokens", tokens.len(), TOKENS_PER_MESSAGE_MAX),
+        Message::Tokens { tokens, logprobs, .. } => {
+            bound("tokens", tokens.len(), TOKENS_PER_MESSAGE_MAX)?;
+            if !logprobs.is_empty() && logprobs.len() != tokens.len() {
+                let value = logprobs.len() as u64;
+                return Err(WireError::Invalid { what: "logprobs beside the tokens", value });
+            }
+            tokens.iter().zip(logprobs).try_for_each(|(&token, l)| check_logprobs(token, l))
+        }
+        Message::Done { first_token, first_logprobs: Some(l), .. } => {
+            check_logprobs(*first_token, l)
+        }
         _ => Ok(()),
     }
+}
+
+/// A token's log-probabilities travel without their token (the message names it once), so they
+/// must be of that token; and their values are what a log-softmax gives, never NaN.
+fn check_logprobs(token: u32, logprobs: &TokenLogprobs) -> Result<(), WireError> {
+    if logprobs.token != token {
+        let value = u64::from(logprobs.token);
+        return Err(WireError::Invalid { what: "logprobs of another token", value });
+    }
+    if logprobs.top.len() > TOP_LOGPROBS_MAX {
+        let (len, max) = (logprobs.top.len() as u64, TOP_LOGPROBS_MAX as u64);
+        return Err(WireError::TooLong { what: "top logprobs", len, max });
+    }
+    std::iter::once(logprobs.logprob)
+        .chain(logprobs.top.iter().map(|&(_, l)| l))
+        .try_for_each(|l| not_nan("logprob", l).map(|_| ()))
 }
 
 /// How many bytes the frame at the start of `buf` takes, once its length prefix has arrived;
@@ -160,10 +188,14 @@ fn body(w: &mut Writer, message: &Message) {
         }
         Message::LinkRefused { mismatch } => w.u8(link_mismatch(*mismatch)),
         Message::Ping { nonce } | Message::Pong { nonce } => w.u64(*nonce),
-        Message::Tokens { request, index, tokens, finish, .. } => {
+        Message::Tokens { request, index, tokens, logprobs, finish, .. } => {
             w.u64(request.0);
             w.u32(*index);
             w.u32s(tokens);
+            w.bool(!logprobs.is_empty());
+            for l in logprobs {
+                token_logprobs(w, l);
+            }
             finish_reason(w, *finish);
         }
         Message::Cancel { request, .. } => w.u64(request.0),
@@ -194,9 +226,13 @@ fn body(w: &mut Writer, message: &Message) {
             w.u32(*seq);
             w.u32(*lease_ms);
         }
-        Message::Done { first_token, pages_written, .. } => {
+        Message::Done { first_token, pages_written, first_logprobs, .. } => {
             w.u32(*first_token);
             w.u32(*pages_written);
+            w.bool(first_logprobs.is_some());
+            if let Some(l) = first_logprobs {
+                token_logprobs(w, l);
+            }
         }
         Message::Abort { reason, .. } => w.u8(abort_reason(*reason)),
         Message::Outcome { failure, .. } => match failure {
@@ -251,11 +287,15 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             progress: r.u32("heartbeat progress")?,
         },
         4 => Message::LeaseGrant { key, seq: r.u32("heartbeat seq")?, lease_ms: r.u32("lease")? },
-        5 => Message::Done {
-            key,
-            first_token: r.u32("first token")?,
-            pages_written: r.u32("pages written")?,
-        },
+        5 => {
+            let first_token = r.u32("first token")?;
+            let pages_written = r.u32("pages written")?;
+            let first_logprobs = match r.bool("first logprobs")? {
+                true => Some(read_token_logprobs(r, first_token)?),
+                false => None,
+            };
+            Message::Done { key, first_token, pages_written, first_logprobs }
+        }
         6 => Message::DoneAck { key },
         7 => Message::Abort { key, reason: read_abort_reason(r.u8("abort reason")?)? },
         8 => Message::AbortAck { key },
@@ -273,13 +313,19 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             let data = r.bytes("kv data", FRAME_BYTES_MAX)?.to_vec();
             Message::KvWrite { key, page, first_token, data }
         }
-        15 => Message::Tokens {
-            key,
-            request: RequestId(r.u64("request id")?),
-            index: r.u32("token index")?,
-            tokens: r.u32s("tokens", TOKENS_PER_MESSAGE_MAX)?,
-            finish: read_finish_reason(r)?,
-        },
+        15 => {
+            let request = RequestId(r.u64("request id")?);
+            let index = r.u32("token index")?;
+            let tokens = r.u32s("tokens", TOKENS_PER_MESSAGE_MAX)?;
+            let logprobs = match r.bool("logprobs")? {
+                true => {
+                    tokens.iter().map(|&t| read_token_logprobs(r, t)).collect::<Result<_, _>>()?
+                }
+                false => Vec::new(),
+            };
+            let finish = read_finish_reason(r)?;
+            Message::Tokens { key, request, index, tokens, logprobs, finish }
+        }
         16 => Message::Cancel { key, request: RequestId(r.u64("request id")?) },
         17 => Message::KvWriteAck { key, page: read_page_slot(r)?, landed: r.bool("landed")? },
         other => return Err(WireError::UnknownKind(other)),
@@ -345,6 +391,8 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     };
     w.u8(kind);
     w.bytes(text.as_bytes());
+    // 0 for none, else one more than the number of top alternatives.
+    w.u8(spec.logprobs.map_or(0, |top| top + 1));
 }
 
 fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
@@ -368,7 +416,42 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
         },
         logit_bias: read_logit_bias(r)?,
         grammar: read_grammar(r)?,
+        logprobs: match r.u8("logprobs")? {
+            0 => None,
+            n if usize::from(n - 1) <= TOP_LOGPROBS_MAX => Some(n - 1),
+            n => return Err(WireError::Invalid { what: "top logprobs", value: u64::from(n - 1) }),
+        },
     })
+}
+
+const TOP_LOGPROBS_MAX: usize = SamplingSpec::TOP_LOGPROBS_MAX as usize;
+
+/// A token's log-probabilities less the token, which the message names beside them.
+fn token_logprobs(w: &mut Writer, logprobs: &TokenLogprobs) {
+    w.f32(logprobs.logprob);
+    w.u64(logprobs.top.len() as u64);
+    for &(token, logprob) in &logprobs.top {
+        w.u32(token);
+        w.f32(logprob);
+    }
+}
+
+fn read_token_logprobs(r: &mut Reader<'_>, token: u32) -> Result<TokenLogprobs, WireError> {
+    let logprob = not_nan("logprob", r.f32("logprob")?)?;
+    // Each alternative is at least a one-byte token and a four-byte logprob.
+    let len = r.len("top logprobs", TOP_LOGPROBS_MAX, 5)?;
+    let top = (0..len)
+        .map(|_| Ok((r.u32("top token")?, not_nan("top logprob", r.f32("top logprob")?)?)))
+        .collect::<Result<_, WireError>>()?;
+    Ok(TokenLogprobs { token, logprob, top })
+}
+
+/// A log-probability may be minus infinity (a token the model rules out) but never NaN.
+fn not_nan(what: &'static str, value: f32) -> Result<f32, WireError> {
+    match value.is_nan() {
+        true => Err(WireError::Invalid { what, value: u64::from(value.to_bits()) }),
+        false => Ok(value),
+    }
 }
 
 fn read_grammar(r: &mut Reader<'_>) -> Result<Option<Box<Grammar>>, WireError> {

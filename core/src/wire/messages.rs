@@ -1,7 +1,7 @@
 //! The messages of the prefill-to-decode transfer protocol and of the router (DESIGN.md
 //! section 3, "pd"), as plain data. `frame.rs` turns them into bytes and back.
 
-use crate::model::Grammar;
+use crate::model::{Grammar, TokenLogprobs};
 use crate::sched::{FinishReason, RequestId};
 
 /// A worker (router, prefill or decode) in a deployment.
@@ -103,6 +103,11 @@ pub struct RequestSpec {
     /// `GRAMMAR_BYTES_MAX` bytes. Boxed: most requests have none, and every message that
     /// carries a spec would otherwise grow by it.
     pub grammar: Option<Box<Grammar>>,
+    /// Log-probabilities to report per output token: `None` for none, `Some(n)` for the chosen
+    /// token's and the `n` most likely (`SamplingSpec::logprobs`, at most `TOP_LOGPROBS_MAX`).
+    /// The prefill worker reports the first output token's in `Done`, the decode worker the
+    /// rest's in `Tokens`.
+    pub logprobs: Option<u8>,
 }
 
 impl RequestSpec {
@@ -120,6 +125,7 @@ impl RequestSpec {
             sampling: Sampling::GREEDY,
             logit_bias: Vec::new(),
             grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -255,11 +261,13 @@ pub enum Message {
         lease_ms: u32,
     },
     /// Prefill → decode: every page is written and every write has completed; here is the first
-    /// output token.
+    /// output token, with its log-probabilities if the request asked for them (of `first_token`:
+    /// the codec refuses any other).
     Done {
         key: TransferKey,
         first_token: u32,
         pages_written: u32,
+        first_logprobs: Option<TokenLogprobs>,
     },
     /// Decode → prefill: `Done` received; the prefill side may let go.
     DoneAck {
@@ -304,12 +312,14 @@ pub enum Message {
     },
     /// Decode → router: output tokens of a request the transfer handed over, numbered from the
     /// first output token (which the prefill side sampled) so that a gap is seen; `finish` ends
-    /// the request.
+    /// the request. `logprobs` is empty when the request did not ask for them, else one per
+    /// token, of that token (the codec refuses any other shape).
     Tokens {
         key: TransferKey,
         request: RequestId,
         index: u32,
         tokens: Vec<u32>,
+        logprobs: Vec<TokenLogprobs>,
         finish: Option<FinishReason>,
     },
     /// Router → decode: stop generating this request (the client went away, or the router

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::Grammar;
+use crate::model::{Grammar, SamplingSpec, TokenLogprobs};
 use crate::sched::{FinishReason, RequestId};
 
 fn endpoint() -> impl Strategy<Value = Endpoint> {
@@ -52,7 +52,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
             0f32..1.0,
         ),
         prop::collection::vec((any::<u32>(), -100f32..100.0), 0..8),
-        grammar(),
+        (grammar(), prop::option::of(0..=SamplingSpec::TOP_LOGPROBS_MAX)),
     )
         .prop_map(
             |(
@@ -65,7 +65,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 cache_salt,
                 (t, p, k, s, presence, frequency, min_p),
                 logit_bias,
-                grammar,
+                (grammar, logprobs),
             )| RequestSpec {
                 id: RequestId(id),
                 prompt,
@@ -86,8 +86,29 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 },
                 logit_bias,
                 grammar,
+                logprobs,
             },
         )
+}
+
+/// Log-probabilities of `token`: any value but NaN, minus infinity included.
+fn logprobs_of(token: u32) -> impl Strategy<Value = TokenLogprobs> {
+    let logprob = prop_oneof![9 => -1e4f32..=0.0, 1 => Just(f32::NEG_INFINITY)];
+    let top_len = 0..=usize::from(SamplingSpec::TOP_LOGPROBS_MAX);
+    (logprob.clone(), prop::collection::vec((any::<u32>(), logprob), top_len))
+        .prop_map(move |(logprob, top)| TokenLogprobs { token, logprob, top })
+}
+
+/// Tokens with none, or with one each.
+fn tokens_and_logprobs() -> impl Strategy<Value = (Vec<u32>, Vec<TokenLogprobs>)> {
+    (prop::collection::vec(any::<u32>(), 0..40), any::<bool>()).prop_flat_map(|(tokens, asked)| {
+        let logprobs: Vec<_> = tokens.iter().map(|&t| logprobs_of(t)).collect();
+        let count = if asked { tokens.len() } else { 0 };
+        (Just(tokens), logprobs).prop_map(move |(tokens, mut logprobs)| {
+            logprobs.truncate(count);
+            (tokens, logprobs)
+        })
+    })
 }
 
 fn grammar() -> impl Strategy<Value = Option<Box<Grammar>>> {
@@ -142,14 +163,16 @@ fn link_or_request_message() -> impl Strategy<Value = Message> {
         .prop_map(|mismatch| Message::LinkRefused { mismatch }),
         any::<u64>().prop_map(|nonce| Message::Ping { nonce }),
         any::<u64>().prop_map(|nonce| Message::Pong { nonce }),
-        (key(), any::<u64>(), any::<u32>(), prop::collection::vec(any::<u32>(), 0..40), finish())
-            .prop_map(|(key, request, index, tokens, finish)| Message::Tokens {
+        (key(), any::<u64>(), any::<u32>(), tokens_and_logprobs(), finish()).prop_map(
+            |(key, request, index, (tokens, logprobs), finish)| Message::Tokens {
                 key,
                 request: RequestId(request),
                 index,
                 tokens,
+                logprobs,
                 finish,
-            }),
+            }
+        ),
         (key(), any::<u64>())
             .prop_map(|(key, request)| Message::Cancel { key, request: RequestId(request) }),
         (key(), page(), any::<bool>()).prop_map(|(key, page, landed)| Message::KvWriteAck {
@@ -189,8 +212,14 @@ fn message() -> impl Strategy<Value = Message> {
             seq,
             lease_ms
         }),
-        (key(), any::<u32>(), any::<u32>()).prop_map(|(key, first_token, pages_written)| {
-            Message::Done { key, first_token, pages_written }
+        (key(), any::<u32>(), any::<u32>()).prop_flat_map(|(key, first_token, pages_written)| {
+            let logprobs = prop::option::of(logprobs_of(first_token));
+            logprobs.prop_map(move |first_logprobs| Message::Done {
+                key,
+                first_token,
+                pages_written,
+                first_logprobs,
+            })
         }),
         key().prop_map(|key| Message::DoneAck { key }),
         (key(), reason()).prop_map(|(key, reason)| Message::Abort { key, reason }),
@@ -265,7 +294,7 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![10, 0, 0, 0, 5, 3, 1, 2, 1, 2, 3, 4, 5, 6]
+        vec![10, 0, 0, 0, 6, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
@@ -273,8 +302,8 @@ fn bytes_are_pinned() {
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame[4] = 3;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 5 }));
-    frame[4] = 5;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 6 }));
+    frame[4] = 6;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }
@@ -348,4 +377,57 @@ fn encode_refuses_what_every_decoder_refuses() {
     frame[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     let err = decode_frame(&frame).unwrap_err();
     assert!(matches!(err, WireError::Invalid { what: "presence penalty", .. }), "{err}");
+}
+
+#[test]
+fn logprobs_travel_only_in_their_shape() {
+    let key = TransferKey { transfer: TransferId(1), epoch: Epoch(0) };
+    let end = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+    let envelope = |body| Envelope { from: end, to: end, body };
+    let of = |token, logprob| TokenLogprobs { token, logprob, top: vec![(3, -0.5)] };
+    let tokens = |tokens: Vec<u32>, logprobs| Message::Tokens {
+        key,
+        request: RequestId(1),
+        index: 0,
+        tokens,
+        logprobs,
+        finish: None,
+    };
+    let refused = |body, what: &str| {
+        let err = encode_frame(&envelope(body), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains(what), "{err}");
+    };
+    // All or none, each of its own token, none NaN, at most the top a request may ask for.
+    refused(tokens(vec![4, 5], vec![of(4, -1.0)]), "logprobs beside the tokens");
+    refused(tokens(vec![4, 5], vec![of(4, -1.0), of(4, -1.0)]), "logprobs of another token");
+    refused(tokens(vec![4], vec![of(4, f32::NAN)]), "logprob");
+    let mut long = of(4, -1.0);
+    long.top = vec![(1, -1.0); usize::from(SamplingSpec::TOP_LOGPROBS_MAX) + 1];
+    refused(tokens(vec![4], vec![long]), "top logprobs");
+    let done =
+        |first_logprobs| Message::Done { key, first_token: 4, pages_written: 1, first_logprobs };
+    refused(done(Some(of(5, -1.0))), "logprobs of another token");
+    let mut request = RequestSpec::new(RequestId(1), vec![1, 2], 4);
+    request.logprobs = Some(SamplingSpec::TOP_LOGPROBS_MAX + 1);
+    refused(Message::Reserve { key, request: request.clone(), prefill: end }, "top logprobs");
+
+    // A decoder refuses the same: a NaN where a logprob goes, a top count past the bound.
+    let frame = encode_frame(&envelope(done(Some(of(4, -1.25)))), Vec::new()).unwrap();
+    let bits = (-1.25f32).to_le_bytes();
+    let at = frame.windows(4).position(|w| w == bits).unwrap();
+    let mut nan = frame.clone();
+    nan[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let err = decode_frame(&nan).unwrap_err();
+    assert!(matches!(err, WireError::Invalid { what: "logprob", .. }), "{err}");
+    request.logprobs = Some(SamplingSpec::TOP_LOGPROBS_MAX);
+    let mut frame =
+        encode_frame(&envelope(Message::Reserve { key, request, prefill: end }), Vec::new())
+            .unwrap();
+    // The spec's last byte before the prefill endpoint (a worker and an incarnation of one byte
+    // each) is its top count plus one.
+    let at = frame.len() - 3;
+    assert_eq!(frame[at], SamplingSpec::TOP_LOGPROBS_MAX + 1);
+    frame[at] += 1;
+    let err = decode_frame(&frame).unwrap_err();
+    assert!(matches!(err, WireError::Invalid { what: "top logprobs", .. }), "{err}");
 }

@@ -155,12 +155,6 @@ impl RouterEngine {
         events: mpsc::Sender<RequestEvent>,
         reply: oneshot::Sender<Result<(), SubmitError>>,
     ) {
-        if spec.logprobs.is_some() {
-            // Decode workers do not send them back yet; refusing beats answering without them.
-            let why = "log-probabilities are not served through a router yet";
-            let _ = reply.send(Err(SubmitError::Unsupported { param: "logprobs", why }));
-            return;
-        }
         let id = request.id;
         let prompt_tokens = request.prompt.len() as u64;
         let spec = RequestSpec {
@@ -174,6 +168,7 @@ impl RouterEngine {
             sampling: spec.sampling,
             logit_bias: spec.logit_bias,
             grammar: spec.grammar.map(Box::new),
+            logprobs: spec.logprobs,
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {
@@ -238,17 +233,19 @@ impl RouterEngine {
                     observe(&self.metrics.transfer_seconds, live.arrived.elapsed());
                 }
             }
-            RouterOutput::Tokens { request, tokens } => {
+            RouterOutput::Tokens { request, tokens, logprobs } => {
                 let Some(live) = self.live.get_mut(&request) else { return };
                 let now = Instant::now();
                 if live.first_token_at.is_none() {
                     live.first_token_at = Some(now);
                     observe(&self.metrics.time_to_first_token, now - live.arrived);
                 }
+                // One each when the request asked for them (`pd::Router` passes them on so).
+                let mut logprobs = logprobs.into_iter();
                 for token in tokens {
                     live.output_tokens += 1;
                     self.metrics.generation_tokens.increment(1);
-                    let event = RequestEvent::Token { token, logprobs: None };
+                    let event = RequestEvent::Token { token, logprobs: logprobs.next() };
                     if live.events.try_send(event).is_err() {
                         gone.push(request);
                         break;

@@ -56,6 +56,8 @@ TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them)
                     (response_format json_object: the provenance model's synthetic mask)
   --priorities      one request in three gets priority -1, another 2 (those with none of their
                     own): admitted before earlier arrivals or after, preempted by priority
+  --logprobs        one request in three asks for log-probabilities (0, 1 or 5 alternatives),
+                    held to the request alone's bit for bit like its tokens
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";
@@ -210,6 +212,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         if flag == "--priorities" {
             import.priorities = true;
+            import_args.push(flag.to_owned());
+            i += 1;
+            continue;
+        }
+        if flag == "--logprobs" {
+            import.logprobs = true;
             import_args.push(flag.to_owned());
             i += 1;
             continue;

@@ -28,6 +28,22 @@ pub fn check(reference: &Reference, outcome: &RunOutcome) -> Vec<Violation> {
                     alone.get(at)
                 ),
             });
+            continue;
+        }
+        let alone = &reference.logprobs[index];
+        if !alone.starts_with(&observed.logprobs) {
+            let at = first_difference(&observed.logprobs, alone);
+            found.push(Violation {
+                oracle: Oracle::FailClosed,
+                request: Some(index),
+                detail: format!(
+                    "{} after log-probabilities that are not its own alone: first difference at \
+                     token {at}: {:?} here, {:?} alone",
+                    observed.ending.as_ref().map_or("unfinished", Ending::label),
+                    observed.logprobs.get(at),
+                    alone.get(at)
+                ),
+            });
         }
     }
     found

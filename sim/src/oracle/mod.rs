@@ -73,6 +73,6 @@ pub fn check(reference: &Reference, outcome: &RunOutcome) -> Vec<Violation> {
 }
 
 /// The first index where two token lists differ (the shorter one's length if one is a prefix).
-pub fn first_difference(a: &[u32], b: &[u32]) -> usize {
+pub fn first_difference<T: PartialEq>(a: &[T], b: &[T]) -> usize {
     a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()))
 }

@@ -159,6 +159,7 @@ mod tests {
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: None,
         }
     }
 

@@ -110,6 +110,7 @@ pub(crate) fn finish(
             logit_bias: logit_bias(&draft, index, vocab_size, options),
             constrained: draft.constrained || (options.logit_adjustments && index % 5 == 4),
             priority: priority(&draft, index, options),
+            logprobs: logprobs(index, options),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -188,6 +189,12 @@ fn priority(draft: &Draft, index: usize, options: &ImportOptions) -> i32 {
         (true, 1) => -1,
         (true, _) => 2,
     }
+}
+
+/// Request `index`'s log-probabilities: with `--logprobs`, one request in three asks for them,
+/// with 0, 1 or 5 top alternatives in turn.
+fn logprobs(index: usize, options: &ImportOptions) -> Option<u8> {
+    (options.logprobs && index % 3 == 2).then(|| [0, 1, 5][index / 3 % 3])
 }
 
 /// (presence, frequency, repetition) as no penalty at all.

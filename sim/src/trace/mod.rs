@@ -66,6 +66,9 @@ pub struct SimRequest {
     pub constrained: bool,
     /// Sent as `priority` when not 0: a recorded request's, or `--priorities`'.
     pub priority: i32,
+    /// Sent as `logprobs` (that many top alternatives) when set (`--logprobs`): the equal-alone
+    /// oracle then holds each token's log-probabilities to the request alone's, bit for bit.
+    pub logprobs: Option<u8>,
 }
 
 /// When a request is sent.
@@ -121,6 +124,10 @@ pub struct ImportOptions {
     /// Gives one request in three of a trace without priorities -1 and another 2
     /// (`draft::priority`), so admission and preemption by priority meet the faults.
     pub priorities: bool,
+    /// Has one request in three ask for log-probabilities with 0, 1 or 5 top alternatives
+    /// (`draft::logprobs`), so that they travel every path a token does (the prefill worker's
+    /// first token, the decode worker's stream, the router) under the faults.
+    pub logprobs: bool,
 }
 
 impl Default for ImportOptions {
@@ -134,6 +141,7 @@ impl Default for ImportOptions {
             seed: 0,
             logit_adjustments: false,
             priorities: false,
+            logprobs: false,
         }
     }
 }
