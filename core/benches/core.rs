@@ -90,6 +90,7 @@ fn scheduler_step(c: &mut Criterion) {
                 step: lockstep_core::sched::StepId(0),
                 sampled: Vec::with_capacity(RUNNING as usize),
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
             };
             while left > 0 {
                 let mut sched = base.clone();

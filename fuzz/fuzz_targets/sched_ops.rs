@@ -78,6 +78,7 @@ fuzz_target!(|input: Input| {
                     step: StepId(u64::from(step) + 1_000),
                     sampled: vec![7; usize::from(tokens % 4)],
                     logprobs: Vec::new(),
+                    prompt_logprobs: Vec::new(),
                 };
                 assert!(
                     h.sched.apply_outputs(&bogus, h.now).is_err(),

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use lockstep_core::Time;
 use lockstep_core::kv::PoolConfig;
-use lockstep_core::model::{Executor, ProvenanceModel};
+use lockstep_core::model::{Executor, ProvenanceModel, TokenLogprobs, logprobs};
 use lockstep_core::sched::{
     Bucket, NewRequest, RequestId, SchedConfig, SchedEvent, Scheduler, StepMode, StepOutputs,
     StepPlan,
@@ -1092,6 +1092,73 @@ fn the_comparison_harness_holds_the_cpu_to_itself() {
     assert_eq!((c.steps, c.first_step), (4, 0.0));
     planted.1[4][7] = f32::NAN;
     assert!(compare(&a[&RequestId(0)], planted, 1e-3).failure.is_some(), "NaN never passes");
+}
+
+/// A prompt's tokens scored in one request (`SamplingSpec::prompt_logprobs`, chunks of 7) against
+/// the log-probabilities of the logits a request of the prompt up to each token samples from:
+/// the same logits, so the same bits. Returns the scores.
+fn scores_equal_each_prefix_s(backend: &mut dyn Backend, prompt: &[u32]) -> Vec<TokenLogprobs> {
+    const TOP: u8 = 3;
+    let config = config(1, 7);
+    let mut sched = Scheduler::new(config.clone()).unwrap();
+    let scored = request(0, prompt.to_vec(), 2);
+    backend
+        .start(scored.id, SamplingSpec::for_prompt(Sampling::GREEDY, prompt).scoring(prompt, TOP));
+    sched.submit_scoring(scored, Time::ZERO).unwrap();
+    let mut scores = Vec::new();
+    while let Some(plan) = sched.plan_step(Time::ZERO) {
+        let (outputs, _) = backend.step(&plan);
+        for p in &outputs.prompt_logprobs {
+            assert_eq!(p.from as usize, scores.len() + 1, "scored in order, each once");
+            scores.extend(p.logprobs.iter().cloned());
+        }
+        sched.apply_outputs(&outputs, Time::ZERO).unwrap();
+        while sched.poll_event().is_some() {}
+    }
+    backend.end(RequestId(0));
+    assert_eq!(scores.len(), prompt.len() - 1, "every token but the first scored");
+    let prefixes = (1..prompt.len()).map(|k| prompt[..k].to_vec()).collect::<Vec<_>>();
+    let runs = run(backend, &config, greedy(&prefixes, 1));
+    for (k, score) in (1..).zip(&scores) {
+        let logits = &runs[&RequestId(k as u64 - 1)].1[0];
+        assert_eq!(*score, logprobs(logits, prompt[k], TOP), "prompt token {k}");
+    }
+    scores
+}
+
+/// The CPU backend scores a prompt's tokens with the logits each prefix samples from, bit for
+/// bit, whatever chunk a position falls in.
+#[test]
+fn prompt_scores_are_the_logits_of_each_prefix_on_the_cpu() {
+    let weights = tiny_llama("scores");
+    let config = config(1, 7);
+    let mut cpu = CpuExecutor::new(weights, config.pool, config.running_max);
+    let prompt = [5u32, 9, 200, 14, 3, 77, 41, 8, 9, 120, 33, 64, 2, 250, 17, 90, 4];
+    let scores = scores_equal_each_prefix_s(&mut cpu, &prompt);
+    assert!(scores.iter().all(|s| s.logprob <= 0.0 && s.top.len() == 3), "{scores:?}");
+}
+
+/// CUDA scores a prompt's tokens with the logits each of its prefixes samples from, bit for bit,
+/// and within the tiny models' tolerance of the CPU's scores.
+#[test]
+fn prompt_scores_on_cuda_are_its_logits_of_each_prefix_and_near_the_cpu_s() {
+    if !device_or_skip() {
+        return;
+    }
+    let weights = tiny_llama("cuda-scores");
+    let config = config(1, 7);
+    let prompt = [5u32, 9, 200, 14, 3, 77, 41, 8, 9, 120, 33, 64, 2, 250, 17, 90, 4];
+    let mut cpu = CpuExecutor::new(weights.clone(), config.pool, config.running_max);
+    let on_cpu = scores_equal_each_prefix_s(&mut cpu, &prompt);
+    let mut executor = cuda(&weights, config.pool, config.running_max, CudaOptions::default());
+    let on_cuda = scores_equal_each_prefix_s(&mut executor, &prompt);
+    let widest = on_cpu
+        .iter()
+        .zip(&on_cuda)
+        .map(|(a, b)| (a.logprob - b.logprob).abs())
+        .fold(0f32, f32::max);
+    report("prompt scores vs CPU", json!({"widest_logprob_gap": widest}));
+    assert!(widest <= 2.0 * TINY_TOLERANCE, "CUDA's scores are {widest} from the CPU's");
 }
 
 /// What the device run relies on, checked anywhere: the harness's schedules are valid, and the

@@ -383,6 +383,15 @@ async fn log_probabilities_through_a_router_equal_one_process() {
         let through = content(&c.router.stream("/v1/chat/completions", &chat).await);
         assert_eq!(alone.len(), 5, "{alone:?}");
         assert_eq!(through, alone, "{mode:?}: streamed chat log-probabilities");
+        // Echo: the prompt's text goes through; its tokens' scores are refused, not dropped.
+        let mut echo = completion(&prompt(7, 9, 0), 3);
+        echo["echo"] = json!(true);
+        let (_, alone) = single.post("/v1/completions", &echo).await;
+        let (_, through) = c.router.post("/v1/completions", &echo).await;
+        assert_eq!(text(&through), text(&alone));
+        echo["logprobs"] = json!(1);
+        let (status, refused) = c.router.post("/v1/completions", &echo).await;
+        assert_eq!((status, &refused["error"]["param"]), (400, &json!("echo")), "{refused}");
     }
 }
 

@@ -127,6 +127,96 @@ async fn usage_finish_reasons_logprobs_and_token_ids() {
     assert_eq!(tokens, 3, "one logprob entry per token");
 }
 
+/// `echo`: each choice's text starts with its prompt's; with `logprobs`, the prompt's tokens come
+/// first in the log-probabilities, the first one's null. A prompt token the prompt's start
+/// continues with greedily scores exactly what a completion of that start reports for the token
+/// it draws (the same logits), across a chunk boundary, after a plain request cached the same
+/// prompt (a scored prompt reads no cache), whole and streamed, and for each of several prompts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_gives_the_prompt_and_its_tokens_log_probabilities() {
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
+    };
+    let list = |v: &Value| -> Vec<Value> { v.as_array().unwrap().clone() };
+    for mode in [StepMode::Sync, StepMode::Overlap] {
+        let server = TestServer::provenance(mode, StepCost::ZERO).await;
+        let start = vec![11u32, 42, 7, 300, 5];
+        let mut drawing = completion(&start, 20);
+        drawing["logprobs"] = json!(3);
+        drawing["return_token_ids"] = json!(true);
+        let (_, drawn) = server.post("/v1/completions", &drawing).await;
+        let continuation = ids(&drawn["choices"][0]["token_ids"]);
+        let drawn = &drawn["choices"][0]["logprobs"];
+        // 25 tokens: the server's prefill chunks are 16.
+        let prompt: Vec<u32> = start.iter().chain(&continuation).copied().collect();
+        let (_, plain) = server.post("/v1/completions", &completion(&prompt, 2)).await;
+
+        let mut echo = completion(&prompt, 2);
+        echo["echo"] = json!(true);
+        echo["logprobs"] = json!(3);
+        let (status, out) = server.post("/v1/completions", &echo).await;
+        assert_eq!(status, 200, "{out}");
+        let words: String = prompt.iter().map(|t| format!(" t{t}")).collect();
+        assert_eq!(
+            text_of(&out),
+            words + &text_of(&plain),
+            "{mode:?}: the prompt, then the output"
+        );
+        let lp = &out["choices"][0]["logprobs"];
+        let (scores, tops) = (list(&lp["token_logprobs"]), list(&lp["top_logprobs"]));
+        assert_eq!((scores.len(), tops.len(), list(&lp["tokens"]).len()), (27, 27, 27));
+        assert_eq!((&scores[0], &tops[0]), (&Value::Null, &Value::Null), "nothing scores token 0");
+        for (i, score) in scores.iter().enumerate().take(prompt.len()).skip(1) {
+            assert!(score.as_f64().is_some_and(|s| s <= 0.0), "token {i}: {score}");
+        }
+        assert_eq!(scores[5..25], list(&drawn["token_logprobs"])[..], "{mode:?}: scores");
+        assert_eq!(tops[5..25], list(&drawn["top_logprobs"])[..], "{mode:?}: alternatives");
+        assert_eq!(
+            scores[25..],
+            list(&plain_with_logprobs(&server, &prompt).await["token_logprobs"])[..],
+            "the output's own, after the prompt's"
+        );
+
+        // Streamed: the prompt and its scores ahead of the first token, the rest as they come.
+        echo["stream"] = json!(true);
+        let events = server.stream("/v1/completions", &echo).await;
+        assert_eq!(streamed_text(&events), text_of(&out));
+        let streamed: Vec<Value> = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["logprobs"]["token_logprobs"].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(streamed, scores, "{mode:?}: streamed scores");
+
+        // Several prompts: each choice echoes its own.
+        let other: Vec<u32> = vec![8, 9, 10];
+        let mut two = completion(&prompt, 2);
+        two["prompt"] = json!([prompt.clone(), other.clone()]);
+        two["echo"] = json!(true);
+        two["logprobs"] = json!(3);
+        let (status, both) = server.post("/v1/completions", &two).await;
+        assert_eq!(status, 200, "{both}");
+        assert_eq!(both["choices"][0]["text"], out["choices"][0]["text"]);
+        assert_eq!(both["choices"][0]["logprobs"], out["choices"][0]["logprobs"]);
+        let words: String = other.iter().map(|t| format!(" t{t}")).collect();
+        assert!(both["choices"][1]["text"].as_str().unwrap().starts_with(&words), "{both}");
+        // Echo without logprobs: the text alone.
+        let mut bare = completion(&other, 2);
+        bare["echo"] = json!(true);
+        let (_, bare) = server.post("/v1/completions", &bare).await;
+        assert_eq!(bare["choices"][0]["text"], both["choices"][1]["text"]);
+        assert_eq!(bare["choices"][0]["logprobs"], Value::Null);
+    }
+}
+
+/// The log-probabilities of `prompt`'s greedy completion of 2 tokens, 3 alternatives each.
+async fn plain_with_logprobs(server: &TestServer, prompt: &[u32]) -> Value {
+    let mut body = completion(prompt, 2);
+    body["logprobs"] = json!(3);
+    let (_, out) = server.post("/v1/completions", &body).await;
+    out["choices"][0]["logprobs"].clone()
+}
+
 /// Each choice of a request for `n` is its own request with seed `seed + i`: it equals that
 /// request for one completion, whole and streamed (its chunks interleaved with the others'), on
 /// both endpoints; usage counts the prompt once; and a request for more choices than the queue

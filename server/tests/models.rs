@@ -136,6 +136,58 @@ async fn the_default_model_streams_what_it_answers_whole() {
     assert_eq!(out["choices"][0]["text"], " Paris");
 }
 
+/// lm-eval-harness's loglikelihood request: `echo` with `logprobs` over a prompt of token ids
+/// (`max_tokens` 1). At each prompt position the top alternatives are exactly those a
+/// completion of the prompt up to there reports for its first token (the same logits, computed
+/// in another chunk, batch and request), and a prompt token that completion draws scores what
+/// it reports for it.
+async fn echo_scores_equal_each_prefix_s(server: &TestServer, prompt: &[u32]) {
+    let score = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+        "echo": true});
+    let (status, out) = server.post("/v1/completions", &score).await;
+    assert_eq!(status, 200, "{out}");
+    let lp = &out["choices"][0]["logprobs"];
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), prompt.len() + 1);
+    assert_eq!(lp["token_logprobs"][0], Value::Null);
+    let mut matched = 0;
+    for k in 1..prompt.len() {
+        let first = json!({"prompt": &prompt[..k], "max_tokens": 1, "temperature": 0,
+            "logprobs": 5, "return_token_ids": true});
+        let (_, prefix) = server.post("/v1/completions", &first).await;
+        let drawn = &prefix["choices"][0];
+        assert_eq!(lp["top_logprobs"][k], drawn["logprobs"]["top_logprobs"][0], "position {k}");
+        if drawn["token_ids"][0] == prompt[k] {
+            let reported = &drawn["logprobs"]["token_logprobs"][0];
+            assert_eq!(lp["token_logprobs"][k], *reported, "prompt token {k}");
+            matched += 1;
+        }
+    }
+    assert!(matched > 0, "no prompt token is what its prefix draws: {lp}");
+    server.quiescent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_scores_a_prompt_with_the_logits_of_each_prefix() {
+    let tiny = cpu_server(tiny_model(), StepMode::Overlap).await;
+    // Its greedy continuation of a few tokens, so that some prompt tokens are its first choice.
+    let start = [5u32, 9, 200, 14, 3];
+    let (_, drawn) = tiny
+        .post(
+            "/v1/completions",
+            &json!({"prompt": start, "max_tokens": 40, "temperature": 0, "return_token_ids": true}),
+        )
+        .await;
+    let mut prompt = start.to_vec();
+    let continuation = drawn["choices"][0]["token_ids"].as_array().unwrap();
+    prompt.extend(continuation.iter().map(|t| t.as_u64().unwrap() as u32));
+    echo_scores_equal_each_prefix_s(&tiny, &prompt).await;
+    let Some(model) = default_model() else { return };
+    let server = cpu_server(model.clone(), StepMode::Overlap).await;
+    let codec = ModelCodec(model);
+    let prompt = codec.encode("The capital of France is Paris. The capital of Italy is").unwrap();
+    echo_scores_equal_each_prefix_s(&server, &prompt).await;
+}
+
 /// What a model writes to call `get_weather(city="Paris")` and then `get_time(zone="CET")`, in
 /// each format, after a sentence of content.
 fn scripted_calls(format: ToolFormat) -> String {

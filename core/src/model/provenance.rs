@@ -27,7 +27,9 @@ use super::{
 };
 use crate::invariant::InvariantViolation;
 use crate::kv::PoolConfig;
-use crate::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
+use crate::sched::{
+    PageTables, PromptLogprobs, RecentSamples, RequestId, RowPlan, StepOutputs, StepPlan,
+};
 
 /// Marks a KV slot that no step has written since the model started.
 const UNWRITTEN: u64 = 0;
@@ -118,6 +120,7 @@ impl Executor for ProvenanceModel {
         let mut by_row = Vec::with_capacity(plan.rows.len());
         let mut sampled = Vec::new();
         let mut row_logprobs = Vec::new();
+        let mut prompt_logprobs = Vec::new();
         for row in &plan.rows {
             if row.positions.is_empty() {
                 // A real model gets logits only by computing a position; neither may this one.
@@ -135,6 +138,9 @@ impl Executor for ProvenanceModel {
                 let (page, slot) = self.kv_index(row.slot, position)?;
                 self.kv[slot] = kv_value(token, position, previous);
                 self.digests.page_changed(page);
+            }
+            if let Some(scored) = self.score_prompt(row)? {
+                prompt_logprobs.push(scored);
             }
             if row.sample {
                 // Out of the map while `sample` (which takes `self`) reads it.
@@ -155,7 +161,7 @@ impl Executor for ProvenanceModel {
         if row_logprobs.iter().all(Option::is_none) {
             row_logprobs.clear();
         }
-        Ok(StepOutputs { step: plan.step, sampled, logprobs: row_logprobs })
+        Ok(StepOutputs { step: plan.step, sampled, logprobs: row_logprobs, prompt_logprobs })
     }
 
     /// Overwrites each page with poison. A page outside the store is no page of this model and
@@ -230,12 +236,8 @@ impl ProvenanceModel {
         len: u32,
         sampler: &mut RequestSampler,
     ) -> Result<(u32, Option<TokenLogprobs>), ExecError> {
-        let digest = self.digest(slot, len)?;
-        let count = CANDIDATES.min(self.vocab_size);
+        let (digest, logits) = self.candidate_logits(slot, len)?;
         let base = (digest % u64::from(self.vocab_size)) as u32;
-        let logits: Vec<f32> = (0..u64::from(count))
-            .map(|i| (mix(digest ^ (i + 1).wrapping_mul(0x9e37_79b9)) >> 40) as f32 / 1_048_576.0)
-            .collect();
         let token_of = |i: u32| (base + i) % self.vocab_size;
         let (chosen, lp) = sampler.sample_candidates(&logits, len, token_of).map_err(ExecError)?;
         let lp = lp.map(|l| TokenLogprobs {
@@ -244,6 +246,51 @@ impl ProvenanceModel {
             top: l.top.into_iter().map(|(i, p)| (token_of(i), p)).collect(),
         });
         Ok((token_of(chosen), lp))
+    }
+
+    /// The digest of the slot's first `len` positions, and the logits it gives its candidates
+    /// (`CANDIDATES` tokens from the digest's, each a hash of the digest).
+    fn candidate_logits(&mut self, slot: u32, len: u32) -> Result<(u64, Vec<f32>), ExecError> {
+        let digest = self.digest(slot, len)?;
+        let count = CANDIDATES.min(self.vocab_size);
+        let logits = (0..u64::from(count)).map(|i| logit(digest, i + 1)).collect();
+        Ok((digest, logits))
+    }
+
+    /// The log-probabilities of the prompt tokens the row's positions score, if its request
+    /// asked (`RequestSampler::scored_positions`). A prompt token that is no candidate of the
+    /// position before it gets a logit of its own from the same digest, beside the candidates':
+    /// a scored token always has a finite log-probability, and it still depends on the request's
+    /// own KV alone.
+    fn score_prompt(&mut self, row: &RowPlan) -> Result<Option<PromptLogprobs>, ExecError> {
+        let Some(sampler) = self.samplers.get(&row.request) else { return Ok(None) };
+        let scored = sampler.scored_positions(row.positions.clone());
+        if scored.is_empty() {
+            return Ok(None);
+        }
+        let mut logprobs = Vec::with_capacity(scored.len());
+        for position in scored.clone() {
+            let (token, top) =
+                self.samplers[&row.request].scored_token(position).ok_or_else(|| {
+                    ExecError(format!("{}: position {position} scores no token", row.request))
+                })?;
+            let (digest, mut logits) = self.candidate_logits(row.slot, position + 1)?;
+            let base = (digest % u64::from(self.vocab_size)) as u32;
+            let mut tokens: Vec<u32> =
+                (0..logits.len() as u32).map(|i| (base + i) % self.vocab_size).collect();
+            if !tokens.contains(&token) {
+                tokens.push(token);
+                logits.push(logit(digest, u64::from(CANDIDATES) + 1 + u64::from(token)));
+            }
+            let index = tokens.iter().position(|&t| t == token).expect("pushed above") as u32;
+            let l = super::logprobs(&logits, index, top);
+            logprobs.push(TokenLogprobs {
+                token,
+                logprob: l.logprob,
+                top: l.top.into_iter().map(|(i, p)| (tokens[i as usize], p)).collect(),
+            });
+        }
+        Ok(Some(PromptLogprobs { request: row.request, from: scored.start + 1, logprobs }))
     }
 
     /// A hash of every KV value the first `len` positions of the slot's table hold, in order.
@@ -276,6 +323,11 @@ impl ProvenanceModel {
             + (position % self.page_tokens) as usize;
         Ok((page.index(), index))
     }
+}
+
+/// Candidate `i`'s logit at a position of digest `digest`: in [0, 16).
+fn logit(digest: u64, i: u64) -> f32 {
+    (mix(digest ^ i.wrapping_mul(0x9e37_79b9)) >> 40) as f32 / 1_048_576.0
 }
 
 fn kv_value(token: u32, position: u32, previous: u64) -> u64 {

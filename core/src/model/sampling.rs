@@ -12,6 +12,7 @@
 //! on the request's own sequence.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use super::grammar::{Constraint, Grammar, GrammarCompiler};
 use super::output_tokens::{OutputTokens, counts};
@@ -36,6 +37,14 @@ pub struct SamplingSpec {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output must follow, if any (`RequestSpec::grammar`).
     pub grammar: Option<Grammar>,
+    /// Log-probabilities of the prompt's own tokens (vLLM's `prompt_logprobs`; what OpenAI's
+    /// `echo` with `logprobs` shows): `Some(n)` for each prompt token's after the first, under
+    /// the logits of the position before it, with the `n` most likely alternatives there. The
+    /// request's scheduler then computes every prompt position (`Scheduler::submit_scoring`).
+    pub prompt_logprobs: Option<u8>,
+    /// The prompt, when `prompt_logprobs` asks for its tokens' log-probabilities (else empty):
+    /// the logits of position `p` score token `p + 1`.
+    pub scored_prompt: Vec<u32>,
 }
 
 impl SamplingSpec {
@@ -46,6 +55,8 @@ impl SamplingSpec {
         prompt_vocabulary: Vec::new(),
         logit_bias: Vec::new(),
         grammar: None,
+        prompt_logprobs: None,
+        scored_prompt: Vec::new(),
     };
     /// OpenAI's limit on `top_logprobs`.
     pub const TOP_LOGPROBS_MAX: u8 = 20;
@@ -67,6 +78,11 @@ impl SamplingSpec {
             prompt_vocabulary.dedup();
         }
         SamplingSpec { prompt_tokens, prompt_vocabulary, ..self }
+    }
+
+    /// This spec scoring `prompt`'s tokens with `top` alternatives each (`prompt_logprobs`).
+    pub fn scoring(self, prompt: &[u32], top: u8) -> SamplingSpec {
+        SamplingSpec { prompt_logprobs: Some(top), scored_prompt: prompt.to_vec(), ..self }
     }
 
     /// The record of the output that penalties and a grammar read, if the request has either.
@@ -220,6 +236,10 @@ pub struct RequestSampler {
     /// By token.
     logit_bias: Vec<(u32, f32)>,
     constraint: Option<Constraint>,
+    /// Top alternatives of each prompt token's log-probabilities, when the request asked for
+    /// them (`SamplingSpec::prompt_logprobs`), and the prompt they score.
+    prompt_top: Option<u8>,
+    scored_prompt: Vec<u32>,
 }
 
 impl RequestSampler {
@@ -236,7 +256,42 @@ impl RequestSampler {
             prompt_vocabulary: spec.prompt_vocabulary,
             logit_bias,
             constraint: spec.grammar.map(|grammar| Constraint::compile(&grammar, grammars)),
+            prompt_top: spec.prompt_logprobs,
+            scored_prompt: spec.scored_prompt,
         }
+    }
+
+    /// The positions of `positions` whose logits score a prompt token (the one after each), if
+    /// the request asked for its prompt's log-probabilities: none past the prompt's second to
+    /// last, whose logits give the first output token.
+    pub fn scored_positions(&self, positions: Range<u32>) -> Range<u32> {
+        let scored = match self.prompt_top {
+            Some(_) => {
+                u32::try_from(self.scored_prompt.len()).unwrap_or(u32::MAX).saturating_sub(1)
+            }
+            None => 0,
+        };
+        positions.start..positions.end.min(scored).max(positions.start)
+    }
+
+    /// The prompt token that position `position`'s logits score, and the top alternatives to
+    /// report with it; `None` unless `scored_positions` lists the position.
+    pub fn scored_token(&self, position: u32) -> Option<(u32, u8)> {
+        let top = self.prompt_top?;
+        let token = *self.scored_prompt.get(position as usize + 1)?;
+        Some((token, top))
+    }
+
+    /// The log-probabilities of the prompt token after `position` under `logits` (index = token
+    /// id): the raw logits, as sampled tokens' are reported.
+    pub fn prompt_logprobs(&self, logits: &[f32], position: u32) -> Result<TokenLogprobs, String> {
+        let (token, top) = self
+            .scored_token(position)
+            .ok_or_else(|| format!("position {position} scores no prompt token"))?;
+        if token as usize >= logits.len() {
+            return Err(format!("prompt token {token} is outside {} logits", logits.len()));
+        }
+        Ok(logprobs(logits, token, top))
     }
 
     /// The plan's input at `position` is `token` (a no-op without penalties).
@@ -673,6 +728,26 @@ mod tests {
         // The same over candidates: token 3 is candidate 0.
         let (chosen, _) = biased.sample_candidates(&[1.0, 3.0], 0, |i| 3 - 2 * i).unwrap();
         assert_eq!(chosen, 0, "1.0 + 3.5 beats 3.0");
+    }
+
+    #[test]
+    fn a_scored_prompt_scores_each_token_after_the_first_with_the_logits_before_it() {
+        let prompt = [4, 7, 1, 9];
+        let spec = SamplingSpec::for_prompt(Sampling::GREEDY, &prompt);
+        let sampler = RequestSampler::new(spec.clone().scoring(&prompt, 2), None);
+        // Position 3's logits give the first output token, not a prompt token's score.
+        assert_eq!(sampler.scored_positions(0..4), 0..3);
+        assert_eq!(sampler.scored_positions(2..6), 2..3);
+        assert!(sampler.scored_positions(3..5).is_empty());
+        assert_eq!(sampler.scored_token(1), Some((1, 2)));
+        assert_eq!(sampler.scored_token(3), None);
+        let logits = [0.0, 1.0, 2.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0];
+        assert_eq!(sampler.prompt_logprobs(&logits, 1).unwrap(), logprobs(&logits, 1, 2));
+        assert_eq!(sampler.prompt_logprobs(&logits, 2).unwrap(), logprobs(&logits, 9, 2));
+        assert!(sampler.prompt_logprobs(&logits, 3).is_err());
+        assert!(sampler.prompt_logprobs(&logits[..5], 2).is_err(), "token 9 of 5 logits");
+        let plain = RequestSampler::new(spec, None);
+        assert!(plain.scored_positions(0..4).is_empty());
     }
 
     #[test]

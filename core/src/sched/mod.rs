@@ -30,7 +30,8 @@ mod scheduler;
 pub use config::{SchedConfig, SchedConfigError, StepMode};
 pub use hand_over::HandOverError;
 pub use plan::{
-    Bucket, InputToken, PageTables, RecentSamples, RowPlan, StepId, StepOutputs, StepPlan,
+    Bucket, InputToken, PageTables, PromptLogprobs, RecentSamples, RowPlan, StepId, StepOutputs,
+    StepPlan,
 };
 pub use request::{AdmissionError, FinishReason, NewRequest, RequestId};
 pub use scheduler::{AbortError, ApplyError, SchedEvent, Scheduler};

@@ -94,13 +94,26 @@ pub struct StepOutputs {
     /// Empty when no sampling row's request asked for log-probabilities; else one entry per
     /// sampling row, `Some` for the rows whose request asked.
     pub logprobs: Vec<Option<TokenLogprobs>>,
+    /// The prompt tokens this step's positions scored, for the requests that asked
+    /// (`SamplingSpec::prompt_logprobs`): one entry a row that scored any, in row order.
+    pub prompt_logprobs: Vec<PromptLogprobs>,
 }
 
 impl StepOutputs {
     /// Outputs with tokens only.
     pub fn tokens(step: StepId, sampled: Vec<u32>) -> StepOutputs {
-        StepOutputs { step, sampled, logprobs: Vec::new() }
+        StepOutputs { step, sampled, logprobs: Vec::new(), prompt_logprobs: Vec::new() }
     }
+}
+
+/// A row's log-probabilities of prompt tokens: `logprobs[i]` is of the token at position
+/// `from + i`, under the logits of the position before it. A recomputed position scores its
+/// token again; whoever reports them keeps the first.
+#[derive(Clone, PartialEq, Debug)]
+pub struct PromptLogprobs {
+    pub request: RequestId,
+    pub from: u32,
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// The executor's side of the page-table deltas: one table per slot. The CPU and CUDA backends

@@ -222,6 +222,9 @@ impl Scheduler {
         let Scheduler { pool, entries, .. } = self;
         let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
         debug_assert!(r.pages.is_empty() && r.computed == 0);
+        if !r.reads_prefix_cache {
+            return 0;
+        }
         let limit = (r.tokens.len() - 1) / page_tokens;
         extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, limit);
         let root = root_hash(r.cache_salt);

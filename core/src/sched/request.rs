@@ -183,6 +183,9 @@ pub(crate) struct Request {
     /// Prefill side of a transfer: when it ends, its pages are kept for the transfer to pin
     /// (`Scheduler::take_kept_pages`) instead of released.
     pub(crate) keeps_pages: bool,
+    /// Whether admission takes a cached prefix: not for a request whose prompt is scored
+    /// (`Scheduler::submit_scoring`), which needs the logits of every prompt position.
+    pub(crate) reads_prefix_cache: bool,
 }
 
 impl Request {
@@ -210,6 +213,7 @@ impl Request {
             preemptions: 0,
             draft_row: None,
             keeps_pages: false,
+            reads_prefix_cache: true,
         }
     }
 

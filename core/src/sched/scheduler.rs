@@ -231,6 +231,18 @@ impl Scheduler {
         Ok(())
     }
 
+    /// As `submit`, for a request whose prompt's tokens are scored (`SamplingSpec::
+    /// prompt_logprobs`): it computes every prompt position, reading nothing from the prefix
+    /// cache (vLLM's `skip_reading_prefix_cache`), and offers its pages to the cache as any
+    /// request does.
+    pub fn submit_scoring(&mut self, req: NewRequest, now: Time) -> Result<(), AdmissionError> {
+        let id = req.id;
+        self.submit(req, now)?;
+        let entry = self.by_id[&id];
+        self.entry_mut(entry).reads_prefix_cache = false;
+        Ok(())
+    }
+
     fn check_admissible(&self, req: &NewRequest) -> Result<(), AdmissionError> {
         if self.waiting.len() >= self.config.waiting_max as usize {
             return Err(AdmissionError::QueueFull { waiting_max: self.config.waiting_max });

@@ -437,3 +437,26 @@ fn stop_tokens_are_bounded_as_the_wire_bounds_them() {
     req.stop_token_ids.truncate(max);
     h.submit(req).unwrap();
 }
+
+/// A request whose prompt is scored computes every prompt position: its log-probabilities need
+/// each position's logits, so it takes nothing from the prefix cache (a plain request with the
+/// same prompt takes 12 of its 13 positions from there), and it still offers its pages.
+#[test]
+fn a_scored_prompt_reads_nothing_from_the_prefix_cache() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 32));
+    let p = prompt(3, 13);
+    h.submit(request(1, p.clone(), 2)).unwrap();
+    h.run_until_idle(1_000);
+    let (_, hit) = h.sched.prefix_cache_tokens();
+    let spec = crate::model::SamplingSpec::for_prompt(crate::testing::sampling(RequestId(2)), &p);
+    h.model.start_request(RequestId(2), spec.scoring(&p, 1));
+    h.sched.submit_scoring(request(2, p.clone(), 2), h.now).unwrap();
+    h.tokens.insert(RequestId(2), Vec::new());
+    h.logprobs.insert(RequestId(2), Vec::new());
+    h.run_until_idle(1_000);
+    assert_eq!(h.sched.prefix_cache_tokens().1, hit, "the scored prompt read the cache");
+    assert_eq!(h.tokens[&RequestId(2)], run_alone(h.sched.config(), &request(2, p.clone(), 2)));
+    h.submit(request(3, p, 2)).unwrap();
+    h.run_until_idle(1_000);
+    assert_eq!(h.sched.prefix_cache_tokens().1, hit + 12, "a plain request reads the cache");
+}

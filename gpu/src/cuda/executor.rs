@@ -33,7 +33,9 @@ use lockstep_core::model::{
     ExecError, Executor, GrammarCompiler, PageStore, RequestSampler, SamplingSpec, TokenLogprobs,
     record_outputs,
 };
-use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
+use lockstep_core::sched::{
+    PageTables, PromptLogprobs, RecentSamples, RequestId, StepOutputs, StepPlan,
+};
 use lockstep_core::wire::KvLayout;
 
 use super::kernel_cache::KernelCache;
@@ -323,6 +325,11 @@ impl CudaExecutor {
             self.limits,
         )?;
         let real_samples = arrays.sample_rows.len();
+        let samplers = &self.samplers;
+        let scored = arrays.add_scored(plan, |row| match samplers.get(&row.request) {
+            Some(sampler) => sampler.scored_positions(row.positions.clone()),
+            None => 0..0,
+        })?;
         let graph = layout::graph_rows(plan, &arrays, self.graph_rows_max);
         if let Some(rows) = graph {
             arrays.pad_to(rows, self.limits)?;
@@ -342,7 +349,7 @@ impl CudaExecutor {
                 self.steps_eager += 1;
             }
         }
-        self.finish(plan, &arrays.sample_rows[..real_samples], all_logits)
+        self.finish(plan, &arrays.sample_rows[..real_samples], &scored, all_logits)
     }
 
     /// Switches the launch options for the steps from now on, dropping the graphs captured
@@ -442,11 +449,14 @@ impl CudaExecutor {
         graph.map_err(driver("instantiating a graph"))?.ok_or_else(|| "CUDA: an empty graph".into())
     }
 
-    /// Copies back the sampled rows' argmax (and logits where needed), samples, records.
+    /// Copies back the sampled rows' argmax (and logits where needed), samples, records; then
+    /// the logits of the positions that score prompt tokens (`scored`, from
+    /// `StepArrays::add_scored`), after the sampled rows'.
     fn finish(
         &mut self,
         plan: &StepPlan,
         sample_rows: &[usize],
+        scored: &[(usize, u32, usize)],
         all_logits: bool,
     ) -> Result<(StepOutputs, Vec<Vec<f32>>), String> {
         let s = sample_rows.len();
@@ -498,7 +508,38 @@ impl CudaExecutor {
         if row_logprobs.iter().all(Option::is_none) {
             row_logprobs.clear();
         }
-        Ok((StepOutputs { step: plan.step, sampled, logprobs: row_logprobs }, logits_out))
+        let prompt_logprobs = self.prompt_logprobs(plan, s, scored)?;
+        let outputs =
+            StepOutputs { step: plan.step, sampled, logprobs: row_logprobs, prompt_logprobs };
+        Ok((outputs, logits_out))
+    }
+
+    /// The scored rows' log-probabilities of their prompt tokens, from the logits the step
+    /// left after the `sampled` rows' (one copy a row).
+    fn prompt_logprobs(
+        &self,
+        plan: &StepPlan,
+        sampled: usize,
+        scored: &[(usize, u32, usize)],
+    ) -> Result<Vec<PromptLogprobs>, String> {
+        let vocab = self.dims.vocab;
+        let mut at = sampled;
+        let mut out = Vec::with_capacity(scored.len());
+        for &(r, first, count) in scored {
+            let row = &plan.rows[r];
+            let sampler = self.samplers.get(&row.request).ok_or("a request never started")?;
+            let mut logits = vec![0f32; count * vocab];
+            let view = self.buffers.logits.slice(at * vocab..(at + count) * vocab);
+            self.stream.memcpy_dtoh(&view, &mut logits).map_err(driver("copying logits"))?;
+            at += count;
+            let logprobs = (first..)
+                .zip(logits.chunks_exact(vocab))
+                .map(|(position, l)| sampler.prompt_logprobs(l, position))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{}: {e}", row.request))?;
+            out.push(PromptLogprobs { request: row.request, from: first + 1, logprobs });
+        }
+        Ok(out)
     }
 
     fn check_page(&self, page: u32) -> Result<usize, ExecError> {

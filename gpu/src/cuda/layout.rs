@@ -3,8 +3,10 @@
 //! replays a captured graph. Every check that can refuse a plan happens here, before any work is
 //! queued on the device, with the same errors as the CPU executor's.
 
+use std::ops::Range;
+
 use lockstep_core::kv::PageRef;
-use lockstep_core::sched::{Bucket, InputToken, StepPlan};
+use lockstep_core::sched::{Bucket, InputToken, RowPlan, StepPlan};
 
 /// What the arrays are checked against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +136,31 @@ impl StepArrays {
         Ok(a)
     }
 
+    /// Appends the tokens whose logits score a prompt token to `sample_tokens`, after every
+    /// sampled one (`scored(row)`: the row's positions that score, `RequestSampler::
+    /// scored_positions`). Returns each row that scores any as (row, first position, count):
+    /// their logits come back after the sampled rows', in that order.
+    pub fn add_scored(
+        &mut self,
+        plan: &StepPlan,
+        scored: impl Fn(&RowPlan) -> Range<u32>,
+    ) -> Result<Vec<(usize, u32, usize)>, String> {
+        let mut rows = Vec::new();
+        let mut first_token = 0;
+        for (r, row) in plan.rows.iter().enumerate() {
+            let positions = scored(row);
+            for p in positions.clone() {
+                let index = first_token + (p - row.positions.start) as usize;
+                self.sample_tokens.push(int(index, "a token index")?);
+            }
+            if !positions.is_empty() {
+                rows.push((r, positions.start, positions.len()));
+            }
+            first_token += row.positions.len();
+        }
+        Ok(rows)
+    }
+
     pub fn token_count(&self) -> usize {
         self.tokens.len()
     }
@@ -172,7 +199,8 @@ pub fn graph_rows(plan: &StepPlan, arrays: &StepArrays, graph_rows_max: usize) -
     let rows = arrays.row_count();
     let decode_only = arrays.kinds.iter().all(|&k| k == RowKind::Decode)
         && arrays.token_count() == rows
-        && arrays.sample_rows.len() == rows;
+        && arrays.sample_rows.len() == rows
+        && arrays.sample_tokens.len() == rows;
     (decode_only && rows <= padded && padded <= graph_rows_max).then_some(padded)
 }
 

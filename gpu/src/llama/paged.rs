@@ -18,7 +18,9 @@ use lockstep_core::model::{
     ExecError, Executor, GrammarCompiler, RequestSampler, SamplingSpec, TokenLogprobs,
     record_outputs,
 };
-use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
+use lockstep_core::sched::{
+    PageTables, PromptLogprobs, RecentSamples, RequestId, StepOutputs, StepPlan,
+};
 
 use super::forward::{attend_head_paged, rope, swiglu};
 use super::numerics::rms_norm;
@@ -163,6 +165,9 @@ impl CpuExecutor {
         // tokens; positions before the first token's window stay unused at 0.
         let mut cache = Vec::with_capacity(plan.rows.len());
         let mut sampling = Vec::new();
+        // The slots whose logits score a prompt token (`RequestSampler::scored_positions`), by
+        // row: (row, its first scored position, the slots).
+        let mut scoring: Vec<(usize, u32, Vec<usize>)> = Vec::new();
         for (r, row) in plan.rows.iter().enumerate() {
             if row.positions.is_empty() {
                 return Err(format!("{}: a row with no position to compute", row.request));
@@ -174,6 +179,7 @@ impl CpuExecutor {
                 *at = cache_index(table, self.page_tokens, p)?;
             }
             cache.push(indices);
+            let first_slot = slots.len();
             for (position, input) in row.positions.clone().zip(plan.row_inputs(row)) {
                 let position = position as usize;
                 let token = self.recent.resolve(*input)?;
@@ -189,8 +195,34 @@ impl CpuExecutor {
                 // The row's last token, just pushed, is the one whose logits are sampled.
                 sampling.push(slots.len() - 1);
             }
+            if let Some(sampler) = self.samplers.get(&row.request) {
+                let scored = sampler.scored_positions(row.positions.clone());
+                if !scored.is_empty() {
+                    let at = |p: u32| first_slot + (p - row.positions.start) as usize;
+                    scoring.push((r, scored.start, scored.map(at).collect()));
+                }
+            }
         }
-        let logits = self.forward(&slots, &cache, &sampling);
+        let mut logit_slots = sampling.clone();
+        logit_slots.extend(scoring.iter().flat_map(|(_, _, s)| s.iter().copied()));
+        let mut logits = self.forward(&slots, &cache, &logit_slots);
+        let scored_logits = logits.split_off(sampling.len());
+        let mut prompt_logprobs = Vec::with_capacity(scoring.len());
+        let mut scored_logits = scored_logits.iter();
+        for (r, first, scored) in &scoring {
+            let row = &plan.rows[*r];
+            let sampler = &self.samplers[&row.request];
+            let mut logprobs = Vec::with_capacity(scored.len());
+            for (position, l) in (*first..).zip(scored_logits.by_ref().take(scored.len())) {
+                let scored = sampler.prompt_logprobs(l, position);
+                logprobs.push(scored.map_err(|e| format!("{}: {e}", row.request))?);
+            }
+            prompt_logprobs.push(PromptLogprobs {
+                request: row.request,
+                from: first + 1,
+                logprobs,
+            });
+        }
         let mut sampled = Vec::with_capacity(sampling.len());
         let mut row_logprobs: Vec<Option<TokenLogprobs>> = Vec::with_capacity(sampling.len());
         for (&t, l) in sampling.iter().zip(&logits) {
@@ -211,11 +243,13 @@ impl CpuExecutor {
         if row_logprobs.iter().all(Option::is_none) {
             row_logprobs.clear();
         }
-        Ok((StepOutputs { step: plan.step, sampled, logprobs: row_logprobs }, logits))
+        let outputs =
+            StepOutputs { step: plan.step, sampled, logprobs: row_logprobs, prompt_logprobs };
+        Ok((outputs, logits))
     }
 
     /// Every token of the step through every layer, on the team; returns the logits of the
-    /// tokens `sampling` lists.
+    /// tokens `sampling` lists (those sampled, and those scoring a prompt token).
     fn forward(&self, slots: &[Slot], cache: &[Vec<usize>], sampling: &[usize]) -> Vec<Vec<f32>> {
         let w = &*self.weights;
         let c = &w.config;

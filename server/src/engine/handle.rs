@@ -15,9 +15,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::stats::EngineStats;
 
-/// What the engine tells one request, in order: tokens, then exactly one `Finished`.
+/// What the engine tells one request, in order: its prompt's log-probabilities if it asked
+/// (`SamplingSpec::prompt_logprobs`: those of positions 1, 2, … in order, in as many events as
+/// the prompt took steps), tokens, then exactly one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RequestEvent {
+    PromptLogprobs { logprobs: Vec<TokenLogprobs> },
     Token { token: u32, logprobs: Option<TokenLogprobs> },
     Finished { reason: FinishReason, output_tokens: u32 },
 }
@@ -87,8 +90,10 @@ impl EngineHandle {
         }
         request.id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let id = request.id;
-        // Every token and the terminal event fit: the engine's sends never fail for space.
-        let capacity = request.max_tokens as usize + 2;
+        // Every token and the terminal event fit, and a prompt's scores in as many events as it
+        // has positions: the engine's sends never fail for space.
+        let scores = if spec.prompt_logprobs.is_some() { request.prompt.len() } else { 0 };
+        let capacity = request.max_tokens as usize + 2 + scores;
         let (events, receiver) = mpsc::channel(capacity);
         let (reply, answer) = oneshot::channel();
         let command = Command::Submit { request, spec, events, reply };

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use lockstep_core::Time;
 use lockstep_core::model::{SamplingSpec, TokenLogprobs};
-use lockstep_core::sched::{FinishReason, NewRequest, RequestId, SchedEvent, Scheduler, StepId};
+use lockstep_core::sched::{
+    FinishReason, NewRequest, PromptLogprobs, RequestId, SchedEvent, Scheduler, StepId,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -30,6 +32,10 @@ struct Live {
     arrived: Instant,
     scheduled: bool,
     last_token_at: Option<Instant>,
+    /// The next prompt position whose token's log-probabilities go out, when the request asked
+    /// for them (from 1: the first token has none): a recomputed position's come again, and
+    /// only the first go.
+    next_scored: u32,
 }
 
 /// A launched step: when, and which requests its sampling rows sample for, in row order.
@@ -187,6 +193,10 @@ impl<R: StepRunner> Engine<R> {
         observe(&self.metrics.step_seconds, launched.at.elapsed());
         let applied = match result {
             Ok(outputs) if step == launched.step => {
+                // Before the step's tokens: a request's prompt is scored before its first token.
+                for scored in &outputs.prompt_logprobs {
+                    self.prompt_scored(scored);
+                }
                 for (request, lp) in launched.sampling.iter().zip(outputs.logprobs.iter()) {
                     if let Some(lp) = lp {
                         self.step_logprobs.insert(*request, lp.clone());
@@ -207,6 +217,25 @@ impl<R: StepRunner> Engine<R> {
         self.stats.record_progress(self.sched.requests_held());
     }
 
+    /// Passes on the prompt log-probabilities a step scored for a request, those of positions
+    /// not passed on yet (a preempted request scores its prompt again as it recomputes it).
+    fn prompt_scored(&mut self, scored: &PromptLogprobs) {
+        let Some(live) = self.live.get_mut(&scored.request) else { return };
+        let end = scored.from + scored.logprobs.len() as u32;
+        if scored.from > live.next_scored {
+            // A gap would misplace every later one; never seen, as a prompt is computed in order.
+            tracing::error!(request = scored.request.0, "prompt log-probabilities out of order");
+            return;
+        }
+        if end <= live.next_scored {
+            return; // Passed on when first computed.
+        }
+        let fresh = scored.logprobs[(live.next_scored - scored.from) as usize..].to_vec();
+        live.next_scored = end;
+        // The event channel has room for one of these a prompt position (`EngineHandle::submit`).
+        let _ = live.events.try_send(RequestEvent::PromptLogprobs { logprobs: fresh });
+    }
+
     fn submit(
         &mut self,
         request: NewRequest,
@@ -215,7 +244,11 @@ impl<R: StepRunner> Engine<R> {
         reply: oneshot::Sender<Result<(), SubmitError>>,
     ) {
         let (id, prompt_tokens) = (request.id, request.prompt.len() as u64);
-        let answer = match self.sched.submit(request, self.now()) {
+        let submitted = match spec.prompt_logprobs {
+            Some(_) => self.sched.submit_scoring(request, self.now()),
+            None => self.sched.submit(request, self.now()),
+        };
+        let answer = match submitted {
             Ok(()) => {
                 self.runner.start_request(id, spec);
                 let span = tracing::info_span!("request", id = id.0);
@@ -226,6 +259,7 @@ impl<R: StepRunner> Engine<R> {
                     arrived: Instant::now(),
                     scheduled: false,
                     last_token_at: None,
+                    next_scored: 1,
                 };
                 self.live.insert(id, live);
                 self.metrics.prompt_tokens.increment(prompt_tokens);

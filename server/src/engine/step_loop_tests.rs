@@ -105,6 +105,7 @@ async fn run(mode: StepMode, requests: &[NewRequest]) -> (Vec<Vec<u32>>, usize) 
         while let Some(event) = stream.next().await {
             match event {
                 RequestEvent::Token { token, .. } => tokens.push(token),
+                RequestEvent::PromptLogprobs { .. } => {}
                 RequestEvent::Finished { .. } => break,
             }
         }

@@ -45,15 +45,12 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Vec<Generation>, GenerationParams, Vec<Vec<u32>>), ApiError> {
+) -> Result<(Vec<Generation>, GenerationParams, Vec<Prompted>), ApiError> {
     let request: CompletionRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
         e
     };
-    if request.echo {
-        return Err(invalid(ApiError::invalid_param("echo", "echo is not supported")));
-    }
     if request.suffix.is_some() {
         return Err(invalid(ApiError::invalid_param("suffix", "suffix is not supported")));
     }
@@ -69,6 +66,10 @@ async fn prepare(
         .validate(&state.config.model_name, request.logprobs, state.next_seed())
         .map_err(invalid)?;
     params.spec.grammar = grammar.map(|held| held.grammar);
+    if request.echo {
+        // The prompt's tokens are scored with as many alternatives as the output's.
+        params.spec.prompt_logprobs = params.spec.logprobs;
+    }
     let prompts = completion_prompts(&request.prompt).map_err(invalid)?;
     let completions = prompts.len() * params.choices as usize;
     if prompts.len() > 1 && completions > PROMPTS_MAX {
@@ -83,18 +84,30 @@ async fn prepare(
     // Every prompt encoded before any starts.
     let whole_prompt = (prompts.len() == 1).then(|| request.prompt.clone());
     let mut encoded = Vec::with_capacity(prompts.len());
+    let mut echoes = Vec::with_capacity(prompts.len());
     for (prompt, sent) in prompts {
-        let ids = match prompt {
-            Prompt::Ids(ids) => ids,
+        // `echo` gives the prompt as sent: its text, or its ids' text.
+        let (ids, echo) = match prompt {
+            Prompt::Ids(ids) => {
+                let echo = match request.echo {
+                    true => {
+                        Some(state.codec.decode(&ids).map_err(|e| invalid(ApiError::invalid(e)))?)
+                    }
+                    false => None,
+                };
+                (ids, echo)
+            }
             Prompt::Text(text) => {
-                state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?
+                let ids = state.codec.encode(&text).map_err(|e| invalid(ApiError::invalid(e)))?;
+                (ids, request.echo.then_some(text))
             }
         };
         encoded.push((ids, whole_prompt.clone().unwrap_or(sent)));
+        echoes.push(echo);
     }
     let mut generations = Vec::with_capacity(completions);
     let mut prompt_ids = Vec::with_capacity(encoded.len());
-    for (i, (ids, sent)) in encoded.into_iter().enumerate() {
+    for (i, ((ids, sent), echo)) in encoded.into_iter().zip(echoes).enumerate() {
         // Each prompt is recorded as a request of its own (as sent; a lone prompt exactly as
         // the body had it), the first in the client's session and the others beside it.
         let draft = arrival.as_ref().map(|a| {
@@ -105,9 +118,16 @@ async fn prepare(
         // A later prompt refused (empty, or past the context) drops the generations started,
         // which aborts them: all or none, as for `n`.
         generations.extend(start_choices(state, ids.clone(), &params, draft).await?);
-        prompt_ids.push(ids);
+        prompt_ids.push(Prompted { ids, echo });
     }
     Ok((generations, params, prompt_ids))
+}
+
+/// A prompt as its choices answer it: its ids, and its text when the request asked for `echo`.
+#[derive(Clone)]
+struct Prompted {
+    ids: Vec<u32>,
+    echo: Option<String>,
 }
 
 /// One `Output` a choice, each reading its own request: choice `p * n + i` is prompt `p`'s
@@ -116,7 +136,7 @@ async fn respond(
     state: Arc<AppState>,
     generations: Vec<Generation>,
     params: GenerationParams,
-    prompts: Vec<Vec<u32>>,
+    prompts: Vec<Prompted>,
     id: String,
 ) -> Response {
     let n = params.choices as usize;
@@ -127,7 +147,8 @@ async fn respond(
         .map(|(index, generation)| Output {
             state: state.clone(),
             params: params.clone(),
-            prompt: prompts[index / n].clone(),
+            prompt: prompts[index / n].ids.clone(),
+            echo: prompts[index / n].echo.clone(),
             several_prompts: several,
             id: id.clone(),
             index,
@@ -144,6 +165,8 @@ struct Output {
     params: GenerationParams,
     /// This choice's prompt.
     prompt: Vec<u32>,
+    /// Its text, until the choice's first content goes out ahead of it (`echo`).
+    echo: Option<String>,
     /// The request listed several prompts: each choice names its prompt's ids
     /// (`return_token_ids`), not the response.
     several_prompts: bool,
@@ -163,16 +186,34 @@ impl Output {
         CompletionTokens { generated: self.generation.output_tokens, reasoning: None }
     }
 
+    /// The choice's next content: `text` and the tokens it came from, after the echoed prompt
+    /// if it has not gone out yet.
     fn choice(
-        &self,
+        &mut self,
         text: &str,
         tokens: &[u32],
         lp: &[TokenLogprobs],
         finish: Option<Finish>,
     ) -> Value {
-        let logprobs = self.params.spec.logprobs.map(|_| {
-            logprobs::completion(self.state.codec.as_ref(), lp, self.text_len - text.len())
-        });
+        let codec = self.state.codec.as_ref();
+        let (text, logprobs) = match self.echo.take() {
+            Some(prompt) => {
+                let logprobs = self.params.spec.logprobs.map(|_| {
+                    let scores = &self.generation.prompt_logprobs;
+                    logprobs::completion_echoed(codec, &self.prompt, scores, lp, prompt.len())
+                });
+                (prompt + text, logprobs)
+            }
+            None => {
+                let logprobs = self
+                    .params
+                    .spec
+                    .logprobs
+                    .map(|_| logprobs::completion(codec, lp, self.text_len));
+                (text.to_owned(), logprobs)
+            }
+        };
+        self.text_len += text.len();
         let mut choice = json!({
             "index": self.index,
             "text": text,
@@ -220,7 +261,6 @@ async fn whole(mut outs: Vec<Output>) -> Response {
     };
     let mut choices = Vec::with_capacity(outs.len());
     for (out, (Piece { text, tokens, logprobs: lps }, finish)) in outs.iter_mut().zip(results) {
-        out.text_len = text.len();
         choices.push(out.choice(&text, &tokens, &lps, Some(finish)));
     }
     let completion_tokens = CompletionTokens::sum(outs.iter().map(Output::tokens));
@@ -246,12 +286,14 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     }
     let events = match out.generation.next().await {
         Next::Piece(p)
-            if p.text.is_empty() && p.logprobs.is_empty() && !out.params.return_token_ids =>
+            if p.text.is_empty()
+                && p.logprobs.is_empty()
+                && !out.params.return_token_ids
+                && out.echo.is_none() =>
         {
             ChoiceEvents::More(vec![])
         }
         Next::Piece(p) => {
-            out.text_len += p.text.len();
             let choice = out.choice(&p.text, &p.tokens, &p.logprobs, None);
             let mut chunk = out.envelope(vec![choice]);
             if out.params.include_usage {

@@ -60,6 +60,10 @@ pub struct Generation {
     stop_token_ids: Vec<u32>,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
+    /// The prompt's tokens' log-probabilities (from the second), as far as they came, when
+    /// the request asked for them (`SamplingSpec::prompt_logprobs`): all of them before the
+    /// first piece of output.
+    pub prompt_logprobs: Vec<TokenLogprobs>,
     done: Option<Result<Finish, ApiError>>,
     /// The request's trace record while it runs (`--record-trace`); dropped unended: `abort`.
     record: Option<Recording>,
@@ -89,6 +93,7 @@ impl Generation {
             stop_token_ids: Vec::new(),
             prompt_tokens,
             output_tokens: 0,
+            prompt_logprobs: Vec::new(),
             done: None,
             record: None,
         }
@@ -144,17 +149,27 @@ impl Generation {
             self.record_end(TraceFinish::Stop);
             return self.end(Ok(Finish::Stop));
         };
-        let event = match tokio::time::timeout_at(self.deadline, stream.next()).await {
-            Ok(event) => event,
-            Err(_) => {
-                self.stream = None; // Aborts it.
-                self.record_end(TraceFinish::Timeout);
-                return self
-                    .end(Err(ApiError::unavailable("the request ran past the time limit", 1)));
+        let event = loop {
+            match tokio::time::timeout_at(self.deadline, stream.next()).await {
+                Ok(Some(RequestEvent::PromptLogprobs { logprobs })) => {
+                    self.prompt_logprobs.extend(logprobs);
+                }
+                Ok(event) => break event,
+                Err(_) => {
+                    self.stream = None; // Aborts it.
+                    self.record_end(TraceFinish::Timeout);
+                    return self
+                        .end(Err(ApiError::unavailable("the request ran past the time limit", 1)));
+                }
             }
         };
         match event {
             Some(RequestEvent::Token { token, logprobs }) => self.token(token, logprobs),
+            // Taken by the loop above; were one to come here, it is kept all the same.
+            Some(RequestEvent::PromptLogprobs { logprobs }) => {
+                self.prompt_logprobs.extend(logprobs);
+                Next::Piece(Piece::default())
+            }
             Some(RequestEvent::Finished { reason, .. }) => {
                 self.stream = None;
                 let finish = match reason {

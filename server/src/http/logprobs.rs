@@ -24,6 +24,58 @@ pub fn chat(codec: &dyn TextCodec, logprobs: &[TokenLogprobs]) -> Value {
     json!({ "content": content })
 }
 
+/// Completions with `echo`: the prompt's tokens, then the output's as `completion` gives them
+/// (counting from `output_offset`, the echoed text's length). The prompt's first token has no
+/// log-probability (null, as OpenAI and vLLM give it); token `i` after it has `scores[i - 1]`'s.
+/// Prompt offsets count from 0 by the tokens' texts.
+pub fn completion_echoed(
+    codec: &dyn TextCodec,
+    prompt: &[u32],
+    scores: &[TokenLogprobs],
+    output: &[TokenLogprobs],
+    output_offset: usize,
+) -> Value {
+    let (mut tokens, mut token_logprobs, mut top, mut text_offset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut offset = 0;
+    for (i, &id) in prompt.iter().enumerate() {
+        let text = codec.token_text(id);
+        text_offset.push(Value::from(offset));
+        offset += text.len();
+        tokens.push(Value::from(text));
+        match i.checked_sub(1).and_then(|j| scores.get(j)) {
+            Some(l) => {
+                token_logprobs.push(Value::from(l.logprob));
+                top.push(Value::Object(alternatives(codec, l)));
+            }
+            None => {
+                token_logprobs.push(Value::Null);
+                top.push(Value::Null);
+            }
+        }
+    }
+    let rest = completion(codec, output, output_offset);
+    for (name, list) in [
+        ("tokens", &mut tokens),
+        ("token_logprobs", &mut token_logprobs),
+        ("top_logprobs", &mut top),
+        ("text_offset", &mut text_offset),
+    ] {
+        list.extend(rest[name].as_array().into_iter().flatten().cloned());
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
+}
+
+/// A token's top alternatives: `{text: logprob}`.
+fn alternatives(codec: &dyn TextCodec, l: &TokenLogprobs) -> Map<String, Value> {
+    l.top.iter().map(|&(id, lp)| (codec.token_text(id), Value::from(lp))).collect()
+}
+
 /// Completions: `{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}`;
 /// offsets count from `offset`, the output's length before these tokens.
 pub fn completion(codec: &dyn TextCodec, logprobs: &[TokenLogprobs], mut offset: usize) -> Value {
@@ -37,9 +89,7 @@ pub fn completion(codec: &dyn TextCodec, logprobs: &[TokenLogprobs], mut offset:
         offset += text.len();
         tokens.push(text);
         token_logprobs.push(l.logprob);
-        let alternatives: Map<String, Value> =
-            l.top.iter().map(|&(id, lp)| (codec.token_text(id), Value::from(lp))).collect();
-        top.push(alternatives);
+        top.push(alternatives(codec, l));
     }
     json!({
         "tokens": tokens,

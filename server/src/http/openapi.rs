@@ -485,7 +485,13 @@ fn completion_properties(config: &AppConfig) -> Value {
             ),
         },
         "logprobs": nullable(integer(0, i64::from(SamplingSpec::TOP_LOGPROBS_MAX))),
-        "echo": { "type": "boolean", "enum": [false], "description": "not supported" },
+        "echo": {
+            "type": "boolean",
+            "default": false,
+            "description": "the prompt ahead of each choice's text; with `logprobs`, its tokens' \
+                            log-probabilities ahead of the output's (the first token's null), as \
+                            lm-eval-harness reads them (not through a router)",
+        },
         "suffix": { "nullable": true, "enum": [null], "description": "not supported" },
         "best_of": nullable(integer(1, 1)),
     })
@@ -815,11 +821,12 @@ fn completion_logprobs() -> Value {
         &["tokens", "token_logprobs", "top_logprobs", "text_offset"],
         json!({
             "tokens": list(json!({ "type": "string" })),
-            "token_logprobs": list(json!({ "type": "number", "maximum": 0 })),
-            "top_logprobs": list(json!({
+            // Null for an echoed prompt's first token, which nothing scores.
+            "token_logprobs": list(nullable(json!({ "type": "number", "maximum": 0 }))),
+            "top_logprobs": list(nullable(json!({
                 "type": "object",
                 "additionalProperties": { "type": "number", "maximum": 0 },
-            })),
+            }))),
             "text_offset": list(json!({ "type": "integer", "minimum": 0 })),
         }),
     )

@@ -1,7 +1,7 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions`, and their validation into
 //! what the engine runs. Every field OpenAI defines that we do not implement is refused with a
 //! message when it asks for something (a response format other than text, `tool_choice`
-//! "required", `echo`, `suffix`, `best_of`), never silently ignored; fields that change nothing
+//! "required", `suffix`, `best_of`), never silently ignored; fields that change nothing
 //! (`user`, `parallel_tool_calls`) are accepted. Unknown fields are ignored, as OpenAI's own
 //! server does.
 

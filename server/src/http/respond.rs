@@ -123,7 +123,10 @@ async fn start(
         None => context - prompt_tokens,
     };
     let input_ids = draft.as_ref().map(|_| prompt.clone());
-    let spec = params.spec.clone().with_prompt(&prompt);
+    let mut spec = params.spec.clone().with_prompt(&prompt);
+    if let Some(top) = spec.prompt_logprobs {
+        spec = spec.scoring(&prompt, top);
+    }
     let request = NewRequest {
         id: lockstep_core::sched::RequestId(0),
         prompt,

@@ -155,6 +155,14 @@ impl RouterEngine {
         events: mpsc::Sender<RequestEvent>,
         reply: oneshot::Sender<Result<(), SubmitError>>,
     ) {
+        if spec.prompt_logprobs.is_some() {
+            // The prefill worker would score the prompt and nothing carries the scores on yet;
+            // refusing beats answering without them.
+            let why = "prompt log-probabilities (echo with logprobs) are not served through a \
+                       router yet";
+            let _ = reply.send(Err(SubmitError::Unsupported { param: "echo", why }));
+            return;
+        }
         let id = request.id;
         let prompt_tokens = request.prompt.len() as u64;
         let spec = RequestSpec {
