@@ -14,7 +14,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use lockstep_core::Time;
 use lockstep_core::kv::{PagePool, PageRef, PoolConfig};
 use lockstep_core::pd::{
-    DecodeConfig, DecodeSide, PrefillConfig, PrefillSide, Router, RouterConfig,
+    DecodeConfig, DecodeSide, PrefillConfig, PrefillSide, Router, RouterConfig, Sampled,
 };
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, Scheduler, StepMode, StepOutputs};
 use lockstep_core::wire::{
@@ -246,7 +246,7 @@ fn busy_prefill() -> (PrefillSide, PagePool, Time) {
         }
         let mut sources: Vec<PageRef> = Vec::new();
         pool.allocate_many(TRANSFER_PAGES, &mut sources).unwrap();
-        side.handle_computed(key(id), 1, None, &sources, &mut pool, now);
+        side.handle_computed(key(id), Sampled::token(1), &sources, &mut pool, now);
         for page in sources {
             pool.release(page).unwrap();
         }

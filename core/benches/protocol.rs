@@ -13,7 +13,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_core::Time;
 use lockstep_core::kv::{PagePool, PageRef, PoolConfig};
 use lockstep_core::pd::{
-    DecodeConfig, DecodeOutput, DecodeSide, PrefillConfig, PrefillOutput, PrefillSide,
+    DecodeConfig, DecodeOutput, DecodeSide, PrefillConfig, PrefillOutput, PrefillSide, Sampled,
 };
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
@@ -48,6 +48,7 @@ fn spec(id: u64) -> RequestSpec {
         logit_bias: vec![(7, -100.0)],
         grammar: None,
         logprobs: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -179,8 +180,7 @@ fn run_transfers() -> Duration {
             if let Message::Prepare { key, .. } = e.body {
                 prefill.handle_computed(
                     key,
-                    1,
-                    None,
+                    Sampled::token(1),
                     &sources[key.transfer.0 as usize],
                     &mut prefill_pool,
                     now,

@@ -59,6 +59,9 @@ pub struct Harness {
     pub tokens: BTreeMap<RequestId, Vec<u32>>,
     /// Each token's log-probabilities, for the requests that asked (`logprobs`).
     pub logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
+    /// Each prompt token's from the second on, each once, for the requests that asked
+    /// (`prompt_logprobs`).
+    pub prompt_logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
     /// The step being applied's log-probabilities until its `Token` events take them: a row
     /// whose token is discarded (its request ended in an earlier step) reports none.
     step_logprobs: BTreeMap<RequestId, TokenLogprobs>,
@@ -78,6 +81,7 @@ impl Harness {
             pending: VecDeque::new(),
             tokens: BTreeMap::new(),
             logprobs: BTreeMap::new(),
+            prompt_logprobs: BTreeMap::new(),
             step_logprobs: BTreeMap::new(),
             finished: BTreeMap::new(),
             preemptions: 0,
@@ -87,7 +91,11 @@ impl Harness {
 
     pub fn submit(&mut self, req: NewRequest) -> Result<(), AdmissionError> {
         let (id, spec) = (req.id, SamplingSpec::for_prompt(sampling(req.id), &req.prompt));
-        let result = self.sched.submit(req, self.now);
+        let scoring = prompt_logprobs(id).map(|top| (req.prompt.clone(), top));
+        let result = match scoring {
+            Some(_) => self.sched.submit_scoring(req, self.now),
+            None => self.sched.submit(req, self.now),
+        };
         if result.is_ok() {
             let spec = SamplingSpec {
                 logit_bias: logit_bias(id),
@@ -95,6 +103,11 @@ impl Harness {
                 logprobs: logprobs(id),
                 ..spec
             };
+            let spec = match scoring {
+                Some((prompt, top)) => spec.scoring(&prompt, top),
+                None => spec,
+            };
+            self.prompt_logprobs.insert(id, Vec::new());
             self.model.start_request(id, spec);
             self.tokens.insert(id, Vec::new());
             self.logprobs.insert(id, Vec::new());
@@ -139,6 +152,12 @@ impl Harness {
 
     pub fn apply_oldest(&mut self) -> bool {
         let Some(outputs) = self.pending.pop_front() else { return false };
+        for scored in &outputs.prompt_logprobs {
+            let Some(so_far) = self.prompt_logprobs.get_mut(&scored.request) else { continue };
+            // A preempted prompt scores again as it recomputes: the repeats are dropped.
+            let fresh = scored.from_position(so_far.len() as u32 + 1);
+            so_far.extend_from_slice(fresh.expect("a prompt is scored in order"));
+        }
         if let Some(requests) = self.sched.step_sampling(outputs.step) {
             for (request, l) in requests.zip(&outputs.logprobs) {
                 if let Some(l) = l {
@@ -261,32 +280,48 @@ pub fn logprobs(id: RequestId) -> Option<u8> {
     }
 }
 
+/// Request `id`'s prompt log-probabilities in the harnesses: on one request in six, with two
+/// alternatives (its scheduler then reads no cache for it).
+pub fn prompt_logprobs(id: RequestId) -> Option<u8> {
+    (id.0 % 6 == 4).then_some(2)
+}
+
 /// Request `id` as it travels between workers, sampled as the harnesses sample it (`sampling`,
-/// `logit_bias`, `grammar`, `logprobs`): `run_alone` of the same id and prompt is its reference.
+/// `logit_bias`, `grammar`, `logprobs`, `prompt_logprobs`): `run_alone` of the same id and prompt
+/// is its reference.
 pub fn request_spec(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> RequestSpec {
     RequestSpec {
         sampling: sampling(id),
         logit_bias: logit_bias(id),
         grammar: grammar(id).map(Box::new),
         logprobs: logprobs(id),
+        prompt_logprobs: prompt_logprobs(id),
         ..RequestSpec::new(id, prompt, max_tokens)
     }
 }
 
 /// A request's output when it runs alone in a fresh harness with the same config: the oracle.
 pub fn run_alone(config: &SchedConfig, req: &NewRequest) -> Vec<u32> {
-    run_alone_with_logprobs(config, req).0
+    run_alone_with_logprobs(config, req).tokens
 }
 
-/// `run_alone`, and the log-probabilities of each token if the request asks for them (else
-/// none).
-pub fn run_alone_with_logprobs(
-    config: &SchedConfig,
-    req: &NewRequest,
-) -> (Vec<u32>, Vec<TokenLogprobs>) {
+/// A request's output alone: its tokens, and the log-probabilities it asks for, of each token
+/// and of its prompt's (none when it does not ask).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alone {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
+    pub prompt_logprobs: Vec<TokenLogprobs>,
+}
+
+/// `run_alone`, with the log-probabilities.
+pub fn run_alone_with_logprobs(config: &SchedConfig, req: &NewRequest) -> Alone {
     let mut alone = Harness::new(SchedConfig { prefix_cache: false, ..config.clone() });
     alone.submit(req.clone()).expect("the request is admissible alone");
     alone.run_until_idle(10_000);
-    let tokens = alone.tokens.remove(&req.id).unwrap_or_default();
-    (tokens, alone.logprobs.remove(&req.id).unwrap_or_default())
+    Alone {
+        tokens: alone.tokens.remove(&req.id).unwrap_or_default(),
+        logprobs: alone.logprobs.remove(&req.id).unwrap_or_default(),
+        prompt_logprobs: alone.prompt_logprobs.remove(&req.id).unwrap_or_default(),
+    }
 }

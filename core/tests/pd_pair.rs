@@ -18,7 +18,7 @@ use lockstep_core::Time;
 use lockstep_core::kv::{PagePool, PageRef, PoolConfig};
 use lockstep_core::pd::{
     DecodeConfig, DecodeOutput, DecodeSide, PrefillConfig, PrefillOutput, PrefillSide, Router,
-    RouterConfig, RouterOutput,
+    RouterConfig, RouterOutput, Sampled,
 };
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
@@ -323,7 +323,13 @@ impl Pair {
         let pages = request.prompt.len().div_ceil(PAGE_TOKENS as usize) as u32;
         let mut sources = Vec::new();
         self.prefill_pool.allocate_many(pages, &mut sources).unwrap();
-        self.prefill.handle_computed(key, 42, None, &sources, &mut self.prefill_pool, self.now);
+        self.prefill.handle_computed(
+            key,
+            Sampled::token(42),
+            &sources,
+            &mut self.prefill_pool,
+            self.now,
+        );
         // The prefill scheduler finishes the request at once: only the transfer's pins hold them.
         for page in sources {
             self.prefill_pool.release(page).unwrap();
@@ -592,6 +598,7 @@ fn the_oracle_catches_decoding_from_unwritten_pages() {
         computed_tokens: 10,
         first_token: 1,
         first_logprobs: None,
+        prompt_logprobs: vec![],
     });
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use lockstep_core::sched::{
     AdmissionError, FinishReason, NewRequest, RequestId, SchedConfig, StepMode,
 };
-use lockstep_core::testing::{Harness, run_alone, small_config};
+use lockstep_core::testing::{Alone, Harness, run_alone_with_logprobs, small_config};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
@@ -110,7 +110,7 @@ impl ReferenceStateMachine for SchedReference {
 
 struct Sut {
     harness: Harness,
-    expected: BTreeMap<RequestId, Vec<u32>>,
+    expected: BTreeMap<RequestId, Alone>,
 }
 
 struct SchedTest;
@@ -137,7 +137,7 @@ impl StateMachineTest for SchedTest {
                             pages_needed <= config.pool.pages_total,
                             "admitted a request that can never fit"
                         );
-                        sut.expected.insert(req.id, run_alone(&config, &req));
+                        sut.expected.insert(req.id, run_alone_with_logprobs(&config, &req));
                     }
                     Err(AdmissionError::NeverFits { .. }) => {
                         assert!(pages_needed > config.pool.pages_total)
@@ -164,18 +164,29 @@ impl StateMachineTest for SchedTest {
 
     fn check_invariants(sut: &Sut, _: &Model) {
         // The harness already checked the scheduler's invariants and the event stream.
+        // The harness asks for log-probabilities on some requests, and for their prompts' on
+        // some (read no cache; a preempted one scores its prompt again as it recomputes it):
+        // held to the request alone's like the tokens.
         for (id, tokens) in &sut.harness.tokens {
-            let expected = &sut.expected[id];
+            let alone = &sut.expected[id];
+            let (logprobs, scores) = (&sut.harness.logprobs[id], &sut.harness.prompt_logprobs[id]);
             assert!(
-                expected.starts_with(tokens),
-                "{id}: {tokens:?} is not a prefix of its output alone {expected:?}"
+                alone.tokens.starts_with(tokens),
+                "{id}: {tokens:?} is not a prefix of its output alone {:?}",
+                alone.tokens
             );
+            assert!(alone.logprobs.starts_with(logprobs), "{id}: log-probabilities not its own");
+            assert!(alone.prompt_logprobs.starts_with(scores), "{id}: prompt scores not its own");
             match sut.harness.finished.get(id) {
                 Some(FinishReason::Aborted | FinishReason::QueueTimeout) | None => {}
-                Some(reason) => assert_eq!(
-                    tokens, expected,
-                    "{id} finished ({reason:?}) with another output than alone"
-                ),
+                Some(reason) => {
+                    assert_eq!(
+                        tokens, &alone.tokens,
+                        "{id} finished ({reason:?}) with another output than alone"
+                    );
+                    assert_eq!(logprobs, &alone.logprobs, "{id}: other log-probabilities");
+                    assert_eq!(scores, &alone.prompt_logprobs, "{id}: other prompt scores");
+                }
             }
         }
     }

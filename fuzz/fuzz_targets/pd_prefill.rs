@@ -12,7 +12,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use lockstep_core::Time;
 use lockstep_core::kv::{PagePool, PoolConfig};
-use lockstep_core::pd::{PrefillConfig, PrefillOutput, PrefillSide};
+use lockstep_core::pd::{PrefillConfig, PrefillOutput, PrefillSide, Sampled};
 use lockstep_core::sched::RequestId;
 use lockstep_core::wire::{
     AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec,
@@ -110,7 +110,7 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Computed { transfer, sources: n } => {
                 let n = usize::from(n) % (sources.len() + 1);
-                side.handle_computed(key(transfer), 7, None, &sources[..n], &mut pool, now);
+                side.handle_computed(key(transfer), Sampled::token(7), &sources[..n], &mut pool, now);
             }
             Op::ComputeFailed { transfer } => {
                 side.handle_compute_failed(key(transfer), &mut pool, now)

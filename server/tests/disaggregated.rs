@@ -345,7 +345,8 @@ async fn a_killed_decode_worker_ends_every_request_and_the_prefill_side_lets_go(
 
 /// Log-probabilities through a router are one process's, bit for bit: the first token's from
 /// the prefill worker (which samples it), the rest from the decode worker, each with its top
-/// alternatives, whole and streamed, greedy and sampled.
+/// alternatives, whole and streamed, greedy and sampled; and with `echo`, the prompt's tokens',
+/// which the prefill worker scores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn log_probabilities_through_a_router_equal_one_process() {
     for mode in [StepMode::Sync, StepMode::Overlap] {
@@ -383,15 +384,28 @@ async fn log_probabilities_through_a_router_equal_one_process() {
         let through = content(&c.router.stream("/v1/chat/completions", &chat).await);
         assert_eq!(alone.len(), 5, "{alone:?}");
         assert_eq!(through, alone, "{mode:?}: streamed chat log-probabilities");
-        // Echo: the prompt's text goes through; its tokens' scores are refused, not dropped.
-        let mut echo = completion(&prompt(7, 9, 0), 3);
-        echo["echo"] = json!(true);
-        let (_, alone) = single.post("/v1/completions", &echo).await;
-        let (_, through) = c.router.post("/v1/completions", &echo).await;
-        assert_eq!(text(&through), text(&alone));
-        echo["logprobs"] = json!(1);
-        let (status, refused) = c.router.post("/v1/completions", &echo).await;
-        assert_eq!((status, &refused["error"]["param"]), (400, &json!("echo")), "{refused}");
+        // Echo: the prompt's text, and its tokens' scores from the prefill worker (which
+        // computes every position of it, past a cached prefix too), whole and streamed.
+        let long = prompt(7, 40, 24);
+        let (_, _) = c.router.post("/v1/completions", &completion(&long, 2)).await;
+        for top in [None, Some(0), Some(2)] {
+            let mut echo = completion(&long, 3);
+            echo["echo"] = json!(true);
+            if let Some(top) = top {
+                echo["logprobs"] = json!(top);
+            }
+            let (_, alone) = single.post("/v1/completions", &echo).await;
+            let (status, through) = c.router.post("/v1/completions", &echo).await;
+            assert_eq!(status, 200, "{through}");
+            assert_eq!(through["choices"][0], alone["choices"][0], "{mode:?}: echo {top:?}");
+            echo["stream"] = json!(true);
+            let alone = single.stream("/v1/completions", &echo).await;
+            let through = c.router.stream("/v1/completions", &echo).await;
+            let choices = |events: &[Value]| -> Vec<Value> {
+                events.iter().map(|e| e["choices"].clone()).collect()
+            };
+            assert_eq!(choices(&through), choices(&alone), "{mode:?}: streamed echo {top:?}");
+        }
     }
 }
 

@@ -236,6 +236,11 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
     if let Some(top) = request.logprobs {
         body["logprobs"] = json!(top);
     }
+    if request.echo {
+        body["echo"] = json!(true);
+    }
+    // With `echo` the answer's first tokens are the prompt's: set aside, and checked.
+    let mut echoed = Vec::with_capacity(if request.echo { request.input.len() } else { 0 });
     let mut response = match connection.post("/v1/completions", &body.to_string()).await {
         Ok(r) => r,
         Err(e) => return Ending::Failed { why: e },
@@ -259,6 +264,9 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
             for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
                 if data == "[DONE]" {
                     return match finish_reason {
+                        _ if request.echo && echoed != request.input => Ending::Failed {
+                            why: format!("echoed {echoed:?} for the prompt {:?}", request.input),
+                        },
                         Some(finish_reason) => Ending::Completed { finish_reason },
                         None => Ending::Failed { why: "[DONE] without a finish reason".into() },
                     };
@@ -278,10 +286,14 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
                 }
                 let choice = &value["choices"][0];
                 let text = choice["text"].as_str().unwrap_or("");
-                let tokens = match parse_tokens(text) {
+                let mut tokens = match parse_tokens(text) {
                     Ok(t) => t,
                     Err(e) => return Ending::Failed { why: e },
                 };
+                if request.echo && echoed.len() < request.input.len() {
+                    let take = (request.input.len() - echoed.len()).min(tokens.len());
+                    echoed.extend(tokens.drain(..take));
+                }
                 let logprobs = token_logprobs(&choice["logprobs"]);
                 if !tokens.is_empty() || !logprobs.is_empty() {
                     let mut all = seen.lock().expect("one task at a time");

@@ -140,6 +140,7 @@ fn thinking_trace() -> SimTrace {
                 constrained: false,
                 priority: 0,
                 logprobs: None,
+                echo: false,
             });
         }
     }

@@ -41,6 +41,7 @@ fn trace() -> SimTrace {
             constrained: false,
             priority: 0,
             logprobs: [None, Some(0), None, Some(3)][i % 4],
+            echo: false,
         });
     }
     SimTrace { name: "oracles".into(), vocab_size: 32_000, requests }

@@ -30,6 +30,7 @@ fn trace() -> SimTrace {
             constrained: false,
             priority: 0,
             logprobs: None,
+            echo: false,
         })
         .collect();
     SimTrace { name: "perfetto".into(), vocab_size: 32_000, requests }

@@ -77,6 +77,7 @@ fn a_kept_turn_keeps_the_turn_it_waits_on_and_is_renumbered() {
         constrained: false,
         priority: 0,
         logprobs: None,
+        echo: false,
     };
     let think = Duration::from_millis(5);
     let trace = SimTrace {

@@ -45,6 +45,9 @@ pub(super) struct Stream {
     next_index: u32,
     /// Tokens not sent yet, each with its log-probabilities if the request asked for them.
     pending: Vec<(u32, Option<TokenLogprobs>)>,
+    /// The prompt's tokens' log-probabilities, from the hand-over until the first `Tokens`
+    /// message takes them (if the request asked).
+    prompt_logprobs: Vec<TokenLogprobs>,
     finish: Option<FinishReason>,
 }
 
@@ -124,6 +127,7 @@ impl DecodeNode {
                             running: false,
                             next_index: 0,
                             pending: Vec::new(),
+                            prompt_logprobs: Vec::new(),
                             finish: None,
                         },
                     );
@@ -224,11 +228,15 @@ impl DecodeNode {
                     cached_pages,
                     first_token,
                     first_logprobs,
+                    prompt_logprobs,
                     ..
                 } => {
                     if let Some(logprobs) = first_logprobs {
                         // For the hand-over's `Token` event of the first token.
                         self.token_logprobs.insert(local_id(key), logprobs);
+                    }
+                    if let Some(stream) = self.streams.get_mut(&local_id(key)) {
+                        stream.prompt_logprobs = prompt_logprobs;
                     }
                     self.on_ready(key, router, &request, pages, cached_pages, first_token, now)
                 }
@@ -321,6 +329,11 @@ impl DecodeNode {
             let logprobs = logprobs.into_iter().collect::<Option<Vec<_>>>().unwrap_or_default();
             let index = stream.next_index;
             stream.next_index += tokens.len() as u32;
+            // They go with the first tokens; the codec refuses them past index 0.
+            let prompt_logprobs = match index {
+                0 => std::mem::take(&mut stream.prompt_logprobs),
+                _ => Vec::new(),
+            };
             messages.push((
                 stream.router,
                 Message::Tokens {
@@ -329,6 +342,7 @@ impl DecodeNode {
                     index,
                     tokens,
                     logprobs,
+                    prompt_logprobs,
                     finish: stream.finish,
                 },
             ));

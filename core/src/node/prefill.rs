@@ -10,7 +10,7 @@ use crate::ensure_invariant;
 use crate::invariant::InvariantViolation;
 use crate::kv::PageRef;
 use crate::model::{SamplingSpec, TokenLogprobs};
-use crate::pd::{PrefillConfig, PrefillOutput, PrefillSide};
+use crate::pd::{PrefillConfig, PrefillOutput, PrefillSide, Sampled};
 use crate::sched::{
     ApplyError, NewRequest, RequestId, SchedConfig, SchedConfigError, SchedEvent, Scheduler,
     StepId, StepOutputs, StepPlan,
@@ -48,6 +48,9 @@ pub(super) struct Computation {
     first_token: Option<u32>,
     /// Its log-probabilities, when the request asked for them.
     first_logprobs: Option<TokenLogprobs>,
+    /// The prompt's tokens' log-probabilities so far (from the second token on), when the
+    /// request asked for them.
+    prompt_logprobs: Vec<TokenLogprobs>,
     /// The most positions it ever had computed. A preempted prompt recomputes what it lost, and
     /// that is not progress: only passing this mark is (a worker thrashing between prompts that
     /// preempt each other must look stalled, or a transfer pinning pages would never time out).
@@ -138,6 +141,16 @@ impl PrefillNode {
 
     pub fn apply_outputs(&mut self, outputs: &StepOutputs, now: Time) -> Result<(), ApplyError> {
         logprobs_by_request(&self.sched, outputs, &mut self.step_logprobs);
+        for scored in &outputs.prompt_logprobs {
+            let Some(c) = self.computing.get_mut(&scored.request) else { continue };
+            // A recomputed position's repeat is dropped; a gap never comes (a prompt is
+            // computed in order), and would leave the scores short, which the decode side
+            // passes on as they are.
+            let next = c.prompt_logprobs.len() as u32 + 1;
+            if let Some(fresh) = scored.from_position(next) {
+                c.prompt_logprobs.extend_from_slice(fresh);
+            }
+        }
         let result = self.sched.apply_outputs(outputs, now);
         if result.is_ok() && self.passed_high_water_marks() {
             self.side.handle_compute_progress(now);
@@ -217,7 +230,12 @@ impl PrefillNode {
                     let id = prompt.id;
                     match self.sched.submit_keeping_pages(prompt, now) {
                         Ok(()) => {
-                            let spec = sampling_spec(&request);
+                            let mut spec = sampling_spec(&request);
+                            if let Some(top) = request.prompt_logprobs {
+                                // Every position computed here, whose logits score the prompt.
+                                self.sched.skip_prefix_cache_reads(id);
+                                spec = spec.scoring(&request.prompt, top);
+                            }
                             self.outputs.push_back(PrefillNodeOutput::Start { request: id, spec });
                             self.computing.insert(
                                 id,
@@ -225,6 +243,7 @@ impl PrefillNode {
                                     key,
                                     first_token: None,
                                     first_logprobs: None,
+                                    prompt_logprobs: Vec::new(),
                                     computed_high: 0,
                                     planted_preempted_in_last_step: false,
                                 },
@@ -298,12 +317,17 @@ impl PrefillNode {
         if let Some(c) = self.computing.remove(&request) {
             let pool = self.sched.pool_mut();
             match c.first_token {
-                Some(token) if self.side.is_computing(c.key) => {
+                Some(first_token) if self.side.is_computing(c.key) => {
+                    let sampled = Sampled {
+                        first_token,
+                        first_logprobs: c.first_logprobs,
+                        prompt_logprobs: c.prompt_logprobs,
+                    };
                     if crate::planted!(EmptyHandOff) && c.planted_preempted_in_last_step {
                         // vllm#50297: the page list taken after the preemption released it.
-                        self.side.handle_computed(c.key, token, c.first_logprobs, &[], pool, now)
+                        self.side.handle_computed(c.key, sampled, &[], pool, now)
                     } else {
-                        self.side.handle_computed(c.key, token, c.first_logprobs, &pages, pool, now)
+                        self.side.handle_computed(c.key, sampled, &pages, pool, now)
                     }
                 }
                 _ => self.side.handle_compute_failed(c.key, pool, now),

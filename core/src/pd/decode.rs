@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use super::Sampled;
 use super::peers::{Heard, Peers};
 use crate::Time;
 use crate::ensure_invariant;
@@ -55,6 +56,8 @@ pub enum DecodeOutput {
         first_token: u32,
         /// The first token's log-probabilities, as the prefill side sent them (if asked for).
         first_logprobs: Option<TokenLogprobs>,
+        /// The prompt's tokens' log-probabilities, as the prefill side sent them (if asked for).
+        prompt_logprobs: Vec<TokenLogprobs>,
     },
     /// The transfer ended without KV.
     Ended {
@@ -234,8 +237,11 @@ impl DecodeSide {
         }
         match envelope.body {
             Message::Heartbeat { seq, progress, .. } => self.on_heartbeat(key, seq, progress, now),
-            Message::Done { first_token, pages_written, first_logprobs, .. } => {
-                self.on_done(key, first_token, first_logprobs, pages_written, pool)
+            Message::Done {
+                first_token, pages_written, first_logprobs, prompt_logprobs, ..
+            } => {
+                let sampled = Sampled { first_token, first_logprobs, prompt_logprobs };
+                self.on_done(key, sampled, pages_written, pool)
             }
             Message::Abort { reason, .. } if from == transfer.router => {
                 self.on_router_abort(key, reason, pool)
@@ -297,14 +303,15 @@ impl DecodeSide {
                 self.send(from, Message::DoneAck { key })
             }
             #[cfg(feature = "planted-bugs")]
-            Message::Done { first_token, first_logprobs, .. }
+            Message::Done { first_token, first_logprobs, prompt_logprobs, .. }
                 if crate::planted!(SlotReuse) && self.slot_occupant(key, from).is_some() =>
             {
                 // sgl#17259, sgl#22716, sgl#27374: the late Done is matched by its metadata slot,
                 // not by transfer and epoch: the slot's new occupant takes it.
                 let occupant = self.slot_occupant(key, from).expect("matched above");
                 let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
-                self.on_done(occupant, first_token, first_logprobs, pages, pool);
+                let sampled = Sampled { first_token, first_logprobs, prompt_logprobs };
+                self.on_done(occupant, sampled, pages, pool);
             }
             Message::Heartbeat { .. } | Message::Done { .. } => {
                 self.send(from, Message::Abort { key, reason: AbortReason::DecodeFailed });
@@ -441,8 +448,7 @@ impl DecodeSide {
     fn on_done(
         &mut self,
         key: TransferKey,
-        first_token: u32,
-        first_logprobs: Option<TokenLogprobs>,
+        sampled: Sampled,
         pages_written: u32,
         pool: &mut PagePool,
     ) {
@@ -458,7 +464,7 @@ impl DecodeSide {
                 // sgl#17259, sgl#22716, sgl#27374: the Done of the aborted transfer is read from
                 // its metadata slot, freed at the abort and reused: the new occupant takes it.
                 let pages = self.transfers[&occupant.transfer].reserved.len() as u32;
-                self.on_done(occupant, first_token, first_logprobs, pages, pool);
+                self.on_done(occupant, sampled, pages, pool);
             }
             return;
         }
@@ -489,8 +495,9 @@ impl DecodeSide {
             pages,
             cached_pages,
             computed_tokens,
-            first_token,
-            first_logprobs,
+            first_token: sampled.first_token,
+            first_logprobs: sampled.first_logprobs,
+            prompt_logprobs: sampled.prompt_logprobs,
         });
     }
 
@@ -630,7 +637,7 @@ impl DecodeSide {
             return false;
         }
         let pages = self.transfers[&key.transfer].reserved.len() as u32;
-        self.on_done(key, 0, None, pages, pool);
+        self.on_done(key, Sampled::token(0), pages, pool);
         true
     }
 

@@ -102,7 +102,13 @@ fn happy_path_hands_whole_kv_to_the_scheduler() {
     );
     let out = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 42, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 42,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     let ready = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { pages, first_token, computed_tokens, .. } => {
@@ -197,7 +203,13 @@ fn fail_open() {
     rig.reserve(1, 10);
     let out = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 2, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 2,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PrefillFailed }));
     assert!(
@@ -214,11 +226,23 @@ fn double_completion() {
     rig.reserve(1, 10);
     let first = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     let second = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     assert_eq!(terminals(&first), 1);
     assert_eq!(terminals(&second), 0, "a duplicate Done must not complete twice");
@@ -237,7 +261,13 @@ fn abort_races_completion() {
     let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
     let done = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     assert_eq!(terminals(&aborted) + terminals(&done), 1, "exactly one terminal");
     assert!(!done.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
@@ -254,7 +284,13 @@ fn late_messages_of_another_epoch_are_dropped() {
     assert!(
         rig.deliver(
             P,
-            Message::Done { key: stale, first_token: 1, pages_written: 3, first_logprobs: None }
+            Message::Done {
+                key: stale,
+                first_token: 1,
+                pages_written: 3,
+                first_logprobs: None,
+                prompt_logprobs: vec![]
+            }
         )
         .is_empty()
     );
@@ -270,6 +306,7 @@ fn late_messages_of_another_epoch_are_dropped() {
                 first_token: 1,
                 pages_written: 3,
                 first_logprobs: None,
+                prompt_logprobs: vec![],
             },
         },
         &mut rig.pool,
@@ -290,7 +327,13 @@ fn a_restarted_prefill_gives_up_its_transfers_after_their_lease() {
     assert!(
         rig.deliver(
             P,
-            Message::Done { key: key(1), first_token: 1, pages_written: 3, first_logprobs: None }
+            Message::Done {
+                key: key(1),
+                first_token: 1,
+                pages_written: 3,
+                first_logprobs: None,
+                prompt_logprobs: vec![]
+            }
         )
         .is_empty()
     );
@@ -363,7 +406,13 @@ fn a_late_duplicate_reserve_is_ignored() {
     rig.reserve(1, 10);
     rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 1, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 1,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     let held = rig.pool.held_count();
     let out = rig.deliver(R, Message::Reserve { key: key(1), request: spec(1, 10), prefill: P });
@@ -399,7 +448,13 @@ fn double_completion_by_hand() {
     let before = rig.side.transfers[&TransferId(1)].clone();
     rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     // The guard removed: the completed transfer still on file, as if Done had not ended it.
     rig.side.leases.insert((before.lease_until, TransferId(1)));
@@ -417,7 +472,13 @@ fn abort_races_completion_by_hand() {
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().phase = Phase::AwaitingPrefill;
     let done = rig.deliver(
         P,
-        Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: key(1),
+            first_token: 7,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     assert_eq!(
         terminals(&aborted) + terminals(&done),
@@ -435,7 +496,13 @@ fn late_messages_of_another_epoch_by_hand() {
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().key = stale;
     let out = rig.deliver(
         P,
-        Message::Done { key: stale, first_token: 1, pages_written: 3, first_logprobs: None },
+        Message::Done {
+            key: stale,
+            first_token: 1,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![],
+        },
     );
     let handed_over = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { key, .. } => Some(*key),
@@ -474,7 +541,13 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
         rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
         let out = rig.deliver(
             P,
-            Message::Done { key: key(1), first_token: 7, pages_written: 3, first_logprobs: None },
+            Message::Done {
+                key: key(1),
+                first_token: 7,
+                pages_written: 3,
+                first_logprobs: None,
+                prompt_logprobs: vec![],
+            },
         );
         assert!(out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
         // Transfer 2 ends on its lease, the pool's timers run before or after this side's.

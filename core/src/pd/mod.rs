@@ -55,5 +55,5 @@ mod prefill;
 mod router;
 
 pub use decode::{DecodeConfig, DecodeOutput, DecodeSide};
-pub use prefill::{PrefillConfig, PrefillOutput, PrefillSide};
+pub use prefill::{PrefillConfig, PrefillOutput, PrefillSide, Sampled};
 pub use router::{Router, RouterConfig, RouterError, RouterOutput};

@@ -67,6 +67,23 @@ pub enum PrefillOutput {
     },
 }
 
+/// What computing a transfer's prompt gave besides its KV: the first output token, and the
+/// log-probabilities the request asked for, of that token and of the prompt's from the second
+/// on. They travel to the decode side in `Done`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sampled {
+    pub first_token: u32,
+    pub first_logprobs: Option<TokenLogprobs>,
+    pub prompt_logprobs: Vec<TokenLogprobs>,
+}
+
+impl Sampled {
+    /// The first token alone, for a request that asked for no log-probabilities.
+    pub fn token(first_token: u32) -> Sampled {
+        Sampled { first_token, ..Sampled::default() }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Phase {
     /// Waiting for the computation (and, meanwhile, for a lease).
@@ -114,8 +131,10 @@ struct Transfer {
     compute_progress_counted: Time,
     deadline: Time,
     phase: Phase,
-    /// The first output token's log-probabilities, if the request asked: they go with `Done`.
+    /// The first output token's log-probabilities and the prompt's, if the request asked:
+    /// they go with `Done`.
     first_logprobs: Option<TokenLogprobs>,
+    prompt_logprobs: Vec<TokenLogprobs>,
     /// The time this transfer is filed under in `PrefillSide::due`.
     filed_due: Time,
 }
@@ -128,6 +147,7 @@ impl Transfer {
             first_token,
             pages_written: self.pages.len() as u32,
             first_logprobs: self.first_logprobs.clone(),
+            prompt_logprobs: self.prompt_logprobs.clone(),
         }
     }
 
@@ -281,13 +301,12 @@ impl PrefillSide {
         }
     }
 
-    /// The prompt's KV is computed: `sources` hold it from position 0, and `first_token` is the
-    /// sampled first output token (with its log-probabilities if the request asked for them).
+    /// The prompt's KV is computed: `sources` hold it from position 0, and `sampled` has the
+    /// first output token (with the log-probabilities the request asked for).
     pub fn handle_computed(
         &mut self,
         key: TransferKey,
-        first_token: u32,
-        first_logprobs: Option<TokenLogprobs>,
+        sampled: Sampled,
         sources: &[PageRef],
         pool: &mut PagePool,
         now: Time,
@@ -296,7 +315,9 @@ impl PrefillSide {
         if t.key != key || t.phase != Phase::Computing {
             return;
         }
-        t.first_logprobs = first_logprobs;
+        let first_token = sampled.first_token;
+        t.first_logprobs = sampled.first_logprobs;
+        t.prompt_logprobs = sampled.prompt_logprobs;
         let prompt_pages = t.request.prompt.len().div_ceil(t.page_tokens as usize);
         let first_page = (t.cached_tokens / t.page_tokens) as usize;
         if crate::planted!(EmptyHandOff)
@@ -468,6 +489,7 @@ impl PrefillSide {
                 deadline,
                 phase: Phase::Computing,
                 first_logprobs: None,
+                prompt_logprobs: Vec::new(),
                 filed_due: now,
             },
         );

@@ -85,7 +85,7 @@ fn legit(stage: Stage) -> (PrefillSide, PagePool) {
     let sources: Vec<PageRef> = (0..3).map(|_| pool.allocate().unwrap()).collect();
     deliver(&mut side, &mut pool, prepare(1));
     if stage >= Stage::Writing {
-        side.handle_computed(KEY, 9, None, &sources, &mut pool, Time::ZERO);
+        side.handle_computed(KEY, Sampled::token(9), &sources, &mut pool, Time::ZERO);
         deliver(&mut side, &mut pool, Message::LeaseGrant { key: KEY, seq: 0, lease_ms: 100 });
     }
     if stage >= Stage::DoneSent {

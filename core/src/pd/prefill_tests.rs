@@ -56,7 +56,7 @@ impl Rig {
 
     fn computed(&mut self, id: u64) -> Vec<PrefillOutput> {
         let sources = self.sources.clone();
-        self.side.handle_computed(key(id), 9, None, &sources, &mut self.pool, self.now);
+        self.side.handle_computed(key(id), Sampled::token(9), &sources, &mut self.pool, self.now);
         self.drain()
     }
 
@@ -120,7 +120,13 @@ fn happy_path_writes_under_a_lease_then_done() {
     let out = rig.completion(1, 1, true);
     assert_eq!(
         sent(&out),
-        vec![Message::Done { key: key(1), first_token: 9, pages_written: 3, first_logprobs: None }]
+        vec![Message::Done {
+            key: key(1),
+            first_token: 9,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![]
+        }]
     );
     let out = rig.deliver(Message::DoneAck { key: key(1) });
     assert_eq!(ends(&out), vec![true]);
@@ -233,7 +239,7 @@ fn empty_hand_off() {
     // KV computed over fewer pages than the transfer needs (preempted in its last step): refused.
     let mut rig = Rig::new();
     rig.deliver(prepare(1, 10, 0));
-    rig.side.handle_computed(key(1), 9, None, &rig.sources[..2], &mut rig.pool, rig.now);
+    rig.side.handle_computed(key(1), Sampled::token(9), &rig.sources[..2], &mut rig.pool, rig.now);
     let out = rig.drain();
     assert_eq!(ends(&out), vec![false]);
     assert!(writes(&out).is_empty());
@@ -284,7 +290,13 @@ fn done_is_resent_until_acknowledged_and_a_late_abort_is_answered_at_once() {
     let out = rig.advance(50);
     assert_eq!(
         sent(&out),
-        vec![Message::Done { key: key(1), first_token: 9, pages_written: 3, first_logprobs: None }]
+        vec![Message::Done {
+            key: key(1),
+            first_token: 9,
+            pages_written: 3,
+            first_logprobs: None,
+            prompt_logprobs: vec![]
+        }]
     );
     // abort races completion (vllm#25067): the abort wins, once, with nothing in flight.
     let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });

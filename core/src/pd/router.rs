@@ -53,6 +53,13 @@ pub struct RouterConfig {
 }
 
 /// What the router asks its driver to do. Drained with `poll_output` after every input.
+/// What a `Tokens` message brings, as `on_tokens` takes it.
+struct Stream {
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprobs>,
+    prompt_logprobs: Vec<TokenLogprobs>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum RouterOutput {
     Send(Envelope),
@@ -68,6 +75,9 @@ pub enum RouterOutput {
         request: RequestId,
         tokens: Vec<u32>,
         logprobs: Vec<TokenLogprobs>,
+        /// With a request's first tokens, if it asked: its prompt's tokens' log-probabilities
+        /// from the second on, which go out ahead of the tokens. Else empty.
+        prompt_logprobs: Vec<TokenLogprobs>,
     },
     /// The decoding request ended; nothing about it follows.
     Finished {
@@ -477,8 +487,9 @@ impl Router {
                     Some(reason) => self.fail_or_retry(key.transfer, reason, now),
                 }
             }
-            Message::Tokens { key, request, index, tokens, logprobs, finish } => {
-                self.on_tokens(from, key, request, index, (tokens, logprobs), finish, now)
+            Message::Tokens { key, request, index, tokens, logprobs, prompt_logprobs, finish } => {
+                let stream = Stream { tokens, logprobs, prompt_logprobs };
+                self.on_tokens(from, key, request, index, stream, finish, now)
             }
             Message::TransferLive { key } => self.on_transfer_live(from, key, now),
             _ => {}
@@ -520,7 +531,7 @@ impl Router {
         key: TransferKey,
         request: RequestId,
         index: u32,
-        (tokens, logprobs): (Vec<u32>, Vec<TokenLogprobs>),
+        Stream { tokens, logprobs, prompt_logprobs }: Stream,
         finish: Option<FinishReason>,
         now: Time,
     ) {
@@ -554,6 +565,9 @@ impl Router {
         let fresh = tokens[seen..].to_vec();
         // Empty, or one per token (the codec holds every message to that).
         let fresh_logprobs = logprobs.get(seen..).map_or_else(Vec::new, <[_]>::to_vec);
+        // The prompt's scores come with index 0 (the codec holds every message to that): a
+        // copy of what passed brings them again, and they stay behind.
+        let prompt_logprobs = if index == d.next_index { prompt_logprobs } else { Vec::new() };
         d.next_index += fresh.len() as u32;
         self.idle_deadlines.remove(&(d.idle_deadline, request));
         d.idle_deadline = now.saturating_add(self.config.decode_idle_timeout);
@@ -561,7 +575,8 @@ impl Router {
         self.index.changed(request);
         if !fresh.is_empty() {
             let (tokens, logprobs) = (fresh, fresh_logprobs);
-            self.outputs.push_back(RouterOutput::Tokens { request, tokens, logprobs });
+            let output = RouterOutput::Tokens { request, tokens, logprobs, prompt_logprobs };
+            self.outputs.push_back(output);
         }
         if let Some(reason) = finish {
             self.forget_decoding(request);

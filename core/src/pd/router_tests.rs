@@ -80,6 +80,7 @@ fn ids_are_never_reused_and_belong_to_the_incarnation() {
         index: 0,
         tokens: vec![5],
         logprobs: vec![],
+        prompt_logprobs: vec![],
         finish,
     };
     r.handle_envelope(Envelope { from: D1, to: ME, body: tokens }, Time::ZERO);
@@ -229,6 +230,7 @@ fn tokens(
         index,
         tokens: t.to_vec(),
         logprobs: vec![],
+        prompt_logprobs: vec![],
         finish,
     };
     Envelope { from, to: ME, body }
@@ -265,7 +267,12 @@ fn log_probabilities_pass_on_with_their_tokens_each_once() {
     r.handle_envelope(with_logprobs(0, &[7, 8]), Time::ZERO);
     let passed = |tokens: Vec<u32>| {
         let logprobs = tokens.iter().map(|&t| of(t)).collect();
-        vec![RouterOutput::Tokens { request: RequestId(1), tokens, logprobs }]
+        vec![RouterOutput::Tokens {
+            request: RequestId(1),
+            tokens,
+            logprobs,
+            prompt_logprobs: vec![],
+        }]
     };
     assert_eq!(drain(&mut r), passed(vec![7, 8]));
     // A copy overlapping what passed: the new token goes on with its own log-probabilities.
@@ -279,19 +286,34 @@ fn tokens_pass_on_in_order_once_and_the_finish_ends_the_request() {
     r.handle_envelope(tokens(D1, key, 0, &[7, 8], None), Time::ZERO);
     assert_eq!(
         drain(&mut r),
-        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![7, 8], logprobs: vec![] }]
+        vec![RouterOutput::Tokens {
+            request: RequestId(1),
+            tokens: vec![7, 8],
+            logprobs: vec![],
+            prompt_logprobs: vec![]
+        }]
     );
     // A duplicate of what passed, with one more: only the new token goes on.
     r.handle_envelope(tokens(D1, key, 0, &[7, 8, 9], None), Time::ZERO);
     assert_eq!(
         drain(&mut r),
-        vec![RouterOutput::Tokens { request: RequestId(1), tokens: vec![9], logprobs: vec![] }]
+        vec![RouterOutput::Tokens {
+            request: RequestId(1),
+            tokens: vec![9],
+            logprobs: vec![],
+            prompt_logprobs: vec![]
+        }]
     );
     r.handle_envelope(tokens(D1, key, 3, &[4], Some(FinishReason::Length)), Time::ZERO);
     assert_eq!(
         drain(&mut r),
         vec![
-            RouterOutput::Tokens { request: RequestId(1), tokens: vec![4], logprobs: vec![] },
+            RouterOutput::Tokens {
+                request: RequestId(1),
+                tokens: vec![4],
+                logprobs: vec![],
+                prompt_logprobs: vec![]
+            },
             RouterOutput::Finished { request: RequestId(1), reason: FinishReason::Length }
         ]
     );
@@ -312,7 +334,12 @@ fn tokens_that_overtake_the_outcome_prove_the_hand_over() {
         drain(&mut r),
         vec![
             RouterOutput::Decoding { request: RequestId(1), key, decode: D1 },
-            RouterOutput::Tokens { request: RequestId(1), tokens: vec![7], logprobs: vec![] }
+            RouterOutput::Tokens {
+                request: RequestId(1),
+                tokens: vec![7],
+                logprobs: vec![],
+                prompt_logprobs: vec![]
+            }
         ]
     );
     r.handle_envelope(outcome(D1, key, None), Time::ZERO);
@@ -340,7 +367,12 @@ fn a_retried_request_is_never_decoded_twice_for_the_client() {
     let out = drain(&mut r);
     assert_eq!(
         out.last(),
-        Some(&RouterOutput::Tokens { request: RequestId(1), tokens: vec![7], logprobs: vec![] })
+        Some(&RouterOutput::Tokens {
+            request: RequestId(1),
+            tokens: vec![7],
+            logprobs: vec![],
+            prompt_logprobs: vec![]
+        })
     );
     r.handle_envelope(tokens(D1, first, 2, &[9], None), Time::from_millis(503));
     assert_eq!(drain(&mut r), vec![cancel(D1, first)]);
@@ -470,6 +502,7 @@ fn requests_waiting_for_room_go_by_priority_then_in_the_order_they_came() {
             index: 0,
             tokens: vec![5],
             logprobs: vec![],
+            prompt_logprobs: vec![],
             finish,
         };
         r.handle_envelope(Envelope { from: D1, to: ME, body }, Time::from_millis(at));

@@ -116,6 +116,17 @@ pub struct PromptLogprobs {
     pub logprobs: Vec<TokenLogprobs>,
 }
 
+impl PromptLogprobs {
+    /// The scores of positions `next` on, for a reader that has every position before `next`
+    /// and none after: empty if these are all before it (a recomputed position's repeat);
+    /// `None` if they start past it, a gap that would misplace every later one (a prompt is
+    /// computed in order, so never).
+    pub fn from_position(&self, next: u32) -> Option<&[TokenLogprobs]> {
+        let skip = next.checked_sub(self.from)? as usize;
+        Some(self.logprobs.get(skip..).unwrap_or_default())
+    }
+}
+
 /// The executor's side of the page-table deltas: one table per slot. The CPU and CUDA backends
 /// and the simulator keep one and apply every plan to it in step order.
 #[derive(Clone, Debug, Default)]

@@ -238,9 +238,16 @@ impl Scheduler {
     pub fn submit_scoring(&mut self, req: NewRequest, now: Time) -> Result<(), AdmissionError> {
         let id = req.id;
         self.submit(req, now)?;
-        let entry = self.by_id[&id];
-        self.entry_mut(entry).reads_prefix_cache = false;
+        self.skip_prefix_cache_reads(id);
         Ok(())
+    }
+
+    /// A request just submitted computes every prompt position (`submit_scoring`), for the
+    /// prefill node's requests, which it submits keeping their pages.
+    pub(crate) fn skip_prefix_cache_reads(&mut self, id: RequestId) {
+        if let Some(&entry) = self.by_id.get(&id) {
+            self.entry_mut(entry).reads_prefix_cache = false;
+        }
     }
 
     fn check_admissible(&self, req: &NewRequest) -> Result<(), AdmissionError> {

@@ -460,3 +460,17 @@ fn a_scored_prompt_reads_nothing_from_the_prefix_cache() {
     h.run_until_idle(1_000);
     assert_eq!(h.sched.prefix_cache_tokens().1, hit + 12, "a plain request reads the cache");
 }
+
+/// A reader of prompt scores takes each position once: a repeat (a recomputed prompt) adds
+/// nothing, an overlap adds its new part, a gap is refused.
+#[test]
+fn prompt_scores_are_taken_from_the_next_position_on() {
+    let l = |token| crate::model::TokenLogprobs { token, logprob: -1.0, top: vec![] };
+    let scored =
+        PromptLogprobs { request: RequestId(1), from: 3, logprobs: vec![l(7), l(8), l(9)] };
+    assert_eq!(scored.from_position(3), Some(&[l(7), l(8), l(9)][..]));
+    assert_eq!(scored.from_position(4), Some(&[l(8), l(9)][..]));
+    assert_eq!(scored.from_position(6), Some(&[][..]), "all seen");
+    assert_eq!(scored.from_position(9), Some(&[][..]), "a repeat of earlier positions");
+    assert_eq!(scored.from_position(2), None, "position 2 never came");
+}

@@ -127,8 +127,9 @@ pub struct Cluster {
     write_flight: Duration,
     /// What the router passed on, per request, and how it ended.
     pub outputs: BTreeMap<RequestId, Vec<u32>>,
-    /// The log-probabilities the router passed on with them.
+    /// The log-probabilities the router passed on with them, and its prompt's.
     pub logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
+    pub prompt_logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
     pub ends: BTreeMap<RequestId, End>,
     specs: BTreeMap<RequestId, RequestSpec>,
     pub writes_late: u64,
@@ -151,6 +152,7 @@ impl Cluster {
             write_flight: config.prefill.write_flight_max,
             outputs: BTreeMap::new(),
             logprobs: BTreeMap::new(),
+            prompt_logprobs: BTreeMap::new(),
             ends: BTreeMap::new(),
             specs: BTreeMap::new(),
             writes_late: 0,
@@ -162,6 +164,7 @@ impl Cluster {
         self.router.submit(request.clone(), self.now)?;
         self.outputs.insert(id, Vec::new());
         self.logprobs.insert(id, Vec::new());
+        self.prompt_logprobs.insert(id, Vec::new());
         self.specs.insert(id, request);
         self.after_input();
         Ok(())
@@ -386,21 +389,31 @@ impl Cluster {
     /// request); no page, pin, slot or transfer is held.
     pub fn check_outcomes(&self, sched: &SchedConfig, specs: &BTreeMap<RequestId, RequestSpec>) {
         for (id, spec) in specs {
-            let (alone, alone_logprobs) = super::run_alone_with_logprobs(
+            let alone = super::run_alone_with_logprobs(
                 sched,
                 &super::request(id.0, spec.prompt.clone(), spec.max_tokens),
             );
             let (got, got_logprobs) = (&self.outputs[id], &self.logprobs[id]);
+            let got_scores = &self.prompt_logprobs[id];
             match self.ends.get(id) {
                 Some(End::Finished(_)) => {
-                    assert_eq!(got, &alone, "{id} finished with another output");
-                    assert_eq!(got_logprobs, &alone_logprobs, "{id}: other log-probabilities");
+                    assert_eq!(got, &alone.tokens, "{id} finished with another output");
+                    assert_eq!(got_logprobs, &alone.logprobs, "{id}: other log-probabilities");
+                    assert_eq!(got_scores, &alone.prompt_logprobs, "{id}: other prompt scores");
                 }
                 Some(End::Failed(_)) => {
-                    assert!(alone.starts_with(got), "{id} passed on {got:?}, alone {alone:?}");
+                    let alone_tokens = &alone.tokens;
                     assert!(
-                        alone_logprobs.starts_with(got_logprobs),
+                        alone_tokens.starts_with(got),
+                        "{id} passed on {got:?}, alone {alone_tokens:?}"
+                    );
+                    assert!(
+                        alone.logprobs.starts_with(got_logprobs),
                         "{id} passed on log-probabilities that are not its own"
+                    );
+                    assert!(
+                        got_scores.is_empty() || *got_scores == alone.prompt_logprobs,
+                        "{id} passed on prompt scores that are not its own"
                     );
                 }
                 None => panic!("{id} never ended"),
@@ -463,7 +476,13 @@ impl Cluster {
             match output {
                 RouterOutput::Send(envelope) => self.network.push_back(envelope),
                 RouterOutput::Decoding { .. } => {}
-                RouterOutput::Tokens { request, tokens, logprobs } => {
+                RouterOutput::Tokens { request, tokens, logprobs, prompt_logprobs } => {
+                    let scores = self.prompt_logprobs.get_mut(&request).expect("submitted");
+                    assert!(
+                        prompt_logprobs.is_empty() || scores.is_empty(),
+                        "{request}: its prompt's log-probabilities passed on twice"
+                    );
+                    scores.extend(prompt_logprobs);
                     assert!(!self.ends.contains_key(&request), "{request}: tokens after its end");
                     let asked = self.specs[&request].logprobs.is_some();
                     assert_eq!(

@@ -73,8 +73,12 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
         }
         let grammar = request.grammar.as_ref().map_or(0, |g| g.text().len());
         bound("grammar", grammar, GRAMMAR_BYTES_MAX)?;
-        let top = request.logprobs.map_or(0, usize::from);
+        let top = request.logprobs.max(request.prompt_logprobs).map_or(0, usize::from);
         bound("top logprobs", top, TOP_LOGPROBS_MAX)
+    };
+    let prompt_scores = |scores: &[TokenLogprobs]| {
+        bound("prompt logprobs", scores.len(), PROMPT_TOKENS_MAX)?;
+        scores.iter().try_for_each(|l| check_logprobs(l.token, l))
     };
     match message {
         Message::Reserve { request, .. } => spec(request),
@@ -83,16 +87,22 @@ fn check_bounds(message: &Message) -> Result<(), WireError> {
             bound("pages", pages.len(), PAGES_MAX)
         }
         Message::KvWrite { data, .. } => bound("kv data", data.len(), FRAME_BYTES_MAX),
-        Message::Tokens { tokens, logprobs, .. } => {
+        Message::Tokens { tokens, logprobs, prompt_logprobs, index, .. } => {
             bound("tokens", tokens.len(), TOKENS_PER_MESSAGE_MAX)?;
+            if *index != 0 && !prompt_logprobs.is_empty() {
+                let value = u64::from(*index);
+                return Err(WireError::Invalid { what: "prompt logprobs past index 0", value });
+            }
+            prompt_scores(prompt_logprobs)?;
             if !logprobs.is_empty() && logprobs.len() != tokens.len() {
                 let value = logprobs.len() as u64;
                 return Err(WireError::Invalid { what: "logprobs beside the tokens", value });
             }
             tokens.iter().zip(logprobs).try_for_each(|(&token, l)| check_logprobs(token, l))
         }
-        Message::Done { first_token, first_logprobs: Some(l), .. } => {
-            check_logprobs(*first_token, l)
+        Message::Done { first_token, first_logprobs, prompt_logprobs, .. } => {
+            prompt_scores(prompt_logprobs)?;
+            first_logprobs.as_ref().map_or(Ok(()), |l| check_logprobs(*first_token, l))
         }
         _ => Ok(()),
     }
@@ -188,7 +198,7 @@ fn body(w: &mut Writer, message: &Message) {
         }
         Message::LinkRefused { mismatch } => w.u8(link_mismatch(*mismatch)),
         Message::Ping { nonce } | Message::Pong { nonce } => w.u64(*nonce),
-        Message::Tokens { request, index, tokens, logprobs, finish, .. } => {
+        Message::Tokens { request, index, tokens, logprobs, prompt_logprobs, finish, .. } => {
             w.u64(request.0);
             w.u32(*index);
             w.u32s(tokens);
@@ -196,6 +206,7 @@ fn body(w: &mut Writer, message: &Message) {
             for l in logprobs {
                 token_logprobs(w, l);
             }
+            prompt_scores(w, prompt_logprobs);
             finish_reason(w, *finish);
         }
         Message::Cancel { request, .. } => w.u64(request.0),
@@ -226,13 +237,14 @@ fn body(w: &mut Writer, message: &Message) {
             w.u32(*seq);
             w.u32(*lease_ms);
         }
-        Message::Done { first_token, pages_written, first_logprobs, .. } => {
+        Message::Done { first_token, pages_written, first_logprobs, prompt_logprobs, .. } => {
             w.u32(*first_token);
             w.u32(*pages_written);
             w.bool(first_logprobs.is_some());
             if let Some(l) = first_logprobs {
                 token_logprobs(w, l);
             }
+            prompt_scores(w, prompt_logprobs);
         }
         Message::Abort { reason, .. } => w.u8(abort_reason(*reason)),
         Message::Outcome { failure, .. } => match failure {
@@ -294,7 +306,8 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
                 true => Some(read_token_logprobs(r, first_token)?),
                 false => None,
             };
-            Message::Done { key, first_token, pages_written, first_logprobs }
+            let prompt_logprobs = read_prompt_scores(r)?;
+            Message::Done { key, first_token, pages_written, first_logprobs, prompt_logprobs }
         }
         6 => Message::DoneAck { key },
         7 => Message::Abort { key, reason: read_abort_reason(r.u8("abort reason")?)? },
@@ -323,8 +336,13 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
                 }
                 false => Vec::new(),
             };
+            let prompt_logprobs = read_prompt_scores(r)?;
+            if index != 0 && !prompt_logprobs.is_empty() {
+                let value = u64::from(index);
+                return Err(WireError::Invalid { what: "prompt logprobs past index 0", value });
+            }
             let finish = read_finish_reason(r)?;
-            Message::Tokens { key, request, index, tokens, logprobs, finish }
+            Message::Tokens { key, request, index, tokens, logprobs, prompt_logprobs, finish }
         }
         16 => Message::Cancel { key, request: RequestId(r.u64("request id")?) },
         17 => Message::KvWriteAck { key, page: read_page_slot(r)?, landed: r.bool("landed")? },
@@ -393,6 +411,7 @@ fn request_spec(w: &mut Writer, spec: &RequestSpec) {
     w.bytes(text.as_bytes());
     // 0 for none, else one more than the number of top alternatives.
     w.u8(spec.logprobs.map_or(0, |top| top + 1));
+    w.u8(spec.prompt_logprobs.map_or(0, |top| top + 1));
 }
 
 fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
@@ -416,12 +435,38 @@ fn read_request_spec(r: &mut Reader<'_>) -> Result<RequestSpec, WireError> {
         },
         logit_bias: read_logit_bias(r)?,
         grammar: read_grammar(r)?,
-        logprobs: match r.u8("logprobs")? {
-            0 => None,
-            n if usize::from(n - 1) <= TOP_LOGPROBS_MAX => Some(n - 1),
-            n => return Err(WireError::Invalid { what: "top logprobs", value: u64::from(n - 1) }),
-        },
+        logprobs: read_top(r, "logprobs")?,
+        prompt_logprobs: read_top(r, "prompt logprobs")?,
     })
+}
+
+/// 0 for none, else one more than a number of top alternatives.
+fn read_top(r: &mut Reader<'_>, what: &'static str) -> Result<Option<u8>, WireError> {
+    match r.u8(what)? {
+        0 => Ok(None),
+        n if usize::from(n - 1) <= TOP_LOGPROBS_MAX => Ok(Some(n - 1)),
+        n => Err(WireError::Invalid { what: "top logprobs", value: u64::from(n - 1) }),
+    }
+}
+
+/// A prompt's scores: each with its token (the message names no prompt token).
+fn prompt_scores(w: &mut Writer, scores: &[TokenLogprobs]) {
+    w.u64(scores.len() as u64);
+    for l in scores {
+        w.u32(l.token);
+        token_logprobs(w, l);
+    }
+}
+
+fn read_prompt_scores(r: &mut Reader<'_>) -> Result<Vec<TokenLogprobs>, WireError> {
+    // Each is at least a one-byte token, a four-byte logprob and a one-byte count.
+    let len = r.len("prompt logprobs", PROMPT_TOKENS_MAX, 6)?;
+    (0..len)
+        .map(|_| {
+            let token = r.u32("scored token")?;
+            read_token_logprobs(r, token)
+        })
+        .collect()
 }
 
 const TOP_LOGPROBS_MAX: usize = SamplingSpec::TOP_LOGPROBS_MAX as usize;

@@ -108,6 +108,10 @@ pub struct RequestSpec {
     /// The prefill worker reports the first output token's in `Done`, the decode worker the
     /// rest's in `Tokens`.
     pub logprobs: Option<u8>,
+    /// Log-probabilities of the prompt's tokens (`SamplingSpec::prompt_logprobs`): the prefill
+    /// worker scores them and sends them with `Done`, the decode worker on to the router ahead of
+    /// the first token.
+    pub prompt_logprobs: Option<u8>,
 }
 
 impl RequestSpec {
@@ -126,6 +130,7 @@ impl RequestSpec {
             logit_bias: Vec::new(),
             grammar: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -268,6 +273,9 @@ pub enum Message {
         first_token: u32,
         pages_written: u32,
         first_logprobs: Option<TokenLogprobs>,
+        /// The prompt's tokens' log-probabilities from the second on, if the request asked
+        /// (`RequestSpec::prompt_logprobs`); else empty.
+        prompt_logprobs: Vec<TokenLogprobs>,
     },
     /// Decode → prefill: `Done` received; the prefill side may let go.
     DoneAck {
@@ -320,6 +328,9 @@ pub enum Message {
         index: u32,
         tokens: Vec<u32>,
         logprobs: Vec<TokenLogprobs>,
+        /// With the first tokens of a request that asked (index 0): its prompt's tokens'
+        /// log-probabilities from the second on, which go out ahead of the tokens. Else empty.
+        prompt_logprobs: Vec<TokenLogprobs>,
         finish: Option<FinishReason>,
     },
     /// Router → decode: stop generating this request (the client went away, or the router

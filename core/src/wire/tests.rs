@@ -52,7 +52,11 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
             0f32..1.0,
         ),
         prop::collection::vec((any::<u32>(), -100f32..100.0), 0..8),
-        (grammar(), prop::option::of(0..=SamplingSpec::TOP_LOGPROBS_MAX)),
+        (
+            grammar(),
+            prop::option::of(0..=SamplingSpec::TOP_LOGPROBS_MAX),
+            prop::option::of(0..=SamplingSpec::TOP_LOGPROBS_MAX),
+        ),
     )
         .prop_map(
             |(
@@ -65,7 +69,7 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 cache_salt,
                 (t, p, k, s, presence, frequency, min_p),
                 logit_bias,
-                (grammar, logprobs),
+                (grammar, logprobs, prompt_logprobs),
             )| RequestSpec {
                 id: RequestId(id),
                 prompt,
@@ -87,8 +91,15 @@ fn spec() -> impl Strategy<Value = RequestSpec> {
                 logit_bias,
                 grammar,
                 logprobs,
+                prompt_logprobs,
             },
         )
+}
+
+/// A prompt's scores: each of its own token.
+fn prompt_scores() -> impl Strategy<Value = Vec<TokenLogprobs>> {
+    prop::collection::vec(any::<u32>(), 0..12)
+        .prop_flat_map(|tokens| tokens.into_iter().map(logprobs_of).collect::<Vec<_>>())
 }
 
 /// Log-probabilities of `token`: any value but NaN, minus infinity included.
@@ -163,16 +174,20 @@ fn link_or_request_message() -> impl Strategy<Value = Message> {
         .prop_map(|mismatch| Message::LinkRefused { mismatch }),
         any::<u64>().prop_map(|nonce| Message::Ping { nonce }),
         any::<u64>().prop_map(|nonce| Message::Pong { nonce }),
-        (key(), any::<u64>(), any::<u32>(), tokens_and_logprobs(), finish()).prop_map(
-            |(key, request, index, (tokens, logprobs), finish)| Message::Tokens {
-                key,
-                request: RequestId(request),
-                index,
-                tokens,
-                logprobs,
-                finish,
-            }
-        ),
+        (key(), any::<u64>(), any::<u32>(), tokens_and_logprobs(), prompt_scores(), finish())
+            .prop_map(|(key, request, index, (tokens, logprobs), prompt_logprobs, finish)| {
+                // Scores of the prompt come with the first tokens only.
+                let index = if prompt_logprobs.is_empty() { index } else { 0 };
+                Message::Tokens {
+                    key,
+                    request: RequestId(request),
+                    index,
+                    tokens,
+                    logprobs,
+                    prompt_logprobs,
+                    finish,
+                }
+            }),
         (key(), any::<u64>())
             .prop_map(|(key, request)| Message::Cancel { key, request: RequestId(request) }),
         (key(), page(), any::<bool>()).prop_map(|(key, page, landed)| Message::KvWriteAck {
@@ -214,11 +229,8 @@ fn message() -> impl Strategy<Value = Message> {
         }),
         (key(), any::<u32>(), any::<u32>()).prop_flat_map(|(key, first_token, pages_written)| {
             let logprobs = prop::option::of(logprobs_of(first_token));
-            logprobs.prop_map(move |first_logprobs| Message::Done {
-                key,
-                first_token,
-                pages_written,
-                first_logprobs,
+            (logprobs, prompt_scores()).prop_map(move |(first_logprobs, prompt_logprobs)| {
+                Message::Done { key, first_token, pages_written, first_logprobs, prompt_logprobs }
             })
         }),
         key().prop_map(|key| Message::DoneAck { key }),
@@ -391,6 +403,7 @@ fn logprobs_travel_only_in_their_shape() {
         index: 0,
         tokens,
         logprobs,
+        prompt_logprobs: vec![],
         finish: None,
     };
     let refused = |body, what: &str| {
@@ -404,9 +417,25 @@ fn logprobs_travel_only_in_their_shape() {
     let mut long = of(4, -1.0);
     long.top = vec![(1, -1.0); usize::from(SamplingSpec::TOP_LOGPROBS_MAX) + 1];
     refused(tokens(vec![4], vec![long]), "top logprobs");
-    let done =
-        |first_logprobs| Message::Done { key, first_token: 4, pages_written: 1, first_logprobs };
+    let done = |first_logprobs| Message::Done {
+        key,
+        first_token: 4,
+        pages_written: 1,
+        first_logprobs,
+        prompt_logprobs: vec![],
+    };
     refused(done(Some(of(5, -1.0))), "logprobs of another token");
+    // A prompt's scores: with the first tokens only, none NaN.
+    let mut later = tokens(vec![4], vec![]);
+    if let Message::Tokens { index, prompt_logprobs, .. } = &mut later {
+        (*index, *prompt_logprobs) = (3, vec![of(9, -1.0)]);
+    }
+    refused(later, "prompt logprobs past index 0");
+    let mut nan = done(None);
+    if let Message::Done { prompt_logprobs, .. } = &mut nan {
+        *prompt_logprobs = vec![of(9, f32::NAN)];
+    }
+    refused(nan, "logprob");
     let mut request = RequestSpec::new(RequestId(1), vec![1, 2], 4);
     request.logprobs = Some(SamplingSpec::TOP_LOGPROBS_MAX + 1);
     refused(Message::Reserve { key, request: request.clone(), prefill: end }, "top logprobs");
@@ -423,9 +452,10 @@ fn logprobs_travel_only_in_their_shape() {
     let mut frame =
         encode_frame(&envelope(Message::Reserve { key, request, prefill: end }), Vec::new())
             .unwrap();
-    // The spec's last byte before the prefill endpoint (a worker and an incarnation of one byte
-    // each) is its top count plus one.
-    let at = frame.len() - 3;
+    // The spec's last two bytes before the prefill endpoint (a worker and an incarnation of one
+    // byte each) are its top counts plus one: the output's, then the prompt's (none: 0).
+    let at = frame.len() - 4;
+    assert_eq!(frame[at + 1], 0);
     assert_eq!(frame[at], SamplingSpec::TOP_LOGPROBS_MAX + 1);
     frame[at] += 1;
     let err = decode_frame(&frame).unwrap_err();

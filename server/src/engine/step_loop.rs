@@ -221,17 +221,15 @@ impl<R: StepRunner> Engine<R> {
     /// not passed on yet (a preempted request scores its prompt again as it recomputes it).
     fn prompt_scored(&mut self, scored: &PromptLogprobs) {
         let Some(live) = self.live.get_mut(&scored.request) else { return };
-        let end = scored.from + scored.logprobs.len() as u32;
-        if scored.from > live.next_scored {
-            // A gap would misplace every later one; never seen, as a prompt is computed in order.
+        let Some(fresh) = scored.from_position(live.next_scored) else {
             tracing::error!(request = scored.request.0, "prompt log-probabilities out of order");
             return;
-        }
-        if end <= live.next_scored {
+        };
+        if fresh.is_empty() {
             return; // Passed on when first computed.
         }
-        let fresh = scored.logprobs[(live.next_scored - scored.from) as usize..].to_vec();
-        live.next_scored = end;
+        live.next_scored += fresh.len() as u32;
+        let fresh = fresh.to_vec();
         // The event channel has room for one of these a prompt position (`EngineHandle::submit`).
         let _ = live.events.try_send(RequestEvent::PromptLogprobs { logprobs: fresh });
     }

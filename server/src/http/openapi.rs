@@ -490,7 +490,7 @@ fn completion_properties(config: &AppConfig) -> Value {
             "default": false,
             "description": "the prompt ahead of each choice's text; with `logprobs`, its tokens' \
                             log-probabilities ahead of the output's (the first token's null), as \
-                            lm-eval-harness reads them (not through a router)",
+                            lm-eval-harness reads them",
         },
         "suffix": { "nullable": true, "enum": [null], "description": "not supported" },
         "best_of": nullable(integer(1, 1)),

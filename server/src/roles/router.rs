@@ -155,14 +155,6 @@ impl RouterEngine {
         events: mpsc::Sender<RequestEvent>,
         reply: oneshot::Sender<Result<(), SubmitError>>,
     ) {
-        if spec.prompt_logprobs.is_some() {
-            // The prefill worker would score the prompt and nothing carries the scores on yet;
-            // refusing beats answering without them.
-            let why = "prompt log-probabilities (echo with logprobs) are not served through a \
-                       router yet";
-            let _ = reply.send(Err(SubmitError::Unsupported { param: "echo", why }));
-            return;
-        }
         let id = request.id;
         let prompt_tokens = request.prompt.len() as u64;
         let spec = RequestSpec {
@@ -177,6 +169,7 @@ impl RouterEngine {
             logit_bias: spec.logit_bias,
             grammar: spec.grammar.map(Box::new),
             logprobs: spec.logprobs,
+            prompt_logprobs: spec.prompt_logprobs,
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {
@@ -241,8 +234,16 @@ impl RouterEngine {
                     observe(&self.metrics.transfer_seconds, live.arrived.elapsed());
                 }
             }
-            RouterOutput::Tokens { request, tokens, logprobs } => {
+            RouterOutput::Tokens { request, tokens, logprobs, prompt_logprobs } => {
                 let Some(live) = self.live.get_mut(&request) else { return };
+                // The prompt's scores, with the first tokens, go out ahead of them.
+                if !prompt_logprobs.is_empty() {
+                    let event = RequestEvent::PromptLogprobs { logprobs: prompt_logprobs };
+                    if live.events.try_send(event).is_err() {
+                        gone.push(request);
+                        return;
+                    }
+                }
                 let now = Instant::now();
                 if live.first_token_at.is_none() {
                     live.first_token_at = Some(now);

@@ -58,6 +58,8 @@ TRACE OPTIONS (how the trace becomes requests; a reproduce command repeats them)
                     own): admitted before earlier arrivals or after, preempted by priority
   --logprobs        one request in three asks for log-probabilities (0, 1 or 5 alternatives),
                     held to the request alone's bit for bit like its tokens
+  --echo            one request in four asks for echo with log-probabilities: the prompt
+                    ahead of the answer and its tokens scored (by the prefill worker in P/D)
 TRACE is a native lockstep-trace (JSONL), a Mooncake JSONL, an Azure 2023 CSV, or a WEKA
 session JSON or directory. Exit status: 0 when every oracle held, 1 on a violation, 2 on bad
 usage or input.";
@@ -218,6 +220,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         if flag == "--logprobs" {
             import.logprobs = true;
+            import_args.push(flag.to_owned());
+            i += 1;
+            continue;
+        }
+        if flag == "--echo" {
+            import.echo = true;
             import_args.push(flag.to_owned());
             i += 1;
             continue;

@@ -160,6 +160,7 @@ mod tests {
             constrained: false,
             priority: 0,
             logprobs: None,
+            echo: false,
         }
     }
 

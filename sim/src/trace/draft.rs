@@ -110,7 +110,8 @@ pub(crate) fn finish(
             logit_bias: logit_bias(&draft, index, vocab_size, options),
             constrained: draft.constrained || (options.logit_adjustments && index % 5 == 4),
             priority: priority(&draft, index, options),
-            logprobs: logprobs(index, options),
+            logprobs: logprobs(index, options).or(echo(index, options).then_some(1)),
+            echo: echo(index, options),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -195,6 +196,12 @@ fn priority(draft: &Draft, index: usize, options: &ImportOptions) -> i32 {
 /// with 0, 1 or 5 top alternatives in turn.
 fn logprobs(index: usize, options: &ImportOptions) -> Option<u8> {
     (options.logprobs && index % 3 == 2).then(|| [0, 1, 5][index / 3 % 3])
+}
+
+/// Whether request `index` asks for `echo`: with `--echo`, one request in four, with its own
+/// log-probabilities' alternatives, or 1.
+fn echo(index: usize, options: &ImportOptions) -> bool {
+    options.echo && index % 4 == 1
 }
 
 /// (presence, frequency, repetition) as no penalty at all.

@@ -69,6 +69,9 @@ pub struct SimRequest {
     /// Sent as `logprobs` (that many top alternatives) when set (`--logprobs`): the equal-alone
     /// oracle then holds each token's log-probabilities to the request alone's, bit for bit.
     pub logprobs: Option<u8>,
+    /// Sent with `echo` (`--echo`, with `logprobs`): the answer starts with the prompt, and its
+    /// log-probabilities with the prompt's tokens' (which a prefill worker scores in P/D).
+    pub echo: bool,
 }
 
 /// When a request is sent.
@@ -128,6 +131,10 @@ pub struct ImportOptions {
     /// (`draft::logprobs`), so that they travel every path a token does (the prefill worker's
     /// first token, the decode worker's stream, the router) under the faults.
     pub logprobs: bool,
+    /// Has one request in four ask for `echo` with log-probabilities (`draft::echo`), so that
+    /// scoring a prompt (every position computed, none read from the cache, repeats after a
+    /// preemption dropped) meets the faults.
+    pub echo: bool,
 }
 
 impl Default for ImportOptions {
@@ -142,6 +149,7 @@ impl Default for ImportOptions {
             logit_adjustments: false,
             priorities: false,
             logprobs: false,
+            echo: false,
         }
     }
 }
