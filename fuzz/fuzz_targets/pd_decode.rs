@@ -93,6 +93,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     first_token: 1,
                     pages_written: u32::from(pages_written % 8),
                     first_logprobs: None,
+                    prompt_logprobs: Vec::new(),
                 },
             ),
             Op::Abort { sender, transfer, epoch } => (

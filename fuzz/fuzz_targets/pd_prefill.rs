@@ -110,7 +110,13 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Computed { transfer, sources: n } => {
                 let n = usize::from(n) % (sources.len() + 1);
-                side.handle_computed(key(transfer), Sampled::token(7), &sources[..n], &mut pool, now);
+                side.handle_computed(
+                    key(transfer),
+                    Sampled::token(7),
+                    &sources[..n],
+                    &mut pool,
+                    now,
+                );
             }
             Op::ComputeFailed { transfer } => {
                 side.handle_compute_failed(key(transfer), &mut pool, now)

@@ -128,6 +128,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     index: u32::from(index % 8),
                     tokens: (0..u32::from(count % 5)).collect(),
                     logprobs: Vec::new(),
+                    prompt_logprobs: Vec::new(),
                     finish: finish.then_some(FinishReason::Length),
                 };
                 router.handle_envelope(
