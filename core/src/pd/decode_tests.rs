@@ -20,6 +20,11 @@ struct Rig {
     now: Time,
 }
 
+/// `Done` of a transfer with its first token and no log-probabilities.
+fn done(key: TransferKey, first_token: u32, pages_written: u32) -> Message {
+    Message::Done { key, first_token, pages_written, first_logprobs: None, prompt_logprobs: vec![] }
+}
+
 fn key(id: u64) -> TransferKey {
     TransferKey { transfer: TransferId(id), epoch: Epoch(0) }
 }
@@ -100,16 +105,7 @@ fn happy_path_hands_whole_kv_to_the_scheduler() {
         sent(&out),
         vec![(P, Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS as u32 })]
     );
-    let out = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 42,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let out = rig.deliver(P, done(key(1), 42, 3));
     let ready = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { pages, first_token, computed_tokens, .. } => {
             Some((pages.clone(), *first_token, *computed_tokens))
@@ -201,16 +197,7 @@ fn leak_when_the_peer_is_silent() {
 fn fail_open() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    let out = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 2,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let out = rig.deliver(P, done(key(1), 7, 2));
     assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PrefillFailed }));
     assert!(
         !out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })),
@@ -224,26 +211,8 @@ fn fail_open() {
 fn double_completion() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    let first = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
-    let second = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let first = rig.deliver(P, done(key(1), 7, 3));
+    let second = rig.deliver(P, done(key(1), 7, 3));
     assert_eq!(terminals(&first), 1);
     assert_eq!(terminals(&second), 0, "a duplicate Done must not complete twice");
     assert_eq!(
@@ -259,16 +228,7 @@ fn abort_races_completion() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
-    let done = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let done = rig.deliver(P, done(key(1), 7, 3));
     assert_eq!(terminals(&aborted) + terminals(&done), 1, "exactly one terminal");
     assert!(!done.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
     assert_eq!(rig.pool.held_count(), 0, "Done means every write completed: the pages can go");
@@ -281,34 +241,12 @@ fn late_messages_of_another_epoch_are_dropped() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
-    assert!(
-        rig.deliver(
-            P,
-            Message::Done {
-                key: stale,
-                first_token: 1,
-                pages_written: 3,
-                first_logprobs: None,
-                prompt_logprobs: vec![]
-            }
-        )
-        .is_empty()
-    );
+    assert!(rig.deliver(P, done(stale, 1, 3)).is_empty());
     assert_eq!(rig.side.transfers_live(), 1);
     // Traffic meant for an earlier life of this worker is dropped too.
     let old_me = Endpoint { incarnation: Incarnation(0), ..D };
     rig.side.handle_envelope(
-        Envelope {
-            from: P,
-            to: old_me,
-            body: Message::Done {
-                key: key(1),
-                first_token: 1,
-                pages_written: 3,
-                first_logprobs: None,
-                prompt_logprobs: vec![],
-            },
-        },
+        Envelope { from: P, to: old_me, body: done(key(1), 1, 3) },
         &mut rig.pool,
         rig.now,
     );
@@ -324,19 +262,7 @@ fn a_restarted_prefill_gives_up_its_transfers_after_their_lease() {
     assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PeerRestarted }));
     assert_eq!(rig.pool.held_count(), 3, "the old incarnation's writes may still be in flight");
     // The old incarnation is not heard any more.
-    assert!(
-        rig.deliver(
-            P,
-            Message::Done {
-                key: key(1),
-                first_token: 1,
-                pages_written: 3,
-                first_logprobs: None,
-                prompt_logprobs: vec![]
-            }
-        )
-        .is_empty()
-    );
+    assert!(rig.deliver(P, done(key(1), 1, 3)).is_empty());
     rig.advance(LEASE_MS + FLIGHT_MS);
     assert_eq!(rig.pool.held_count(), 0);
 }
@@ -404,16 +330,7 @@ fn refusals_when_full_or_out_of_pages() {
 fn a_late_duplicate_reserve_is_ignored() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
-    rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 1,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    rig.deliver(P, done(key(1), 1, 3));
     let held = rig.pool.held_count();
     let out = rig.deliver(R, Message::Reserve { key: key(1), request: spec(1, 10), prefill: P });
     assert!(out.is_empty());
@@ -446,16 +363,7 @@ fn double_completion_by_hand() {
     let mut rig = Rig::new();
     rig.reserve(1, 10);
     let before = rig.side.transfers[&TransferId(1)].clone();
-    rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    rig.deliver(P, done(key(1), 7, 3));
     // The guard removed: the completed transfer still on file, as if Done had not ended it.
     rig.side.leases.insert((before.lease_until, TransferId(1)));
     rig.side.transfers.insert(TransferId(1), before);
@@ -470,16 +378,7 @@ fn abort_races_completion_by_hand() {
     let aborted = rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
     // The guard removed: the abort not recorded, so Done completes the transfer as well.
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().phase = Phase::AwaitingPrefill;
-    let done = rig.deliver(
-        P,
-        Message::Done {
-            key: key(1),
-            first_token: 7,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let done = rig.deliver(P, done(key(1), 7, 3));
     assert_eq!(
         terminals(&aborted) + terminals(&done),
         2,
@@ -494,16 +393,7 @@ fn late_messages_of_another_epoch_by_hand() {
     // The guard removed: the transfer takes messages of epoch 7 as its own.
     let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
     rig.side.transfers.get_mut(&TransferId(1)).unwrap().key = stale;
-    let out = rig.deliver(
-        P,
-        Message::Done {
-            key: stale,
-            first_token: 1,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![],
-        },
-    );
+    let out = rig.deliver(P, done(stale, 1, 3));
     let handed_over = out.iter().find_map(|o| match o {
         DecodeOutput::Ready { key, .. } => Some(*key),
         _ => None,
@@ -539,16 +429,7 @@ fn the_pools_timers_never_end_a_lease_whatever_the_order() {
         assert_eq!(rig.pool.next_timeout(), None, "a transfer's pin set a pool timer");
         rig.drain();
         rig.deliver(P, Message::Heartbeat { key: key(1), seq: 0, progress: 0 });
-        let out = rig.deliver(
-            P,
-            Message::Done {
-                key: key(1),
-                first_token: 7,
-                pages_written: 3,
-                first_logprobs: None,
-                prompt_logprobs: vec![],
-            },
-        );
+        let out = rig.deliver(P, done(key(1), 7, 3));
         assert!(out.iter().any(|o| matches!(o, DecodeOutput::Ready { .. })));
         // Transfer 2 ends on its lease, the pool's timers run before or after this side's.
         rig.now = late;

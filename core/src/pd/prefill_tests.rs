@@ -18,6 +18,11 @@ struct Rig {
     sources: Vec<PageRef>,
 }
 
+/// `Done` of a transfer with its first token and no log-probabilities.
+fn done(key: TransferKey, first_token: u32, pages_written: u32) -> Message {
+    Message::Done { key, first_token, pages_written, first_logprobs: None, prompt_logprobs: vec![] }
+}
+
 fn key(id: u64) -> TransferKey {
     TransferKey { transfer: TransferId(id), epoch: Epoch(0) }
 }
@@ -118,16 +123,7 @@ fn happy_path_writes_under_a_lease_then_done() {
     rig.completion(1, 0, true);
     rig.completion(1, 2, true);
     let out = rig.completion(1, 1, true);
-    assert_eq!(
-        sent(&out),
-        vec![Message::Done {
-            key: key(1),
-            first_token: 9,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![]
-        }]
-    );
+    assert_eq!(sent(&out), vec![done(key(1), 9, 3)]);
     let out = rig.deliver(Message::DoneAck { key: key(1) });
     assert_eq!(ends(&out), vec![true]);
     assert_eq!(rig.pool.pins_live_count(), 0, "source pages are let go of at the end");
@@ -288,16 +284,7 @@ fn done_is_resent_until_acknowledged_and_a_late_abort_is_answered_at_once() {
         rig.completion(1, ordinal, true);
     }
     let out = rig.advance(50);
-    assert_eq!(
-        sent(&out),
-        vec![Message::Done {
-            key: key(1),
-            first_token: 9,
-            pages_written: 3,
-            first_logprobs: None,
-            prompt_logprobs: vec![]
-        }]
-    );
+    assert_eq!(sent(&out), vec![done(key(1), 9, 3)]);
     // abort races completion (vllm#25067): the abort wins, once, with nothing in flight.
     let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
     assert_eq!(sent(&out), vec![Message::AbortAck { key: key(1) }]);

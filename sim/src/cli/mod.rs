@@ -178,6 +178,18 @@ pub struct Parsed {
 
 const LONE_FLAGS: &[&str] = &["--json", "--check-determinism", "--shrink"];
 
+/// Sets an import option.
+type SwitchOn = fn(&mut ImportOptions);
+
+/// The trace options that are a flag alone, each switching on what some requests send; a
+/// reproduce command repeats them.
+const IMPORT_SWITCHES: [(&str, SwitchOn); 4] = [
+    ("--logit-adjustments", |o| o.logit_adjustments = true),
+    ("--priorities", |o| o.priorities = true),
+    ("--logprobs", |o| o.logprobs = true),
+    ("--echo", |o| o.echo = true),
+];
+
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut trace_path = None;
     let mut import = ImportOptions::default();
@@ -206,26 +218,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             i += 1;
             continue;
         }
-        if flag == "--logit-adjustments" {
-            import.logit_adjustments = true;
-            import_args.push(flag.to_owned());
-            i += 1;
-            continue;
-        }
-        if flag == "--priorities" {
-            import.priorities = true;
-            import_args.push(flag.to_owned());
-            i += 1;
-            continue;
-        }
-        if flag == "--logprobs" {
-            import.logprobs = true;
-            import_args.push(flag.to_owned());
-            i += 1;
-            continue;
-        }
-        if flag == "--echo" {
-            import.echo = true;
+        if let Some((_, switch_on)) = IMPORT_SWITCHES.iter().find(|(name, _)| *name == flag) {
+            switch_on(&mut import);
             import_args.push(flag.to_owned());
             i += 1;
             continue;
