@@ -83,6 +83,7 @@ impl Scheduler {
         );
         assert_eq!(r.computed, row.start, "{}: rows applied out of order", r.id);
         r.computed = row.end;
+        r.computed_high = r.computed_high.max(row.end);
         r.in_flight_tokens -= row.end - row.start;
         r.in_flight_steps -= 1;
         if token.is_some() {

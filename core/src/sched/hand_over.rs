@@ -123,6 +123,7 @@ impl Scheduler {
         let Phase::Reserved { slot } = r.phase else { unreachable!() };
         let r = self.entry_mut(entry);
         r.computed = r.prompt_len;
+        r.computed_high = r.computed_high.max(r.computed);
         r.pages = pages;
         // Pages found in this side's cache are in it already; the rest are offered once full,
         // as any computed page is.

@@ -376,6 +376,11 @@ fn a_step_names_a_request_that_is_gone() {
 }
 
 #[test]
+fn a_request_forgets_how_far_it_ever_computed() {
+    fires(|s| r(s, 1).computed_high = 0, "req-1 computed 6, at most 0 ever");
+}
+
+#[test]
 fn a_request_miscounts_its_steps_in_flight() {
     fires(|s| r(s, 1).in_flight_steps = 2, "req-1 counts 2 steps in flight, 1 name it");
 }

@@ -158,6 +158,14 @@ impl Scheduler {
         );
         ensure_invariant!(
             SCHED,
+            r.computed <= r.computed_high && r.computed_high as usize <= r.tokens.len(),
+            "{id} computed {}, at most {} ever, of {} tokens",
+            r.computed,
+            r.computed_high,
+            r.tokens.len()
+        );
+        ensure_invariant!(
+            SCHED,
             planned <= r.len_with_in_flight(),
             "{id} plans KV for {planned} positions of {}",
             r.len_with_in_flight()

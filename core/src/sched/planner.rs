@@ -222,15 +222,19 @@ impl Scheduler {
         let Scheduler { pool, entries, .. } = self;
         let r = entries[entry as usize].as_mut().expect("a live entry number names a request");
         debug_assert!(r.pages.is_empty() && r.computed == 0);
+        let mut limit = (r.tokens.len() - 1) / page_tokens;
         if !r.reads_prefix_cache {
-            return 0;
+            // Only what it computed itself before: every position of a scored prompt has its
+            // logits computed once, and a preempted one resumes where it was (without that, two
+            // such requests can preempt each other forever, neither keeping any progress).
+            limit = limit.min(r.computed_high as usize / page_tokens);
         }
-        let limit = (r.tokens.len() - 1) / page_tokens;
         extend_page_keys(&mut r.page_keys, r.cache_salt, &r.tokens, page_tokens, limit);
         let root = root_hash(r.cache_salt);
         let matched = pool.match_prefix(root, &r.page_keys[..limit], &r.tokens, &mut r.pages);
         r.pages_cached = matched as u32;
         r.computed = (matched * page_tokens) as u32;
+        r.computed_high = r.computed_high.max(r.computed);
         r.computed
     }
 

@@ -183,9 +183,14 @@ pub(crate) struct Request {
     /// Prefill side of a transfer: when it ends, its pages are kept for the transfer to pin
     /// (`Scheduler::take_kept_pages`) instead of released.
     pub(crate) keeps_pages: bool,
-    /// Whether admission takes a cached prefix: not for a request whose prompt is scored
-    /// (`Scheduler::submit_scoring`), which needs the logits of every prompt position.
+    /// Whether admission takes any cached prefix. A request whose prompt is scored
+    /// (`Scheduler::submit_scoring`) needs the logits of every prompt position: it takes only
+    /// the cached pages of positions it computed itself before (`computed_high`), whose scores
+    /// went out then, so that a preempted one still keeps its progress.
     pub(crate) reads_prefix_cache: bool,
+    /// The most positions it ever had computed, by applied steps, a cached prefix or a hand-over
+    /// (a preemption does not lower it).
+    pub(crate) computed_high: u32,
 }
 
 impl Request {
@@ -214,6 +219,7 @@ impl Request {
             draft_row: None,
             keeps_pages: false,
             reads_prefix_cache: true,
+            computed_high: 0,
         }
     }
 

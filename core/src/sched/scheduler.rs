@@ -232,8 +232,9 @@ impl Scheduler {
     }
 
     /// As `submit`, for a request whose prompt's tokens are scored (`SamplingSpec::
-    /// prompt_logprobs`): it computes every prompt position, reading nothing from the prefix
-    /// cache (vLLM's `skip_reading_prefix_cache`), and offers its pages to the cache as any
+    /// prompt_logprobs`): it computes every prompt position, reading from the prefix cache only
+    /// the pages of positions it computed itself before a preemption (vLLM skips the cache
+    /// altogether: `skip_reading_prefix_cache`), and offers its pages to the cache as any
     /// request does.
     pub fn submit_scoring(&mut self, req: NewRequest, now: Time) -> Result<(), AdmissionError> {
         let id = req.id;

@@ -474,3 +474,34 @@ fn prompt_scores_are_taken_from_the_next_position_on() {
     assert_eq!(scored.from_position(9), Some(&[][..]), "a repeat of earlier positions");
     assert_eq!(scored.from_position(2), None, "position 2 never came");
 }
+
+/// A prompt scored in a crowd that preempts it, in a pool its prompt alone fills (the scheduler
+/// state machine's case at 4,000 cases): it resumes from the pages it computed itself (their
+/// scores out already), so all finish. Reading nothing after a preemption, it and the others
+/// restarted each other forever.
+#[test]
+fn a_scored_prompt_keeps_its_progress_through_preemptions() {
+    // The state machine's requests: a family's shared prefix, then the request's own suffix.
+    let spec = |id: u64, family: u32, shared: u32, suffix: u32, max_tokens: u32| {
+        let shared = (0..shared).map(|i| 1 + (family * 13 + i * 7) % 90);
+        let own = (0..suffix).map(|i| 1 + (id as u32 * 29 + i * 11) % 90);
+        request(id, shared.chain(own).collect(), max_tokens)
+    };
+    let mut h = Harness::new(small_config(StepMode::Overlap, 6));
+    // 16 scores its prompt (the harness's choice), of 21 tokens: six pages of four, all there are.
+    let scored = spec(16, 0, 13, 8, 1);
+    assert!(crate::testing::prompt_logprobs(scored.id).is_some());
+    let reqs = [spec(0, 0, 0, 2, 5), scored.clone(), spec(22, 0, 2, 5, 3), spec(31, 1, 2, 3, 1)];
+    h.submit(reqs[0].clone()).unwrap();
+    h.submit(reqs[1].clone()).unwrap();
+    for _ in 0..4 {
+        h.step();
+    }
+    h.submit(reqs[2].clone()).unwrap();
+    h.submit(reqs[3].clone()).unwrap();
+    h.run_until_idle(2_000);
+    assert_matches_alone(&h, &reqs);
+    let alone = crate::testing::run_alone_with_logprobs(h.sched.config(), &scored);
+    assert_eq!(h.prompt_logprobs[&scored.id], alone.prompt_logprobs);
+    assert_eq!(h.prompt_logprobs[&scored.id].len(), 20);
+}
