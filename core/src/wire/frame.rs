@@ -331,6 +331,11 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
             let index = r.u32("token index")?;
             let tokens = r.u32s("tokens", TOKENS_PER_MESSAGE_MAX)?;
             let logprobs = match r.bool("logprobs")? {
+                // One encoding per message: no tokens carry no log-probabilities, so the flag that
+                // says they do is refused rather than read as an empty list.
+                true if tokens.is_empty() => {
+                    return Err(WireError::Invalid { what: "logprobs of no tokens", value: 0 });
+                }
                 true => {
                     tokens.iter().map(|&t| read_token_logprobs(r, t)).collect::<Result<_, _>>()?
                 }

@@ -460,4 +460,15 @@ fn logprobs_travel_only_in_their_shape() {
     frame[at] += 1;
     let err = decode_frame(&frame).unwrap_err();
     assert!(matches!(err, WireError::Invalid { what: "top logprobs", .. }), "{err}");
+
+    // One encoding per message (the fuzz target re-encodes what decodes and compares bytes): no
+    // tokens with the flag that says log-probabilities follow is refused, not read as none.
+    let mut frame = encode_frame(&envelope(tokens(vec![], vec![])), Vec::new()).unwrap();
+    // The message ends with that flag, no prompt scores (a zero count) and no finish (0).
+    let at = frame.len() - 3;
+    assert_eq!(frame[at..], [0, 0, 0]);
+    assert!(decode_frame(&frame).is_ok());
+    frame[at] = 1;
+    let err = decode_frame(&frame).unwrap_err();
+    assert!(matches!(err, WireError::Invalid { what: "logprobs of no tokens", .. }), "{err}");
 }
