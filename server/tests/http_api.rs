@@ -206,6 +206,41 @@ async fn echo_gives_the_prompt_and_its_tokens_log_probabilities() {
         let (_, bare) = server.post("/v1/completions", &bare).await;
         assert_eq!(bare["choices"][0]["text"], both["choices"][1]["text"]);
         assert_eq!(bare["choices"][0]["logprobs"], Value::Null);
+
+        // `max_tokens` 0: the prompt and its scores, nothing generated, whole and streamed.
+        let mut scored = echo.clone();
+        (scored["max_tokens"], scored["stream"]) = (json!(0), json!(false));
+        scored["return_token_ids"] = json!(true);
+        let (status, only) = server.post("/v1/completions", &scored).await;
+        assert_eq!(status, 200, "{only}");
+        let words: String = prompt.iter().map(|t| format!(" t{t}")).collect();
+        assert_eq!(text_of(&only), words, "{mode:?}: the prompt alone");
+        let choice = &only["choices"][0];
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(choice["token_ids"], json!([]));
+        assert_eq!(list(&choice["logprobs"]["token_logprobs"])[..], scores[..prompt.len()]);
+        assert_eq!(list(&choice["logprobs"]["top_logprobs"])[..], tops[..prompt.len()]);
+        assert_eq!(list(&choice["logprobs"]["tokens"]).len(), prompt.len());
+        assert_eq!(only["usage"]["completion_tokens"], 0);
+        assert_eq!(only["usage"]["prompt_tokens"], prompt.len());
+        (scored["stream"], scored["stream_options"]) =
+            (json!(true), json!({ "include_usage": true }));
+        let events = server.stream("/v1/completions", &scored).await;
+        assert_eq!(streamed_text(&events), words);
+        let finishes: Vec<&Value> = events
+            .iter()
+            .filter_map(|e| e["choices"].get(0).map(|c| &c["finish_reason"]))
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, [&json!("length")]);
+        let usage = events.iter().rev().find(|e| e["usage"].is_object()).expect("usage chunk");
+        assert_eq!(usage["usage"]["completion_tokens"], 0);
+        // Without `echo`, `max_tokens` 0 asks for nothing: refused.
+        scored["echo"] = json!(false);
+        scored["stream"] = json!(false);
+        scored.as_object_mut().unwrap().remove("stream_options");
+        let (status, refused) = server.post("/v1/completions", &scored).await;
+        assert_eq!(status, 400, "{refused}");
     }
 }
 

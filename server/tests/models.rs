@@ -163,6 +163,16 @@ async fn echo_scores_equal_each_prefix_s(server: &TestServer, prompt: &[u32]) {
         }
     }
     assert!(matched > 0, "no prompt token is what its prefix draws: {lp}");
+    // The legacy form, `max_tokens` 0: the same scores, and nothing generated.
+    let mut only = score.clone();
+    only["max_tokens"] = json!(0);
+    let (status, only) = server.post("/v1/completions", &only).await;
+    assert_eq!(status, 200, "{only}");
+    let scores = |lp: &Value, n: usize| lp["token_logprobs"].as_array().unwrap()[..n].to_vec();
+    let only_lp = &only["choices"][0]["logprobs"];
+    assert_eq!(only_lp["token_logprobs"].as_array().unwrap().len(), prompt.len());
+    assert_eq!(scores(only_lp, prompt.len()), scores(lp, prompt.len()));
+    assert_eq!(only["usage"]["completion_tokens"], 0);
     server.quiescent().await;
 }
 

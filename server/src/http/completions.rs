@@ -32,10 +32,10 @@ pub(super) async fn handle(
 ) -> Response {
     let arrival = state.config.recorder.as_ref().map(|r| r.arrived(&headers));
     match prepare(&state, body, arrival).await {
-        Ok((generations, params, prompts)) => {
-            let id = format!("cmpl-{}", generations[0].request_id().0);
+        Ok(prepared) => {
+            let id = format!("cmpl-{}", prepared.generations[0].request_id().0);
             let span = tracing::info_span!("request", id = %id);
-            respond(state, generations, params, prompts, id).instrument(span).await
+            respond(state, prepared, id).instrument(span).await
         }
         Err(e) => e.into_response(),
     }
@@ -45,8 +45,8 @@ async fn prepare(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrival: Option<Arrival>,
-) -> Result<(Vec<Generation>, GenerationParams, Vec<Prompted>), ApiError> {
-    let request: CompletionRequest = parse_body(state, body)?;
+) -> Result<Prepared, ApiError> {
+    let mut request: CompletionRequest = parse_body(state, body)?;
     let invalid = |e: ApiError| {
         state.metrics.rejected_invalid.increment(1);
         e
@@ -56,6 +56,15 @@ async fn prepare(
     }
     if request.best_of.is_some_and(|n| n != 1) {
         return Err(invalid(ApiError::invalid_param("best_of", "only best_of = 1 is supported")));
+    }
+    // OpenAI's legacy scoring form, as older eval harnesses send it: `echo` with `max_tokens` 0
+    // gives the prompt and its log-probabilities and generates nothing. The engine is asked for
+    // one token, whose logits the prompt's scoring computes anyway (no decode step), and the
+    // choice drops it (`Output::echo_only`).
+    let common = &mut request.common;
+    let echo_only = request.echo && common.max_completion_tokens.or(common.max_tokens) == Some(0);
+    if echo_only {
+        (common.max_tokens, common.max_completion_tokens) = (Some(1), None);
     }
     let grammar = response_format::grammar(request.response_format.as_ref()).map_err(invalid)?;
     if let Some(held) = &grammar {
@@ -120,7 +129,16 @@ async fn prepare(
         generations.extend(start_choices(state, ids.clone(), &params, draft).await?);
         prompt_ids.push(Prompted { ids, echo });
     }
-    Ok((generations, params, prompt_ids))
+    Ok(Prepared { generations, params, prompts: prompt_ids, echo_only })
+}
+
+/// A request's generations started, one a choice, and what their answers need.
+struct Prepared {
+    generations: Vec<Generation>,
+    params: GenerationParams,
+    prompts: Vec<Prompted>,
+    /// Only the prompts go out (`echo` with `max_tokens` 0).
+    echo_only: bool,
 }
 
 /// A prompt as its choices answer it: its ids, and its text when the request asked for `echo`.
@@ -132,13 +150,8 @@ struct Prompted {
 
 /// One `Output` a choice, each reading its own request: choice `p * n + i` is prompt `p`'s
 /// completion `i`, as OpenAI numbers them.
-async fn respond(
-    state: Arc<AppState>,
-    generations: Vec<Generation>,
-    params: GenerationParams,
-    prompts: Vec<Prompted>,
-    id: String,
-) -> Response {
+async fn respond(state: Arc<AppState>, prepared: Prepared, id: String) -> Response {
+    let Prepared { generations, params, prompts, echo_only } = prepared;
     let n = params.choices as usize;
     let several = prompts.len() > 1;
     let outs: Vec<Output> = generations
@@ -149,6 +162,7 @@ async fn respond(
             params: params.clone(),
             prompt: prompts[index / n].ids.clone(),
             echo: prompts[index / n].echo.clone(),
+            echo_only,
             several_prompts: several,
             id: id.clone(),
             index,
@@ -167,6 +181,9 @@ struct Output {
     prompt: Vec<u32>,
     /// Its text, until the choice's first content goes out ahead of it (`echo`).
     echo: Option<String>,
+    /// The choice is its echoed prompt alone: the one token generated is dropped, and the choice
+    /// ends at its length (`max_tokens` 0).
+    echo_only: bool,
     /// The request listed several prompts: each choice names its prompt's ids
     /// (`return_token_ids`), not the response.
     several_prompts: bool,
@@ -183,7 +200,22 @@ struct Output {
 impl Output {
     /// A completion reads no reasoning: its tokens are all it counts.
     fn tokens(&self) -> CompletionTokens {
-        CompletionTokens { generated: self.generation.output_tokens, reasoning: None }
+        let generated = if self.echo_only { 0 } else { self.generation.output_tokens };
+        CompletionTokens { generated, reasoning: None }
+    }
+
+    /// What of the generation goes out: nothing of it when only the prompt does.
+    fn shown(&self, piece: Piece) -> Piece {
+        match self.echo_only {
+            true => Piece { text: String::new(), tokens: vec![], logprobs: vec![] },
+            false => piece,
+        }
+    }
+
+    /// Why the choice ended: at its length when only the prompt goes out, whatever ended the
+    /// token generated (a stop token, say).
+    fn finish(&self, finish: Finish) -> Finish {
+        if self.echo_only { Finish::Length } else { finish }
     }
 
     /// The choice's next content: `text` and the tokens it came from, after the echoed prompt
@@ -260,7 +292,9 @@ async fn whole(mut outs: Vec<Output>) -> Response {
         Err(e) => return e.into_response(),
     };
     let mut choices = Vec::with_capacity(outs.len());
-    for (out, (Piece { text, tokens, logprobs: lps }, finish)) in outs.iter_mut().zip(results) {
+    for (out, (piece, finish)) in outs.iter_mut().zip(results) {
+        let (Piece { text, tokens, logprobs: lps }, finish) =
+            (out.shown(piece), out.finish(finish));
         choices.push(out.choice(&text, &tokens, &lps, Some(finish)));
     }
     let completion_tokens = CompletionTokens::sum(outs.iter().map(Output::tokens));
@@ -284,7 +318,12 @@ async fn step(mut out: Output) -> Option<(ChoiceEvents, Output)> {
     if out.ended {
         return None;
     }
-    let events = match out.generation.next().await {
+    let next = match out.generation.next().await {
+        Next::Piece(p) => Next::Piece(out.shown(p)),
+        Next::Done(Ok(finish)) => Next::Done(Ok(out.finish(finish))),
+        failed => failed,
+    };
+    let events = match next {
         Next::Piece(p)
             if p.text.is_empty()
                 && p.logprobs.is_empty()

@@ -337,7 +337,15 @@ fn request_schemas(config: &AppConfig) -> Map<String, Value> {
         }
         properties
     };
-    let completion = object(&["prompt"], with_common(completion_properties(config)));
+    let mut completion_fields = with_common(completion_properties(config));
+    // Completions take 0 too, with `echo`: the prompt scored and nothing generated.
+    let max_tokens = &mut completion_fields["max_tokens"];
+    max_tokens["minimum"] = Value::from(0);
+    max_tokens["description"] = Value::from(
+        "output tokens at most; prompt plus output must fit the context (default: all the \
+         context leaves); 0 only with `echo`: the prompt and its log-probabilities alone",
+    );
+    let completion = object(&["prompt"], completion_fields);
     let chat = object(&["messages"], with_common(chat_properties(config)));
     let mut schemas = Map::new();
     schemas.insert("CompletionRequest".into(), completion);
@@ -1066,6 +1074,9 @@ mod tests {
     fn the_documented_bounds_are_the_servers() {
         let doc = document(&config());
         let p = &doc["components"]["schemas"]["CompletionRequest"]["properties"];
+        // Chat's bound for `max_tokens`: completions take 0 with `echo` (tested over HTTP).
+        let chat = &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"];
+        assert_eq!(p["max_tokens"]["minimum"], 0);
         let at = |field: &str, bound: &str| p[field][bound].as_f64().expect("a bound");
         let stop_chars = p["stop"]["oneOf"][0]["maxLength"].as_u64().expect("maxLength");
         let stops = p["stop"]["oneOf"][1]["maxItems"].as_u64().expect("maxItems");
@@ -1102,7 +1113,9 @@ mod tests {
             CommonRequest { top_p: Some(at("top_p", "minimum")), ..Default::default() },
             CommonRequest { top_k: Some(at("top_k", "minimum") as i64 - 1), ..Default::default() },
             CommonRequest {
-                max_tokens: Some(at("max_tokens", "minimum") as u32 - 1),
+                max_tokens: Some(
+                    chat["max_tokens"]["minimum"].as_u64().expect("a bound") as u32 - 1,
+                ),
                 ..Default::default()
             },
             CommonRequest { n: Some(at("n", "maximum") as u32 + 1), ..Default::default() },
