@@ -113,6 +113,7 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     let text_body = json!({
         "model": "test-model", "prompt": "t5 t6 t9 hello", "max_tokens": 5, "temperature": 0.8,
         "top_p": 0.9, "top_k": 20, "seed": 7, "stop": ["zzz"], "return_token_ids": true,
+        "logprobs": 2, "echo": true,
     });
     let (status, by_text) = server.post("/v1/completions", &text_body).await;
     assert_eq!(status, 200, "{by_text}");
@@ -131,7 +132,7 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
         "type": "object", "properties": {"q": {"type": "string"}}}}})];
     let chat2 = json!({
         "messages": turn2, "tools": tools, "tool_choice": "auto", "max_tokens": 3,
-        "return_token_ids": true,
+        "return_token_ids": true, "logprobs": true, "top_logprobs": 1,
     });
     let chat2_out = post_in_session(server.addr, "/v1/chat/completions", &chat2, "sess-1").await;
 
@@ -185,6 +186,7 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!((r.max_tokens, r.sampling.temperature, r.stream), (Some(4), 0.0, false));
     assert_eq!(output(r), (ids(&by_ids["choices"][0]["token_ids"]), TraceFinish::Length));
     assert_eq!((r.session.as_ref(), r.turn), (None, None));
+    assert_eq!((r.logprobs, r.prompt_logprobs), (None, None));
 
     let r = records[&request_id(&by_text)];
     assert_eq!(
@@ -197,6 +199,8 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!((s.temperature, s.top_p, s.top_k, s.seed), (0.8, 0.9, 20, 7));
     assert_eq!((r.max_tokens, r.stop.as_slice()), (Some(5), &["zzz".to_owned()][..]));
     assert_eq!(output(r), (ids(&by_text["choices"][0]["token_ids"]), TraceFinish::Length));
+    // `logprobs` with `echo`: the output's and the prompt's, each with two alternatives.
+    assert_eq!((r.logprobs, r.prompt_logprobs), (Some(2), Some(2)));
 
     let (r1, r2) = (records[&request_id(&chat1_out)], records[&request_id(&chat2_out)]);
     assert_eq!((r1.session.as_deref(), r1.turn), (Some("sess-1"), Some(1)));
@@ -231,6 +235,7 @@ async fn every_request_is_recorded_as_sent_with_the_tokens_the_client_got() {
     assert_eq!(r1.sampling.seed, 11);
     assert_eq!(output(r1).0, ids(&chat1_out["choices"][0]["token_ids"]));
     assert_eq!(output(r2).0, ids(&chat2_out["choices"][0]["token_ids"]));
+    assert_eq!((r1.logprobs, r2.logprobs, r2.prompt_logprobs), (None, Some(1), None));
 
     let r = records[&request_id(&events[0])];
     assert!(r.stream);

@@ -109,6 +109,15 @@ pub struct TraceRecord {
     /// The client asked for server-sent events.
     #[serde(default)]
     pub stream: bool,
+    /// Top alternatives per output token, when the request asked for its tokens'
+    /// log-probabilities (completions' `logprobs`, chat's `logprobs` with `top_logprobs`);
+    /// absent when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u8>,
+    /// Top alternatives per prompt token, when the request asked for its prompt's
+    /// log-probabilities (completions' `echo` with `logprobs`); absent when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<TraceOutput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -233,6 +233,8 @@ impl Draft {
             ignore_eos: params.ignore_eos,
             priority: params.priority,
             stream: params.stream,
+            logprobs: params.spec.logprobs,
+            prompt_logprobs: params.spec.prompt_logprobs,
             output: Some(TraceOutput { token_ids: Vec::new(), finish_reason: TraceFinish::Abort }),
             timings: None,
         };

@@ -78,7 +78,10 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
     let draft = recorder
         .arrived(&HeaderMap::new())
         .with_input(RequestInput::Completions { prompt: json!("t1 t2"), response_format: None });
-    let mut recording = draft.begin(9, vec![1, 2], &params(), &metrics);
+    // It asked for its tokens' log-probabilities and its prompt's (`echo`).
+    let mut scoring = params();
+    (scoring.spec.logprobs, scoring.spec.prompt_logprobs) = (Some(2), Some(2));
+    let mut recording = draft.begin(9, vec![1, 2], &scoring, &metrics);
     recording.token(5);
     drop(recording);
 
@@ -108,6 +111,9 @@ async fn records_written_read_back_equal_with_turns_tokens_and_timings() {
     let output = three.output.as_ref().unwrap();
     assert_eq!((output.token_ids.as_slice(), output.finish_reason), (&[5][..], TraceFinish::Abort));
     assert_eq!(three.timings.unwrap().ttft_ms, Some(0.0));
+    assert_eq!((three.logprobs, three.prompt_logprobs), (Some(2), Some(2)));
+    assert_eq!((one.logprobs, one.prompt_logprobs), (None, None));
+    assert_eq!(text.matches("logprobs").count(), 2, "absent when not asked: {text}");
     // The serialized form reads back to the same records, and writes to the same bytes.
     let again: String = std::iter::once(serde_json::to_string(&trace.header).unwrap())
         .chain(trace.records.iter().map(|r| serde_json::to_string(r).unwrap()))

@@ -44,6 +44,8 @@ pub(crate) fn parse(name: &str, text: &str, options: &ImportOptions) -> Result<S
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: None,
+            echo: false,
         });
     }
     finish(name, options.vocab_size, drafts, options)

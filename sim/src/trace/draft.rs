@@ -32,6 +32,12 @@ pub(crate) struct Draft {
     pub constrained: bool,
     /// A recorded request's `priority` (lower first); 0 for the other formats.
     pub priority: i32,
+    /// A recorded request's top alternatives per output token, when it asked for
+    /// log-probabilities; none for the other formats.
+    pub logprobs: Option<u8>,
+    /// A recorded request asked for its prompt's log-probabilities (`echo` with `logprobs`);
+    /// never for the other formats.
+    pub echo: bool,
 }
 
 /// A prompt as the file gives it.
@@ -110,8 +116,9 @@ pub(crate) fn finish(
             logit_bias: logit_bias(&draft, index, vocab_size, options),
             constrained: draft.constrained || (options.logit_adjustments && index % 5 == 4),
             priority: priority(&draft, index, options),
-            logprobs: logprobs(index, options).or(echo(index, options).then_some(1)),
-            echo: echo(index, options),
+            logprobs: logprobs(&draft, index, options)
+                .or(echo(&draft, index, options).then_some(1)),
+            echo: echo(&draft, index, options),
         });
     }
     let trace = SimTrace { name: name.to_owned(), vocab_size, requests };
@@ -192,16 +199,18 @@ fn priority(draft: &Draft, index: usize, options: &ImportOptions) -> i32 {
     }
 }
 
-/// Request `index`'s log-probabilities: with `--logprobs`, one request in three asks for them,
-/// with 0, 1 or 5 top alternatives in turn.
-fn logprobs(index: usize, options: &ImportOptions) -> Option<u8> {
-    (options.logprobs && index % 3 == 2).then(|| [0, 1, 5][index / 3 % 3])
+/// Request `index`'s log-probabilities: its own, or with `--logprobs` one request in three asks
+/// for them, with 0, 1 or 5 top alternatives in turn.
+fn logprobs(draft: &Draft, index: usize, options: &ImportOptions) -> Option<u8> {
+    draft
+        .logprobs
+        .or_else(|| (options.logprobs && index % 3 == 2).then(|| [0, 1, 5][index / 3 % 3]))
 }
 
-/// Whether request `index` asks for `echo`: with `--echo`, one request in four, with its own
-/// log-probabilities' alternatives, or 1.
-fn echo(index: usize, options: &ImportOptions) -> bool {
-    options.echo && index % 4 == 1
+/// Whether request `index` asks for `echo`: as recorded, or with `--echo` one request in four,
+/// with its own log-probabilities' alternatives, or 1.
+fn echo(draft: &Draft, index: usize, options: &ImportOptions) -> bool {
+    draft.echo || (options.echo && index % 4 == 1)
 }
 
 /// (presence, frequency, repetition) as no penalty at all.
@@ -290,6 +299,8 @@ mod tests {
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: None,
+            echo: false,
         }
     }
 

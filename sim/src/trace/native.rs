@@ -141,6 +141,9 @@ fn draft(
         logit_bias: record.logit_bias.clone(),
         constrained: record.request.as_ref().is_some_and(RequestInput::holds_output),
         priority: record.priority,
+        logprobs: record.logprobs,
+        // Over HTTP a prompt is scored only with `echo`, which a replay sends.
+        echo: record.prompt_logprobs.is_some(),
     })
 }
 
@@ -227,6 +230,18 @@ mod tests {
         assert!(!trace.requests[0].constrained);
         let plain = line(1, r#""arrival_ms":0.0,"input_ids":[1],"max_tokens":1"#);
         assert!(!run(&[plain]).unwrap().requests[0].constrained);
+    }
+
+    #[test]
+    fn recorded_log_probabilities_are_asked_again() {
+        let base = r#""arrival_ms":0.0,"input_ids":[1],"max_tokens":1"#;
+        let asks = |rest: &str| {
+            let request = &run(&[line(1, &format!("{base}{rest}"))]).unwrap().requests[0];
+            (request.logprobs, request.echo)
+        };
+        assert_eq!(asks(""), (None, false));
+        assert_eq!(asks(r#","logprobs":0"#), (Some(0), false));
+        assert_eq!(asks(r#","logprobs":4,"prompt_logprobs":4"#), (Some(4), true));
     }
 
     #[test]

@@ -338,6 +338,8 @@ fn import(name: &str, sessions: &[Session], options: &ImportOptions) -> Result<S
             logit_bias: Vec::new(),
             constrained: false,
             priority: 0,
+            logprobs: None,
+            echo: false,
         })
         .collect();
     finish(name, options.vocab_size, drafts, options)

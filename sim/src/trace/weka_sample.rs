@@ -171,6 +171,8 @@ fn record(
         ignore_eos: true,
         priority: 0,
         stream: turn.request.kind == "s",
+        logprobs: None,
+        prompt_logprobs: None,
         output: None,
         timings: Some(TraceTimings {
             ttft_ms: turn.request.ttft.map(|s| ms((s * 1e6).round() as u64)),
