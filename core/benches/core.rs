@@ -32,6 +32,7 @@ fn decoding_scheduler(mode: StepMode) -> Scheduler {
         running_max: RUNNING,
         step_tokens_max: 8_192,
         prefill_chunk_tokens_max: 8_192,
+        scored_tokens_max: 8_192,
         request_tokens_max: 1 << 20,
         capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
         eos_token_ids: vec![],

@@ -41,6 +41,7 @@ fn busy_scheduler(pages: u32) -> Scheduler {
         running_max: requests,
         step_tokens_max: 8_192,
         prefill_chunk_tokens_max: 8_192,
+        scored_tokens_max: 8_192,
         request_tokens_max: 1 << 20,
         capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
         eos_token_ids: vec![],

@@ -29,6 +29,8 @@ pub fn small_config(mode: StepMode, pages_total: u32) -> SchedConfig {
         running_max: 4,
         step_tokens_max: 16,
         prefill_chunk_tokens_max: 8,
+        // Below a chunk: a scored prompt's chunks are cut by it, and two share it.
+        scored_tokens_max: 6,
         request_tokens_max: 64,
         capture_sizes: vec![1, 2, 4],
         eos_token_ids: vec![0],

@@ -31,6 +31,7 @@ fn config(batch: u32) -> SchedConfig {
         running_max: batch,
         step_tokens_max: 2048,
         prefill_chunk_tokens_max: 2048,
+        scored_tokens_max: 2048,
         request_tokens_max: 4096,
         capture_sizes: vec![1, 2, 4, 8, 16, 32],
         eos_token_ids: vec![],

@@ -60,6 +60,7 @@ fn config() -> SchedConfig {
         running_max: 32,
         step_tokens_max: 64,
         prefill_chunk_tokens_max: 2,
+        scored_tokens_max: 2,
         request_tokens_max: 256,
         capture_sizes: vec![1, 2, 4, 8, 16, 32],
         eos_token_ids: vec![],

@@ -128,6 +128,7 @@ fn config(running_max: u32, chunk: u32) -> SchedConfig {
         running_max,
         step_tokens_max: 256,
         prefill_chunk_tokens_max: chunk,
+        scored_tokens_max: chunk,
         request_tokens_max: 320,
         capture_sizes: vec![1, 2, 4, 8, 16, 32],
         eos_token_ids: vec![],
@@ -1058,6 +1059,7 @@ fn bench_config(batch: u32, prompt: u32) -> SchedConfig {
         waiting_max: batch,
         step_tokens_max: 8192,
         prefill_chunk_tokens_max: 8192,
+        scored_tokens_max: 8192,
         request_tokens_max: prompt + BENCH_DECODE + 8,
         capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
         ..config(batch, 8192)

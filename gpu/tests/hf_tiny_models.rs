@@ -116,6 +116,7 @@ fn executor_logits(model: &Model, prompt: &[u32], max_tokens: u32) -> Vec<Vec<f3
         running_max: 1,
         step_tokens_max: 5,
         prefill_chunk_tokens_max: 5,
+        scored_tokens_max: 5,
         request_tokens_max: 64,
         capture_sizes: vec![1],
         eos_token_ids: vec![],

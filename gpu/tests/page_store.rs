@@ -32,6 +32,7 @@ fn config(mode: StepMode) -> SchedConfig {
         running_max: 4,
         step_tokens_max: 8,
         prefill_chunk_tokens_max: 4,
+        scored_tokens_max: 4,
         request_tokens_max: 64,
         capture_sizes: vec![1, 2, 4],
         eos_token_ids: vec![],

@@ -86,6 +86,7 @@ fn sched_config() -> SchedConfig {
         running_max: 256,
         step_tokens_max: 4096,
         prefill_chunk_tokens_max: 512,
+        scored_tokens_max: 512,
         request_tokens_max: CONTEXT,
         capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
         eos_token_ids: vec![],

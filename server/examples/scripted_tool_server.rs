@@ -45,6 +45,7 @@ fn main() -> Result<(), String> {
         running_max: 8,
         step_tokens_max: 1024,
         prefill_chunk_tokens_max: 1024,
+        scored_tokens_max: 1024,
         request_tokens_max: 8192,
         capture_sizes: vec![1, 2, 4, 8],
         eos_token_ids: model.stop_tokens.clone(),

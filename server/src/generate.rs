@@ -179,6 +179,7 @@ fn engine_config(model: &Model, prompt: usize, max_tokens: u32) -> Result<SchedC
         running_max: 1,
         step_tokens_max: 512,
         prefill_chunk_tokens_max: 512,
+        scored_tokens_max: 512,
         request_tokens_max: total,
         capture_sizes: vec![1],
         eos_token_ids: model.stop_tokens.clone(),

@@ -30,7 +30,8 @@ use crate::tool_calls::ToolFormat;
 pub const USAGE: &str = "\
 usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-running N]
                       [--max-waiting N] [--kv-pages N] [--page-tokens N] [--step-tokens N]
-                      [--prefill-chunk-tokens N] [--max-model-len N] [--overlap] [--no-prefix-cache]
+                      [--prefill-chunk-tokens N] [--scored-tokens N] [--max-model-len N]
+                      [--overlap] [--no-prefix-cache]
                       [--served-model-name NAME] [--tool-call-parser NAME]
                       [--reasoning-parser NAME|none] [--threads N]
                       [--log-format text|json] [--drain-timeout S] [--seed S]
@@ -48,6 +49,9 @@ usage: lockstep serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--max-run
   --prefill-chunk-tokens N
                          prompt tokens of one request in one step, at most (default: the step's;
                          smaller lets short prompts start beside a long one)
+  --scored-tokens N      prompt tokens scored in one step, all requests together (`echo` with
+                         `logprobs`): each keeps its logits, 4 bytes a vocabulary token, until the
+                         step ends (default 256: 128 MB at a 128k vocabulary)
   --max-model-len N      prompt plus output tokens of one request (default: the model's context)
   --overlap              plan step N+1 while step N runs
   --tool-call-parser     hermes, llama3_json, deepseek_v3, deepseek_v31, dsml_v32, dsml_v4 or
@@ -107,6 +111,8 @@ pub struct ServeOptions {
     pub step_tokens: u32,
     /// `None`: a prompt may take the whole step.
     pub prefill_chunk_tokens: Option<u32>,
+    /// Prompt positions a step scores, at most (`SchedConfig::scored_tokens_max`).
+    pub scored_tokens: u32,
     pub max_model_len: Option<u32>,
     pub overlap: bool,
     pub prefix_cache: bool,
@@ -150,6 +156,7 @@ impl ServeOptions {
             page_tokens: 16,
             step_tokens: 512,
             prefill_chunk_tokens: None,
+            scored_tokens: 256,
             max_model_len: None,
             overlap: false,
             prefix_cache: true,
@@ -189,6 +196,7 @@ impl ServeOptions {
                 "--prefill-chunk-tokens" => {
                     o.prefill_chunk_tokens = Some(number(&value()?, flag)?);
                 }
+                "--scored-tokens" => o.scored_tokens = number(&value()?, flag)?,
                 "--max-model-len" => o.max_model_len = Some(number(&value()?, flag)?),
                 "--overlap" => o.overlap = true,
                 "--no-prefix-cache" => o.prefix_cache = false,
@@ -284,6 +292,7 @@ impl ServeOptions {
             prefill_chunk_tokens_max: self
                 .prefill_chunk_tokens
                 .map_or(self.step_tokens, |chunk| chunk.min(self.step_tokens)),
+            scored_tokens_max: self.scored_tokens,
             request_tokens_max: context,
             capture_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
             eos_token_ids: eos,
@@ -655,6 +664,10 @@ mod tests {
         assert!(parse(&["--prefill-chunk-tokens", "x"]).is_err());
         let zero = parse(&["--prefill-chunk-tokens", "0"]).unwrap().sched_config(4096, vec![]);
         assert!(zero.validate().is_err(), "a zero chunk would never finish a prompt");
+        let scored = |args: &[&str]| parse(args).unwrap().sched_config(4096, vec![]);
+        assert_eq!(scored(&[]).scored_tokens_max, 256);
+        assert_eq!(scored(&["--scored-tokens", "32"]).scored_tokens_max, 32);
+        assert!(scored(&["--scored-tokens", "0"]).validate().is_err(), "nothing would be scored");
     }
 
     #[test]

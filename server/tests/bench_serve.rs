@@ -173,6 +173,7 @@ async fn provenance_node(
         running_max,
         step_tokens_max: 256,
         prefill_chunk_tokens_max: 64,
+        scored_tokens_max: 64,
         request_tokens_max: CONTEXT,
         capture_sizes: vec![1, 2, 4, 8],
         eos_token_ids: vec![],

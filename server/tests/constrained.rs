@@ -93,6 +93,7 @@ async fn cpu_server(
         running_max: 4,
         step_tokens_max: 64,
         prefill_chunk_tokens_max: 32,
+        scored_tokens_max: 32,
         // Beyond the tiny model's own context: the tools' system message is long in bytes,
         // which are its tokens.
         request_tokens_max: 2048,

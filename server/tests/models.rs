@@ -33,6 +33,7 @@ fn sched(model: &Model, mode: StepMode) -> SchedConfig {
         running_max: 4,
         step_tokens_max: 64,
         prefill_chunk_tokens_max: 32,
+        scored_tokens_max: 32,
         request_tokens_max: (model.weights.config.context_length as u32).min(512),
         capture_sizes: vec![1, 2, 4],
         eos_token_ids: model.stop_tokens.clone(),

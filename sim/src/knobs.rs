@@ -70,6 +70,9 @@ pub struct Knobs {
     /// Prompt tokens of one request in one step: below `step_tokens`, a short prompt runs beside
     /// a long one's chunks, and the long one's next chunk can preempt it (prefill preemption).
     pub prefill_chunk_tokens: u32,
+    /// Prompt positions one step scores (`echo` with `logprobs`), all requests together: small,
+    /// a scored prompt is computed in many short chunks beside the others.
+    pub scored_tokens: u32,
     pub capture_sizes: Vec<u32>,
     pub prefix_cache: bool,
     pub prefill_slots: u32,
@@ -91,6 +94,7 @@ impl Knobs {
             max_waiting: waiting_for(requests),
             step_tokens: 512,
             prefill_chunk_tokens: 512,
+            scored_tokens: 256,
             capture_sizes: vec![1, 2, 4, 8, 16, 32],
             prefix_cache: true,
             prefill_slots: 2,
@@ -126,6 +130,7 @@ impl Knobs {
         } else {
             pool_pages(request_pages, later.pick(&[1.0, 1.25, 1.5]))
         };
+        let scored_tokens = SimRng::stream(seed, "knobs-scored").pick(&[1, 3, 16, 256]);
         Knobs {
             overlap,
             page_tokens,
@@ -135,6 +140,7 @@ impl Knobs {
             max_waiting: waiting_for(requests),
             step_tokens,
             prefill_chunk_tokens,
+            scored_tokens,
             capture_sizes: rng.pick(&[&[1, 2, 4, 8, 16][..], &[1, 4, 16], &[2, 8], &[]]).to_vec(),
             prefix_cache: rng.chance(0.75),
             prefill_slots: rng.pick(&[1, 2, 4]),

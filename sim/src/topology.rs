@@ -197,6 +197,7 @@ fn serve_options(knobs: &Knobs) -> ServeOptions {
     options.page_tokens = knobs.page_tokens;
     options.step_tokens = knobs.step_tokens;
     options.prefill_chunk_tokens = Some(knobs.prefill_chunk_tokens);
+    options.scored_tokens = knobs.scored_tokens;
     options.overlap = knobs.overlap;
     options.prefix_cache = knobs.prefix_cache;
     options.prefill_slots = knobs.prefill_slots;

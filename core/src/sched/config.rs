@@ -39,6 +39,11 @@ pub struct SchedConfig {
     pub step_tokens_max: u32,
     /// Prompt tokens of one request computed in one step: longer prompts are chunked.
     pub prefill_chunk_tokens_max: u32,
+    /// Prompt tokens of requests that score their prompt (`Scheduler::submit_scoring`) computed
+    /// in one step, all such requests together: each such position's logits over the whole
+    /// vocabulary are kept until the step's scores are taken (4 bytes a token of the
+    /// vocabulary), so this bounds that memory on every executor.
+    pub scored_tokens_max: u32,
     /// Prompt plus output tokens of one request (the model's context length).
     pub request_tokens_max: u32,
     /// Decode batch sizes with a captured graph, ascending. A decode-only step of at most the
@@ -74,6 +79,11 @@ impl SchedConfig {
         }
         if self.prefill_chunk_tokens_max == 0 {
             return err("prefill_chunk_tokens_max must be positive".into());
+        }
+        if self.scored_tokens_max == 0 {
+            return err(
+                "scored_tokens_max must be positive: a scored prompt would never finish".into()
+            );
         }
         if self.request_tokens_max < 2 {
             return err(format!(

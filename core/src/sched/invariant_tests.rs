@@ -46,6 +46,8 @@
 //! | steps were planned | "step {step:?} in flight was never planned" | `a_step_in_flight_was_never_planned` |
 //! | sampling rows counted | "step {step:?} miscounts its sampling rows" | `a_step_miscounts_its_sampling_rows` |
 //! | rows name live requests | "step {step:?} names {id}, which is gone: its pages may be reused" | `a_step_names_a_request_that_is_gone` |
+//! | tokens within the step's bound | "step {step:?} computes {n} tokens, over step_tokens_max {m}" | `a_step_computes_more_tokens_than_a_step_may` |
+//! | scored positions within their bound | "step {step:?} scores {n} prompt positions, over scored_tokens_max {m}" | `a_step_scores_more_prompt_positions_than_a_step_may` |
 //! | steps counted | "{id} counts {n} steps in flight, {m} name it" | `a_request_miscounts_its_steps_in_flight` |
 //! | positions counted | "{id} counts {n} positions in flight, steps hold {m}" | `a_request_miscounts_its_positions_in_flight` |
 //! | samples counted | "{id} counts {n} samples in flight, steps hold {m}" | `a_request_miscounts_its_samples_in_flight` |
@@ -60,7 +62,7 @@
 //! | the pool's incremental check | (see `kv/pool/incremental_tests.rs`) | there: the pool's API cannot break it |
 //! | `check_bounds`, all six | as above | `the_incremental_check_checks_the_bounds` |
 //! | orders name their requests (running order) | "an order names entry {entry}, …" | `incremental_a_running_order_names_no_request` |
-//! | steps in flight (planned, sampling rows, live rows) | as above | `the_incremental_check_checks_the_steps_in_flight` |
+//! | steps in flight (planned, sampling rows, live rows, tokens, scored positions) | as above | `the_incremental_check_checks_the_steps_in_flight` |
 //! | free slot in range, once | "free slot {slot} out of range", "slot {slot} is free twice" | `the_incremental_check_checks_the_free_slots` |
 //! | request filed under its entry | "{id} in entry {entry} is filed under entry {filed:?}" | `incremental_a_running_request_is_filed_elsewhere` |
 //! | phase | "{id} is draining but still ordered" (and the others) | `incremental_a_draining_request_is_still_ordered` |
@@ -376,6 +378,25 @@ fn a_step_names_a_request_that_is_gone() {
 }
 
 #[test]
+fn a_step_computes_more_tokens_than_a_step_may() {
+    // Three decode rows of one token; the first now 14 longer: 17 of 16.
+    fires(|s| s.in_flight[0].rows[0].end += 14, "computes 17 tokens, over step_tokens_max 16");
+}
+
+/// Request 1's row made a scoring request's row over its whole prompt of 6: positions 0 to 4
+/// score (the last one's logits give the first token), under a bound of 4.
+fn score_five_under_four(s: &mut Scheduler) {
+    r(s, 1).reads_prefix_cache = false;
+    s.in_flight[0].rows[0].start = 0;
+    s.config.scored_tokens_max = 4;
+}
+
+#[test]
+fn a_step_scores_more_prompt_positions_than_a_step_may() {
+    fires(score_five_under_four, "scores 5 prompt positions, over scored_tokens_max 4");
+}
+
+#[test]
 fn a_request_forgets_how_far_it_ever_computed() {
     fires(|s| r(s, 1).computed_high = 0, "req-1 computed 6, at most 0 ever");
 }
@@ -463,13 +484,15 @@ fn incremental_a_running_order_names_no_request() {
 
 #[test]
 fn the_incremental_check_checks_the_steps_in_flight() {
-    let cases: [(Break, &str); 3] = [
+    let cases: [(Break, &str); 5] = [
         (|s| s.in_flight[0].step = StepId(99), "step StepId(99) in flight was never planned"),
         (|s| s.in_flight[0].sampling_rows += 1, "miscounts its sampling rows"),
         (
             |s| s.in_flight[0].rows[0].request = RequestId(42),
             "names req-42, which is gone: its pages may be reused",
         ),
+        (|s| s.in_flight[0].rows[0].end += 14, "computes 17 tokens, over step_tokens_max 16"),
+        (score_five_under_four, "scores 5 prompt positions, over scored_tokens_max 4"),
     ];
     for (break_it, expected) in cases {
         incremental_fires(break_it, expected);

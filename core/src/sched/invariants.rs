@@ -289,16 +289,34 @@ impl Scheduler {
             "step {:?} miscounts its sampling rows",
             step.step
         );
+        let (mut tokens, mut scored) = (0u64, 0u64);
         for row in &step.rows {
             let r = self.entries.get(row.entry as usize).and_then(Option::as_ref);
-            ensure_invariant!(
-                SCHED,
-                r.is_some_and(|r| r.id == row.request),
-                "step {:?} names {}, which is gone: its pages may be reused",
-                step.step,
-                row.request
-            );
+            let Some(r) = r.filter(|r| r.id == row.request) else {
+                let what = format!(
+                    "step {:?} names {}, which is gone: its pages may be reused",
+                    step.step, row.request
+                );
+                return Err(InvariantViolation::new(SCHED, what));
+            };
+            tokens += u64::from(row.end - row.start);
+            scored += u64::from(r.scored_in(row.start, row.end));
         }
+        // The step's bounds: what the executor computes, and the logits it keeps to score.
+        ensure_invariant!(
+            SCHED,
+            tokens <= u64::from(self.config.step_tokens_max),
+            "step {:?} computes {tokens} tokens, over step_tokens_max {}",
+            step.step,
+            self.config.step_tokens_max
+        );
+        ensure_invariant!(
+            SCHED,
+            scored <= u64::from(self.config.scored_tokens_max),
+            "step {:?} scores {scored} prompt positions, over scored_tokens_max {}",
+            step.step,
+            self.config.scored_tokens_max
+        );
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 //! preempted after its row was drafted simply loses the row.
 
 use super::plan::{Bucket, InputToken, RowPlan, StepPlan};
-use super::request::Phase;
+use super::request::{Phase, Request};
 use super::scheduler::{InFlightRow, InFlightStep, Scheduler};
 use crate::Time;
 use crate::kv::prefix_hash::{block_hash, root_hash};
@@ -24,6 +24,38 @@ pub(crate) struct DraftRow {
 enum Pass {
     Decode,
     Prefill,
+}
+
+/// What is left of a step being planned: tokens, and of them prompt positions whose logits
+/// score a prompt token (`SchedConfig::scored_tokens_max`).
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    tokens: u32,
+    scored: u32,
+}
+
+impl Budget {
+    /// How many of `want` positions from `start` request `r` may compute: as many as there are
+    /// tokens left and, of its scored positions (a prefix of them), as many as may be scored.
+    fn chunk(&self, r: &Request, start: u32, want: u32) -> u32 {
+        let tokens = want.min(self.tokens);
+        match r.scored_in(start, start + tokens) > self.scored {
+            // Its first positions from `start` are all scored: that many of them.
+            true => self.scored,
+            false => tokens,
+        }
+    }
+
+    fn take(&mut self, r: &Request, start: u32, end: u32) {
+        self.tokens -= end - start;
+        self.scored -= r.scored_in(start, end);
+    }
+
+    /// A drafted row given back (its request preempted by a later one's need for pages).
+    fn give_back(&mut self, r: &Request, start: u32, end: u32) {
+        self.tokens += end - start;
+        self.scored += r.scored_in(start, end);
+    }
 }
 
 /// What `ensure_pages` could do for a request.
@@ -44,7 +76,8 @@ impl Scheduler {
         }
         let mut draft = std::mem::take(&mut self.draft);
         draft.clear();
-        let mut budget = self.config.step_tokens_max;
+        let mut budget =
+            Budget { tokens: self.config.step_tokens_max, scored: self.config.scored_tokens_max };
         let prefilling = self.draft_running(Pass::Decode, &mut draft, &mut budget, now);
         if prefilling > 0 {
             self.draft_running(Pass::Prefill, &mut draft, &mut budget, now);
@@ -61,7 +94,7 @@ impl Scheduler {
         &mut self,
         pass: Pass,
         draft: &mut Vec<DraftRow>,
-        budget: &mut u32,
+        budget: &mut Budget,
         now: Time,
     ) -> usize {
         let chunk_max = self.config.prefill_chunk_tokens_max;
@@ -69,7 +102,7 @@ impl Scheduler {
         let mut i = 0;
         let page_tokens = self.pool.page_tokens();
         let context_max = self.config.request_tokens_max;
-        while i < self.running.len() && *budget > 0 {
+        while i < self.running.len() && budget.tokens > 0 {
             let (_, entry) = self.running[i];
             let r = self.entry(entry);
             let (start, len_with_in_flight) = if crate::planted!(ScheduledTwiceInOverlap) {
@@ -87,7 +120,7 @@ impl Scheduler {
             let tokens = match pass {
                 _ if r.draft_row.is_some() || will_finish => 0,
                 Pass::Decode if remaining == 1 => 1,
-                Pass::Prefill if remaining > 1 => remaining.min(*budget).min(chunk_max),
+                Pass::Prefill if remaining > 1 => budget.chunk(r, start, remaining.min(chunk_max)),
                 _ => 0,
             };
             if tokens == 0 {
@@ -112,7 +145,7 @@ impl Scheduler {
                         sample: end == len_with_in_flight,
                         cancelled: false,
                     });
-                    *budget -= tokens;
+                    budget.take(self.entry(entry), start, end);
                     i += 1;
                 }
                 Pages::Wait => i += 1,
@@ -132,7 +165,7 @@ impl Scheduler {
         entry: u32,
         end: u32,
         draft: &mut [DraftRow],
-        budget: &mut u32,
+        budget: &mut Budget,
         now: Time,
     ) -> Pages {
         let need = self.pages_needed(entry, end);
@@ -156,7 +189,7 @@ impl Scheduler {
             if let Some(row) = self.entry_mut(victim).draft_row.take() {
                 let row = &mut draft[row as usize];
                 row.cancelled = true;
-                *budget += row.end - row.start;
+                budget.give_back(self.entry(victim), row.start, row.end);
             }
             if self.entry(victim).in_flight_steps > 0 {
                 coming_back += self.exclusive_pages(victim);
@@ -179,17 +212,20 @@ impl Scheduler {
 
     /// Admits waiting requests in order while a slot, budget and pages allow; the first that does
     /// not fit stops admission, so a large request is not overtaken forever by small ones.
-    fn draft_admissions(&mut self, draft: &mut Vec<DraftRow>, budget: &mut u32) {
-        while *budget > 0 && !self.free_slots.is_empty() {
+    fn draft_admissions(&mut self, draft: &mut Vec<DraftRow>, budget: &mut Budget) {
+        while budget.tokens > 0 && !self.free_slots.is_empty() {
             let Some(&(_, entry)) = self.waiting.first() else {
                 break;
             };
             let computed = self.match_cached_prefix(entry);
             let len = self.entry(entry).tokens.len() as u32;
-            let tokens = (len - computed).min(*budget).min(self.config.prefill_chunk_tokens_max);
+            let want = (len - computed).min(self.config.prefill_chunk_tokens_max);
+            let tokens = budget.chunk(self.entry(entry), computed, want);
             let end = computed + tokens;
             let need = self.pages_needed(entry, end);
-            if self.pool.available_count() < need {
+            // No scored position left for a request that scores its prompt: it waits for the
+            // next step, at the head of the queue.
+            if tokens == 0 || self.pool.available_count() < need {
                 self.release_matched_prefix(entry);
                 break;
             }
@@ -207,7 +243,7 @@ impl Scheduler {
                 sample: end == len,
                 cancelled: false,
             });
-            *budget -= tokens;
+            budget.take(self.entry(entry), computed, end);
         }
     }
 

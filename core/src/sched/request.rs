@@ -223,6 +223,21 @@ impl Request {
         }
     }
 
+    /// Whether its prompt's positions are scored (`Scheduler::submit_scoring`): their chunks
+    /// count against `SchedConfig::scored_tokens_max`.
+    pub(crate) fn scores_prompt(&self) -> bool {
+        !self.reads_prefix_cache
+    }
+
+    /// How many of `positions` have their logits kept to score a prompt token: those before the
+    /// prompt's last (whose logits give the first output token) of a request that scores.
+    pub(crate) fn scored_in(&self, start: u32, end: u32) -> u32 {
+        match self.scores_prompt() {
+            true => end.min(self.prompt_len.saturating_sub(1)).saturating_sub(start),
+            false => 0,
+        }
+    }
+
     pub(crate) fn output_len(&self) -> u32 {
         self.tokens.len() as u32 - self.prompt_len
     }

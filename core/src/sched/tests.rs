@@ -461,6 +461,41 @@ fn a_scored_prompt_reads_nothing_from_the_prefix_cache() {
     assert_eq!(h.sched.prefix_cache_tokens().1, hit + 12, "a plain request reads the cache");
 }
 
+/// A step scores at most `scored_tokens_max` prompt positions (6 here, below a chunk of 8), all
+/// scoring requests together: each such position's logits are kept until the step's scores are
+/// taken. The prompts are still scored whole, and every output equals its run alone.
+#[test]
+fn a_step_scores_at_most_scored_tokens_max_positions() {
+    let config = small_config(StepMode::Overlap, 64);
+    assert!(config.scored_tokens_max < config.prefill_chunk_tokens_max);
+    let mut h = Harness::new(config.clone());
+    // 4 and 10 score their prompts (the harness's choice), 5 does not.
+    let reqs: Vec<_> = [4, 10, 5].map(|id| request(id, prompt(id as u32, 20), 2)).into();
+    for req in &reqs {
+        h.submit(req.clone()).unwrap();
+    }
+    let (mut most, mut steps) = (0, h.steps);
+    for _ in 0..1_000 {
+        if !h.step() && h.sched.requests_held() == 0 {
+            break;
+        }
+        if h.steps > steps {
+            steps = h.steps;
+            let outputs = h.pending.back().expect("the step just executed");
+            let scored: usize = outputs.prompt_logprobs.iter().map(|s| s.logprobs.len()).sum();
+            most = most.max(scored);
+        }
+    }
+    assert_eq!(h.sched.requests_held(), 0);
+    assert_eq!(most, config.scored_tokens_max as usize, "the bound is reached, never passed");
+    assert_matches_alone(&h, &reqs);
+    for scoring in &reqs[..2] {
+        let alone = crate::testing::run_alone_with_logprobs(&config, scoring);
+        assert_eq!(h.prompt_logprobs[&scoring.id], alone.prompt_logprobs);
+        assert_eq!(h.prompt_logprobs[&scoring.id].len(), 19);
+    }
+}
+
 /// A reader of prompt scores takes each position once: a repeat (a recomputed prompt) adds
 /// nothing, an overlap adds its new part, a gap is refused.
 #[test]

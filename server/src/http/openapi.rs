@@ -1174,6 +1174,7 @@ mod tests {
             running_max: 4,
             step_tokens_max: 64,
             prefill_chunk_tokens_max: 16,
+            scored_tokens_max: 16,
             request_tokens_max: CONTEXT,
             capture_sizes: vec![1, 2, 4],
             eos_token_ids: vec![],

@@ -38,6 +38,7 @@ pub fn sched_config(mode: StepMode) -> SchedConfig {
         running_max: 8,
         step_tokens_max: 64,
         prefill_chunk_tokens_max: 16,
+        scored_tokens_max: 16,
         request_tokens_max: CONTEXT,
         capture_sizes: vec![1, 2, 4, 8],
         eos_token_ids: vec![],
