@@ -388,8 +388,9 @@ async fn log_probabilities_through_a_router_equal_one_process() {
         // computes every position of it, past a cached prefix too), whole and streamed.
         let long = prompt(7, 40, 24);
         let (_, _) = c.router.post("/v1/completions", &completion(&long, 2)).await;
-        for top in [None, Some(0), Some(2)] {
-            let mut echo = completion(&long, 3);
+        // The last: `max_tokens` 0, the prompt and its scores alone.
+        for (top, max_tokens) in [(None, 3), (Some(0), 3), (Some(2), 3), (Some(2), 0)] {
+            let mut echo = completion(&long, max_tokens);
             echo["echo"] = json!(true);
             if let Some(top) = top {
                 echo["logprobs"] = json!(top);
@@ -398,6 +399,7 @@ async fn log_probabilities_through_a_router_equal_one_process() {
             let (status, through) = c.router.post("/v1/completions", &echo).await;
             assert_eq!(status, 200, "{through}");
             assert_eq!(through["choices"][0], alone["choices"][0], "{mode:?}: echo {top:?}");
+            assert_eq!(through["usage"], alone["usage"]);
             echo["stream"] = json!(true);
             let alone = single.stream("/v1/completions", &echo).await;
             let through = c.router.stream("/v1/completions", &echo).await;
