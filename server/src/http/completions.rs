@@ -207,7 +207,7 @@ impl Output {
     /// What of the generation goes out: nothing of it when only the prompt does.
     fn shown(&self, piece: Piece) -> Piece {
         match self.echo_only {
-            true => Piece { text: String::new(), tokens: vec![], logprobs: vec![] },
+            true => Piece::default(),
             false => piece,
         }
     }
