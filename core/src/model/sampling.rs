@@ -16,7 +16,7 @@ use std::ops::Range;
 
 use super::grammar::{Constraint, Grammar, GrammarCompiler};
 use super::output_tokens::{OutputTokens, counts};
-use crate::sched::{RecentSamples, RequestId, StepPlan};
+use crate::sched::{PromptLogprobs, RecentSamples, RequestId, StepPlan};
 use crate::wire::Sampling;
 
 /// How one request samples, as its executor is told before any plan names it.
@@ -292,6 +292,22 @@ impl RequestSampler {
             return Err(format!("prompt token {token} is outside {} logits", logits.len()));
         }
         Ok(logprobs(logits, token, top))
+    }
+
+    /// Request `request`'s row's scores: `logits` are those of its scored positions from `first`
+    /// on, in order (`scored_positions`), each scoring the prompt token after it.
+    pub fn score_positions<'a>(
+        &self,
+        request: RequestId,
+        first: u32,
+        logits: impl IntoIterator<Item = &'a [f32]>,
+    ) -> Result<PromptLogprobs, String> {
+        let logprobs = (first..)
+            .zip(logits)
+            .map(|(position, l)| self.prompt_logprobs(l, position))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{request}: {e}"))?;
+        Ok(PromptLogprobs { request, from: first + 1, logprobs })
     }
 
     /// The plan's input at `position` is `token` (a no-op without penalties).

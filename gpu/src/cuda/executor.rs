@@ -532,12 +532,7 @@ impl CudaExecutor {
             let view = self.buffers.logits.slice(at * vocab..(at + count) * vocab);
             self.stream.memcpy_dtoh(&view, &mut logits).map_err(driver("copying logits"))?;
             at += count;
-            let logprobs = (first..)
-                .zip(logits.chunks_exact(vocab))
-                .map(|(position, l)| sampler.prompt_logprobs(l, position))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{}: {e}", row.request))?;
-            out.push(PromptLogprobs { request: row.request, from: first + 1, logprobs });
+            out.push(sampler.score_positions(row.request, first, logits.chunks_exact(vocab))?);
         }
         Ok(out)
     }

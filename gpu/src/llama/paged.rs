@@ -18,9 +18,7 @@ use lockstep_core::model::{
     ExecError, Executor, GrammarCompiler, RequestSampler, SamplingSpec, TokenLogprobs,
     record_outputs,
 };
-use lockstep_core::sched::{
-    PageTables, PromptLogprobs, RecentSamples, RequestId, StepOutputs, StepPlan,
-};
+use lockstep_core::sched::{PageTables, RecentSamples, RequestId, StepOutputs, StepPlan};
 
 use super::forward::{attend_head_paged, rope, swiglu};
 use super::numerics::rms_norm;
@@ -210,18 +208,9 @@ impl CpuExecutor {
         let mut prompt_logprobs = Vec::with_capacity(scoring.len());
         let mut scored_logits = scored_logits.iter();
         for (r, first, scored) in &scoring {
-            let row = &plan.rows[*r];
-            let sampler = &self.samplers[&row.request];
-            let mut logprobs = Vec::with_capacity(scored.len());
-            for (position, l) in (*first..).zip(scored_logits.by_ref().take(scored.len())) {
-                let scored = sampler.prompt_logprobs(l, position);
-                logprobs.push(scored.map_err(|e| format!("{}: {e}", row.request))?);
-            }
-            prompt_logprobs.push(PromptLogprobs {
-                request: row.request,
-                from: first + 1,
-                logprobs,
-            });
+            let request = plan.rows[*r].request;
+            let logits = scored_logits.by_ref().take(scored.len()).map(Vec::as_slice);
+            prompt_logprobs.push(self.samplers[&request].score_positions(request, *first, logits)?);
         }
         let mut sampled = Vec::with_capacity(sampling.len());
         let mut row_logprobs: Vec<Option<TokenLogprobs>> = Vec::with_capacity(sampling.len());
