@@ -239,6 +239,12 @@ impl Harness {
                 }
             }
         }
+        // The count the metrics of every role read equals the events a single process sees.
+        assert_eq!(
+            self.sched.preemptions_total(),
+            u64::from(self.preemptions),
+            "preemptions counted apart from their events"
+        );
     }
 }
 

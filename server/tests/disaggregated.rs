@@ -260,6 +260,29 @@ async fn the_same_greedy_output_through_one_process_and_through_router_prefill_a
     }
 }
 
+/// A worker's `/metrics` counts its own scheduler's prefix-cache lookups and hits and its
+/// preemptions, as a single process does (they showed zeros: only a single process published
+/// them). The second prompt shares the first's 32 tokens, 8 pages the prefill worker still caches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workers_metrics_count_its_own_prefix_cache_hits() {
+    let c = cluster(StepMode::Sync).await;
+    let counter = |name: &str| {
+        let page = c.prefill_metrics.render();
+        let line = page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    let (queried, hit) =
+        (counter("vllm:prefix_cache_queries_total"), counter("vllm:prefix_cache_hits_total"));
+    for i in 0..2 {
+        let (status, body) =
+            c.router.post("/v1/completions", &completion(&prompt(i, 40, 32), 2)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(counter("vllm:prefix_cache_queries_total") - queried, 80.0, "two prompts of 40");
+    assert_eq!(counter("vllm:prefix_cache_hits_total") - hit, 32.0, "the shared 32 tokens");
+    assert_eq!(counter("vllm:num_preemptions_total"), 0.0, "a pool of 256 pages never preempts");
+}
+
 /// 64 sessions at once, two turns each, every turn's prompt the shared system prefix, the
 /// session's history and a new message: each answer equals the same conversation run one
 /// request at a time through one process.

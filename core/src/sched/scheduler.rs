@@ -108,6 +108,8 @@ pub struct Scheduler {
     /// prefix-cache queries and hits), since the start.
     pub(crate) prefix_tokens_queried: u64,
     pub(crate) prefix_tokens_hit: u64,
+    /// Preemptions since the start, for the metrics of every role (a worker sees no events).
+    preemptions: u64,
     /// Pages of ended requests that keep them, until the caller takes them: still references
     /// this scheduler holds.
     pub(crate) kept: BTreeMap<RequestId, Vec<PageRef>>,
@@ -145,6 +147,7 @@ impl Scheduler {
             draft: Vec::with_capacity(config.step_tokens_max as usize),
             prefix_tokens_queried: 0,
             prefix_tokens_hit: 0,
+            preemptions: 0,
             kept: BTreeMap::new(),
             config,
         })
@@ -203,6 +206,11 @@ impl Scheduler {
     /// Tokens looked up in the prefix cache at admission and tokens found, since the start.
     pub fn prefix_cache_tokens(&self) -> (u64, u64) {
         (self.prefix_tokens_queried, self.prefix_tokens_hit)
+    }
+
+    /// Requests preempted by recompute since the start (a request preempted twice counts twice).
+    pub fn preemptions_total(&self) -> u64 {
+        self.preemptions
     }
 
     /// The prompt and output tokens applied so far of a held request.
@@ -439,6 +447,7 @@ impl Scheduler {
         let r = self.entry_mut(entry);
         r.preemptions += 1;
         let id = r.id;
+        self.preemptions += 1;
         self.events.push_back(SchedEvent::Preempted { request: id });
         if self.drain_or(entry, slot, AfterDrain::Requeue) {
             self.enqueue(entry, now);

@@ -360,7 +360,6 @@ impl<R: StepRunner> Engine<R> {
                 self.finished(request, reason, output_tokens);
             }
             SchedEvent::Preempted { request } => {
-                self.metrics.preemptions.increment(1);
                 if let Some(live) = self.live.get(&request) {
                     live.span.in_scope(|| tracing::debug!("preempted"));
                 }
@@ -390,6 +389,7 @@ impl<R: StepRunner> Engine<R> {
         let (queried, hit) = self.sched.prefix_cache_tokens();
         self.metrics.prefix_cache_queries.absolute(queried);
         self.metrics.prefix_cache_hits.absolute(hit);
+        self.metrics.preemptions.absolute(self.sched.preemptions_total());
     }
 
     /// Every handle is gone: end what is held and stop.

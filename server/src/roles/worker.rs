@@ -544,6 +544,12 @@ impl<R: PageRunner> WorkerEngine<R> {
         self.metrics
             .kv_cache_usage
             .set(f64::from(pool.held_count()) / f64::from(pool.pages_total()));
+        // A prefill worker's cache saves prompt compute and its preemptions recompute it; a
+        // decode worker's cache saves transfers. Without these a worker's page showed zeros.
+        let (queried, hit) = sched.prefix_cache_tokens();
+        self.metrics.prefix_cache_queries.absolute(queried);
+        self.metrics.prefix_cache_hits.absolute(hit);
+        self.metrics.preemptions.absolute(sched.preemptions_total());
     }
 
     /// Sends a message other than a write; one that finds its link full waits, behind the held
