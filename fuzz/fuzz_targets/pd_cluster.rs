@@ -1,7 +1,9 @@
 //! Arbitrary fault schedules over the router, a prefill node and a decode node together
 //! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, writes landing
 //! late or failing, clients aborting, the clock jumping, and each machine's timers fired in the
-//! order the input says. A leading byte picks the step mode and the pool size (12 to 39 pages).
+//! order the input says. A leading byte picks the step mode and the decode pool's size (12 to 39
+//! pages), the next the prefill pool's (6 to 23: small enough that the prefill node preempts,
+//! as in `core/tests/pd_cluster.rs`).
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
 //! end, and: every request ended; one that finished passed on exactly its output alone, one that
 //! failed a prefix of it; no page, pin, slot or transfer is held on either worker.
@@ -53,12 +55,17 @@ impl From<Op> for ClusterOp {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&setup, rest)) = data.split_first() else { return };
+    let [setup, prefill_setup, rest @ ..] = data else { return };
     let mode = if setup & 1 == 1 { StepMode::Overlap } else { StepMode::Sync };
     let pages = 12 + u32::from(setup >> 1) % 28;
+    let prefill_pages = 6 + u32::from(*prefill_setup) % 18;
     let mut input = Unstructured::new(rest);
     let sched = small_config(mode, pages);
-    let mut cluster = Cluster::new(ClusterConfig::new(sched.clone()));
+    let config = ClusterConfig {
+        prefill_sched: small_config(mode, prefill_pages),
+        ..ClusterConfig::new(sched.clone())
+    };
+    let mut cluster = Cluster::new(config);
     for _ in 0..400 {
         if input.is_empty() {
             break;

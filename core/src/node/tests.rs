@@ -227,3 +227,38 @@ fn recomputing_after_a_preemption_is_no_progress() {
     }
     quiet(&c);
 }
+
+/// A scored prompt preempted on the prefill side computes some positions again, and their scores
+/// with them: the node passes on each position's once, in order. Here the prefill pool holds 24
+/// tokens, request 4 scores its prompt (`testing::prompt_logprobs`) in chunks the scored budget
+/// cuts to 6 positions (mid-page: the cache gives back only whole pages), and the prompt ahead of
+/// it needs its pages. A node that keeps the repeats fails here (checked by hand); before the
+/// pd_cluster proptest drew a small prefill pool, only the simulator saw one.
+#[test]
+fn a_scored_prompt_preempted_on_the_prefill_side_passes_each_score_once() {
+    let config = ClusterConfig {
+        prefill_sched: small_config(StepMode::Sync, 6),
+        ..ClusterConfig::new(small_config(StepMode::Sync, 12))
+    };
+    let sched = config.decode_sched.clone();
+    let mut c = Cluster::new(config);
+    let specs = [spec(1, 13, 0, 1), spec(2, 1, 0, 1), spec(3, 1, 0, 1), spec(4, 9, 0, 1)]
+        .into_iter()
+        .chain((5..8).map(|id| spec(id, 1, 0, 1)))
+        .collect::<Vec<_>>();
+    assert!(specs[3].prompt_logprobs.is_some(), "request 4 is meant to score its prompt");
+    for s in &specs {
+        c.submit(s.clone()).unwrap();
+    }
+    c.run_until_done(5_000);
+    let preemptions = c.prefill.scheduler().preemptions_total();
+    assert!(preemptions > 0, "the scenario needs the prefill node to preempt");
+    let scored = RequestId(4);
+    let alone = crate::testing::run_alone_with_logprobs(
+        &sched,
+        &request(4, specs[3].prompt.clone(), specs[3].max_tokens),
+    );
+    assert_eq!(c.prompt_logprobs[&scored], alone.prompt_logprobs, "request 4's prompt scores");
+    c.check_outcomes(&sched, &c.submitted());
+    quiet(&c);
+}
