@@ -550,6 +550,12 @@ impl PagePool {
         self.freed.take(out);
     }
 
+    /// Pages freed or evicted and not yet taken (`take_freed`): none once a driver is idle, or a
+    /// page lost its contents without its executor hearing of it.
+    pub fn freed_untaken_count(&self) -> usize {
+        self.freed.list.len()
+    }
+
     /// Checks every invariant in the module docs. O(pages + pins + cached tokens).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         const KV: &str = "kv";

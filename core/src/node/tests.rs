@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::Time;
 use crate::sched::{FinishReason, RequestId, StepMode};
 use crate::testing::{
-    Cluster, ClusterConfig, DECODE, End, request, request_spec, run_alone, small_config,
+    Cluster, ClusterConfig, DECODE, End, PREFILL, ROUTER, request, request_spec, run_alone,
+    small_config,
 };
 use crate::wire::{Message, RequestSpec, TransferKey};
 
@@ -260,5 +261,37 @@ fn a_scored_prompt_preempted_on_the_prefill_side_passes_each_score_once() {
     );
     assert_eq!(c.prompt_logprobs[&scored], alone.prompt_logprobs, "request 4's prompt scores");
     c.check_outcomes(&sched, &c.submitted());
+    quiet(&c);
+}
+
+/// A decode worker whose link to a router broke stops the requests that router followed (their
+/// tokens have nowhere to go) at once, rather than decoding each to its end; a broken link to the
+/// prefill worker ends transfers only, and what is decoding goes on.
+#[test]
+fn a_lost_router_stops_what_it_followed_and_a_lost_prefill_worker_does_not() {
+    let sched = small_config(StepMode::Sync, 24);
+    let mut c = Cluster::new(ClusterConfig::new(sched.clone()));
+    let specs = [spec(1, 6, 0, 12), spec(2, 9, 0, 12)];
+    for s in &specs {
+        c.submit(s.clone()).unwrap();
+    }
+    for _ in 0..100 {
+        if c.decode.scheduler().running_count() == 2 {
+            break;
+        }
+        c.tick();
+    }
+    assert_eq!(c.decode.scheduler().running_count(), 2, "both requests are meant to decode");
+    c.decode.handle_peer_down(PREFILL.worker, c.now);
+    assert_eq!(c.decode.scheduler().running_count(), 2, "a lost prefill link stopped decoding");
+    c.decode.handle_peer_down(ROUTER.worker, c.now);
+    assert_eq!(c.decode.scheduler().requests_held(), 0, "decoding for a lost router went on");
+    c.run_until_done(5_000);
+    for s in &specs {
+        // Ended early, either way the router heard of it, with what it had passed on.
+        let early = matches!(c.ends[&s.id], End::Failed(_) | End::Finished(FinishReason::Aborted));
+        assert!(early, "{}: {:?}", s.id, c.ends[&s.id]);
+        assert!(alone(&sched, s).starts_with(&c.outputs[&s.id]), "{}", s.id);
+    }
     quiet(&c);
 }
