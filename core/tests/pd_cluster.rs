@@ -1,7 +1,7 @@
 //! The router, a prefill node and a decode node (schedulers, pools, protocol sides and provenance
 //! models together, `testing::Cluster`) under fault schedules proptest draws: messages reordered,
 //! dropped and duplicated, links breaking, writes landing late or failing, clients aborting, the
-//! clock jumping, and each machine's timers fired in any order. After every action: every machine's invariants.
+//! clock jumping, steps failing, and each machine's timers fired in any order. After every action: every machine's invariants.
 //! Then the faults stop, everything runs to its end, and: every request ended; one that finished
 //! passed on exactly its output when run alone on one worker, one that failed a prefix of it
 //! (never a token of another attempt of it, the lost-success-and-retry race); no page, pin, slot
@@ -30,6 +30,7 @@ fn op() -> impl Strategy<Value = ClusterOp> {
         1 => any::<u8>().prop_map(ClusterOp::FailWrite),
         4 => Just(ClusterOp::StepPrefill),
         6 => Just(ClusterOp::StepDecode),
+        1 => any::<u8>().prop_map(ClusterOp::FailStep),
         3 => any::<u8>().prop_map(ClusterOp::Advance),
         1 => any::<u8>().prop_map(ClusterOp::Abort),
         2 => Just(ClusterOp::RouterTimers),

@@ -1,6 +1,6 @@
 //! Arbitrary fault schedules over the router, a prefill node and a decode node together
 //! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, writes landing
-//! late or failing, clients aborting, the clock jumping, and each machine's timers fired in the
+//! late or failing, steps failing, clients aborting, the clock jumping, and each machine's timers fired in the
 //! order the input says. A leading byte picks the step mode and the decode pool's size (12 to 39
 //! pages), the next the prefill pool's (6 to 23: small enough that the prefill node preempts,
 //! as in `core/tests/pd_cluster.rs`).
@@ -25,6 +25,7 @@ enum Op {
     FailWrite(u8),
     StepPrefill,
     StepDecode,
+    FailStep(u8),
     Advance(u8),
     Abort(u8),
     RouterTimers,
@@ -44,6 +45,7 @@ impl From<Op> for ClusterOp {
             Op::FailWrite(i) => ClusterOp::FailWrite(i),
             Op::StepPrefill => ClusterOp::StepPrefill,
             Op::StepDecode => ClusterOp::StepDecode,
+            Op::FailStep(which) => ClusterOp::FailStep(which),
             Op::Advance(ms) => ClusterOp::Advance(ms),
             Op::Abort(i) => ClusterOp::Abort(i),
             Op::RouterTimers => ClusterOp::RouterTimers,

@@ -94,6 +94,8 @@ pub enum ClusterOp {
     FailWrite(u8),
     StepPrefill,
     StepDecode,
+    /// A step that ran and whose outputs were lost: the node fails it (0: prefill, 1: decode).
+    FailStep(u8),
     /// Moves the clock without firing any timer: a driver running late.
     Advance(u8),
     Abort(u8),
@@ -213,6 +215,26 @@ impl Cluster {
         self.release_freed();
         let outputs = self.prefill_model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
         self.prefill.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
+        self.after_input();
+        true
+    }
+
+    /// Plans and executes one step on a node (`decode`, else the prefill node) whose outputs
+    /// are then lost, as an executor failing after it ran (a device error, a lost readback):
+    /// the node fails the step, and every request in it ends. False if none could be planned.
+    pub fn fail_step(&mut self, decode: bool) -> bool {
+        let plan =
+            if decode { self.decode.plan_step(self.now) } else { self.prefill.plan_step(self.now) };
+        let Some(plan) = plan else { return false };
+        self.release_freed();
+        let model = if decode { &mut self.decode_model } else { &mut self.prefill_model };
+        model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+        let failed = if decode {
+            self.decode.fail_step(plan.step, self.now)
+        } else {
+            self.prefill.fail_step(plan.step, self.now)
+        };
+        failed.unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
         true
     }
@@ -347,6 +369,9 @@ impl Cluster {
             ClusterOp::StepDecode => {
                 self.step_decode();
             }
+            ClusterOp::FailStep(which) => {
+                self.fail_step(which % 2 == 1);
+            }
             ClusterOp::Advance(ms) => {
                 self.now = self.now.saturating_add(Duration::from_millis(u64::from(ms % 50)));
                 // The transport's bound: a write lands or fails within its flight.
@@ -399,7 +424,7 @@ impl Cluster {
     }
 
     /// The oracles once the faults stop and everything ran to the end: every request ended; one
-    /// that finished passed on exactly its output alone, with the same log-probabilities bit for
+    /// that ran to its end passed on exactly its output alone, with the same log-probabilities bit for
     /// bit, one that failed a prefix of both (never a token of another attempt or another
     /// request); no page, pin, slot or transfer is held.
     pub fn check_outcomes(&self, sched: &SchedConfig, specs: &BTreeMap<RequestId, RequestSpec>) {
@@ -411,12 +436,19 @@ impl Cluster {
             let (got, got_logprobs) = (&self.outputs[id], &self.logprobs[id]);
             let got_scores = &self.prompt_logprobs[id];
             match self.ends.get(id) {
-                Some(End::Finished(_)) => {
+                // Ran to its end: its whole output.
+                Some(End::Finished(
+                    FinishReason::Length
+                    | FinishReason::ContextLength
+                    | FinishReason::EndOfSequence(_)
+                    | FinishReason::StopToken(_),
+                )) => {
                     assert_eq!(got, &alone.tokens, "{id} finished with another output");
                     assert_eq!(got_logprobs, &alone.logprobs, "{id}: other log-probabilities");
                     assert_eq!(got_scores, &alone.prompt_logprobs, "{id}: other prompt scores");
                 }
-                Some(End::Failed(_)) => {
+                // Cut short (a failed step, a decode worker that stopped): what came before.
+                Some(End::Finished(_) | End::Failed(_)) => {
                     let alone_tokens = &alone.tokens;
                     assert!(
                         alone_tokens.starts_with(got),
