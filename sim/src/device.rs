@@ -1,7 +1,8 @@
 //! The simulated device under each worker: the real `InlineRunner` over `ProvenanceModel`, steps
-//! lasting the cost model's time on turmoil's clock, and the slow-step fault layered on top (a
-//! step now and then takes longer, as a GPU's would behind a straggling collective or a page
-//! fault). The engine loop above it is the production one.
+//! lasting the cost model's time on turmoil's clock, and the step faults layered on top: a step
+//! now and then takes longer, as a GPU's would behind a straggling collective or a page fault,
+//! or fails after it ran (a device error, a lost readback), which the engine loop above, the
+//! production one, must turn into errors for that step's requests and nothing else.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -50,12 +51,13 @@ impl CostModel {
     }
 }
 
-/// When steps run slow: a share of the steps completed before `until` (virtual time since the
-/// run's start) each take `extra` longer.
+/// When steps run slow or fail: of the steps completed before `until` (virtual time since the
+/// run's start), a share `rate` each take `extra` longer, and a share `failure_rate` fail.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SlowSteps {
     pub rate: f64,
     pub extra: Duration,
+    pub failure_rate: f64,
     pub until: Duration,
 }
 
@@ -90,6 +92,9 @@ pub struct SlowRunner<R> {
     sabotage: Option<Sabotage>,
     writes: u32,
     rng: SimRng,
+    /// Draws which steps fail, apart from `rng`, so that the slow steps a seed drew before
+    /// failures existed stay where they were.
+    failures: SimRng,
     /// Where the steps go on the timeline: this host's name and the run's log.
     host: String,
     log: EventLog,
@@ -122,6 +127,7 @@ impl<R: PageRunner> SlowRunner<R> {
         slow: SlowSteps,
         sabotage: Option<Sabotage>,
         rng: SimRng,
+        failures: SimRng,
         host: String,
         log: EventLog,
     ) -> SlowRunner<R> {
@@ -131,6 +137,7 @@ impl<R: PageRunner> SlowRunner<R> {
             sabotage,
             writes: 0,
             rng,
+            failures,
             host,
             log,
             launched: VecDeque::new(),
@@ -176,8 +183,12 @@ impl<R: PageRunner> SlowRunner<R> {
         delay
     }
 
-    /// What a planted bug does to a completed step.
-    fn tamper(&self, mut result: StepResult) -> StepResult {
+    /// What a planted bug, or the failed-step fault, does to a completed step.
+    fn tamper(&mut self, mut result: StepResult) -> StepResult {
+        let failing = self.slow.failure_rate > 0.0 && sabotage::now() < self.slow.until;
+        if failing && result.1.is_ok() && self.failures.chance(self.slow.failure_rate) {
+            result.1 = Err(ExecError("the device failed the step (simulated)".into()));
+        }
         match self.sabotage {
             Some(Sabotage::CorruptSample { after }) if sabotage::now() >= after => {
                 if let Ok(outputs) = &mut result.1

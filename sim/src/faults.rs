@@ -58,6 +58,9 @@ pub struct FaultMix {
     /// Share of steps that take `slow_step_extra` longer (inside the window only).
     pub slow_step_rate: f64,
     pub slow_step_extra: Duration,
+    /// Share of steps the device fails after running them (inside the window only): every
+    /// request in such a step ends with an error, as on a device error or a lost readback.
+    pub failed_step_rate: f64,
     /// How late the prefill workers' KV lanes deliver during some of the window (their control
     /// links are not slowed): writes that land past the flight bound, after protocol messages
     /// sent later. Zero is off.
@@ -76,16 +79,21 @@ impl FaultMix {
         cancel_within: Duration::ZERO,
         slow_step_rate: 0.0,
         slow_step_extra: Duration::ZERO,
+        failed_step_rate: 0.0,
         kv_lane_delay: Duration::ZERO,
     };
 
     /// This seed's mix: each kind on or off by a coin, its strength drawn; `heavy` turns more on
     /// and harder. `write_flight_max` is the run's flight bound (late writes go past it).
+    /// Failed steps only with `failed_steps` (`sim --failed-steps`): a step's failure ends its
+    /// requests with errors, which would hide the wrong outputs the other faults are there to
+    /// provoke (three planted bug classes went unseen at their seeds with it always drawn).
     pub fn draw(
         seed: u64,
         level: FaultLevel,
         topology: Topology,
         write_flight_max: Duration,
+        failed_steps: bool,
     ) -> FaultMix {
         let mut rng = SimRng::stream(seed, "fault-mix");
         let (on, scale) = match level {
@@ -119,6 +127,10 @@ impl FaultMix {
         } else {
             Duration::ZERO
         };
+        // From a stream of its own: the faults drawn before it existed keep their seeds.
+        let mut failing = SimRng::stream(seed, "failed-steps");
+        let failed_step_rate =
+            if failed_steps && failing.chance(on) { 0.005 * f64::from(scale) } else { 0.0 };
         FaultMix {
             window,
             latency_max,
@@ -130,6 +142,7 @@ impl FaultMix {
             cancel_within,
             slow_step_rate,
             slow_step_extra,
+            failed_step_rate,
             kv_lane_delay,
         }
     }
@@ -140,7 +153,8 @@ impl fmt::Display for FaultMix {
         write!(
             f,
             "window={}ms latency_max={}ms partitions={} holds={} crashes={} outage_max={}ms \
-             cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms kv_lane_delay={}ms",
+             cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms failed_steps={:.3} \
+             kv_lane_delay={}ms",
             self.window.as_millis(),
             self.latency_max.as_millis(),
             self.partitions,
@@ -151,6 +165,7 @@ impl fmt::Display for FaultMix {
             self.cancel_within.as_millis(),
             self.slow_step_rate,
             self.slow_step_extra.as_millis(),
+            self.failed_step_rate,
             self.kv_lane_delay.as_millis(),
         )
     }
@@ -285,6 +300,7 @@ mod tests {
                 FaultLevel::Heavy,
                 Topology::OneP1D,
                 Duration::from_millis(250),
+                true,
             );
             let faults = schedule(seed, &mix, &links, &workers, &workers);
             assert!(faults.iter().all(|f| f.at <= mix.window), "{seed}: {faults:?}");
@@ -292,8 +308,17 @@ mod tests {
             assert_eq!(faults, schedule(seed, &mix, &links, &workers, &workers));
         }
         let none =
-            FaultMix::draw(1, FaultLevel::None, Topology::OneP1D, Duration::from_millis(250));
+            FaultMix::draw(1, FaultLevel::None, Topology::OneP1D, Duration::from_millis(250), true);
         assert!(schedule(1, &none, &links, &workers, &workers).is_empty());
         assert_eq!(none.cancel_rate, 0.0);
+        assert_eq!(none.failed_step_rate, 0.0);
+        // Failed steps only when asked for, and then every other fault as drawn without them.
+        for seed in 0..50 {
+            let flight = Duration::from_millis(250);
+            let without = FaultMix::draw(seed, FaultLevel::Heavy, Topology::TwoP2D, flight, false);
+            let with = FaultMix::draw(seed, FaultLevel::Heavy, Topology::TwoP2D, flight, true);
+            assert_eq!(without.failed_step_rate, 0.0);
+            assert_eq!(FaultMix { failed_step_rate: 0.0, ..with }, without, "{seed}");
+        }
     }
 }

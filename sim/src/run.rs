@@ -55,6 +55,9 @@ pub struct RunConfig {
     /// Steps through idle spans (nothing on the network, nothing held, no request out) in one
     /// long turmoil step each instead of tick by tick (`idle_step`); off: every step is a tick.
     pub fast_forward: bool,
+    /// The device fails a share of its steps in the fault window, when the seed's coin says so
+    /// (`FaultMix::draw`); off by default.
+    pub failed_steps: bool,
 }
 
 impl RunConfig {
@@ -75,6 +78,7 @@ impl RunConfig {
             virtual_time_max: Duration::from_secs(4 * 3600),
             warmup: Duration::from_secs(2),
             fast_forward: true,
+            failed_steps: false,
         }
     }
 }
@@ -121,7 +125,8 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         .clone()
         .unwrap_or_else(|| Knobs::draw(config.seed, context_needed(trace), trace.requests.len()));
     let mix = config.mix.clone().unwrap_or_else(|| {
-        FaultMix::draw(config.seed, config.faults, config.topology, knobs.timing.write_flight_max)
+        let flight = knobs.timing.write_flight_max;
+        FaultMix::draw(config.seed, config.faults, config.topology, flight, config.failed_steps)
     });
     let mut sim = turmoil::Builder::new()
         .rng_seed(config.seed)
@@ -135,7 +140,12 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         .build();
     let log = EventLog::default();
     let healed_at = config.warmup + mix.window;
-    let slow = SlowSteps { rate: mix.slow_step_rate, extra: mix.slow_step_extra, until: healed_at };
+    let slow = SlowSteps {
+        rate: mix.slow_step_rate,
+        extra: mix.slow_step_extra,
+        failure_rate: mix.failed_step_rate,
+        until: healed_at,
+    };
     let deployment = topology::install(
         &mut sim,
         config.topology,

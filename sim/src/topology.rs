@@ -236,6 +236,7 @@ fn device(
         setup.slow,
         setup.sabotage,
         SimRng::stream(setup.seed, &salt),
+        SimRng::stream(setup.seed, &format!("failed-steps/{host}/{starts}")),
         host.to_owned(),
         setup.log.clone(),
     )

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockstep_sim::client::Ending;
 use lockstep_sim::device::CostModel;
 use lockstep_sim::faults::{FaultLevel, FaultMix};
 use lockstep_sim::knobs::{Knobs, Topology};
@@ -79,6 +80,31 @@ fn unbroken_runs_hold_every_oracle_and_replay_identically() {
             assert!(violations.is_empty(), "{topology} seed {seed}: {violations:?}");
             assert!(determinism::check(&outcome, &run(&trace, &config)).is_empty());
         }
+    }
+}
+
+/// A device that fails 3% of its steps (the failed-step fault): the server turns each into
+/// errors for that step's requests, which end cleanly; the rest complete with their outputs
+/// alone, nothing leaks or wedges, and every oracle holds, in every topology.
+#[test]
+fn failed_steps_fail_their_requests_and_nothing_else() {
+    let trace = trace();
+    let reference = reference(&trace);
+    for topology in [Topology::Single, Topology::OneP1D, Topology::TwoP2D] {
+        let mut config = config(2, topology, None);
+        config.mix = Some(FaultMix {
+            window: Duration::from_secs(60),
+            failed_step_rate: 0.03,
+            ..FaultMix::NONE
+        });
+        let outcome = run(&trace, &config);
+        let violations = oracle::check(&reference, &outcome);
+        assert!(violations.is_empty(), "{topology}: {violations:?}");
+        let endings: Vec<_> = outcome.observed.iter().map(|o| o.ending.clone()).collect();
+        let failed = endings.iter().filter(|e| matches!(e, Some(Ending::Failed { .. }))).count();
+        let completed =
+            endings.iter().filter(|e| matches!(e, Some(Ending::Completed { .. }))).count();
+        assert!(failed > 0 && completed > 0, "{topology}: {endings:?}");
     }
 }
 

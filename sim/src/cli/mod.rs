@@ -43,6 +43,9 @@ usage:
                                 boundaries; 2 runs about twice as fast
   --no-fast-forward             step tick by tick through idle spans too (by default one long
                                 step crosses each: run.rs, `idle_step`)
+  --failed-steps                the device may also fail steps in the fault window (each seed's
+                                coin, as for the other faults): their requests end with errors.
+                                Off by default: those errors hide wrong outputs
   --plant CLASS                 put back one bug class of shared/bugs.md (`sim hunt` lists
                                 them); needs a sim built with --features planted-bugs
   --only-requests LIST, --only-faults LIST
@@ -80,6 +83,8 @@ pub struct Common {
     pub tick_ms: u64,
     /// Idle spans in one long step each (`RunConfig::fast_forward`).
     pub fast_forward: bool,
+    /// The device may fail steps (`RunConfig::failed_steps`).
+    pub failed_steps: bool,
     /// A bug class put back (`--plant`), in a sim built with feature `planted-bugs`.
     pub plant: Option<PlantedBug>,
     /// Only these requests of the trace (`--only-requests`, indices in the whole trace; what
@@ -127,12 +132,15 @@ impl Common {
         config.cost = self.cost;
         config.tick = std::time::Duration::from_millis(self.tick_ms);
         config.fast_forward = self.fast_forward;
+        config.failed_steps = self.failed_steps;
         config.plant = self.plant;
         config.only_faults = self.only_faults.clone();
         if let Some(&(context, requests)) = self.whole.get() {
             let knobs = Knobs::draw(seed, context, requests);
             let flight = knobs.timing.write_flight_max;
-            config.mix = Some(FaultMix::draw(seed, self.faults, self.topology, flight));
+            let failed_steps = self.failed_steps;
+            config.mix =
+                Some(FaultMix::draw(seed, self.faults, self.topology, flight, failed_steps));
             config.knobs = Some(knobs);
         }
         config
@@ -165,6 +173,9 @@ impl Common {
         }
         if !self.fast_forward {
             command.push_str(" --no-fast-forward");
+        }
+        if self.failed_steps {
+            command.push_str(" --failed-steps");
         }
         command
     }
@@ -202,6 +213,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut plant = None;
     let (mut only_requests, mut only_faults) = (None, None);
     let mut fast_forward = true;
+    let mut failed_steps = false;
     let mut rest = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -215,6 +227,11 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         if flag == "--no-fast-forward" {
             fast_forward = false;
+            i += 1;
+            continue;
+        }
+        if flag == "--failed-steps" {
+            failed_steps = true;
             i += 1;
             continue;
         }
@@ -277,6 +294,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             cost_arg,
             tick_ms,
             fast_forward,
+            failed_steps,
             plant,
             only_requests,
             only_faults,
