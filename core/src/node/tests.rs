@@ -295,3 +295,59 @@ fn a_lost_router_stops_what_it_followed_and_a_lost_prefill_worker_does_not() {
     }
     quiet(&c);
 }
+
+/// A prompt whose computation takes longer than the transfer deadline completes as long as the
+/// worker keeps computing it further: each step that takes a prompt past where it had been
+/// counts as progress, which holds the deadline off (`PrefillSide::handle_compute_progress`).
+/// Here the prefill worker runs a step every 25 ms against a 40 ms deadline, and the prompt
+/// takes 8 steps.
+#[test]
+fn a_prompt_computed_past_the_transfer_deadline_completes_while_it_progresses() {
+    let sched = small_config(StepMode::Sync, 64);
+    let mut config = ClusterConfig::new(sched.clone());
+    config.prefill.transfer_deadline = Duration::from_millis(40);
+    let mut c = Cluster::new(config);
+    let s = spec(1, 60, 0, 2);
+    c.submit(s.clone()).unwrap();
+    for tick in 0..2_000 {
+        if c.is_quiet() {
+            break;
+        }
+        while !c.network.is_empty() || !c.writes.is_empty() {
+            while !c.network.is_empty() {
+                c.deliver(0);
+            }
+            while !c.writes.is_empty() {
+                c.land_write(0, false);
+            }
+        }
+        if tick % 25 == 0 {
+            c.step_prefill();
+        }
+        c.step_decode();
+        c.advance(Duration::from_millis(1));
+    }
+    assert_eq!(c.ends.get(&s.id), Some(&End::Finished(FinishReason::Length)));
+    assert_eq!(c.outputs[&s.id], alone(&sched, &s));
+    quiet(&c);
+}
+
+/// A prefill worker whose link to a decode worker broke ends the transfers to it at once (the
+/// router retries them elsewhere) rather than at their deadlines.
+#[test]
+fn a_lost_decode_link_ends_the_transfers_to_it_at_once() {
+    let mut config = ClusterConfig::new(small_config(StepMode::Sync, 24));
+    config.prefill.transfer_deadline = Duration::from_secs(60);
+    let mut c = Cluster::new(config);
+    c.submit(spec(1, 20, 0, 4)).unwrap();
+    // The messages that start its transfer, no step yet: the prompt is still to compute.
+    for _ in 0..20 {
+        if c.prefill.side().transfers_live() == 1 || c.network.is_empty() {
+            break;
+        }
+        c.deliver(0);
+    }
+    assert_eq!(c.prefill.side().transfers_live(), 1, "the transfer is meant to have started");
+    c.prefill.handle_peer_down(DECODE.worker, c.now);
+    assert_eq!(c.prefill.side().transfers_live(), 0, "a transfer to a lost worker went on");
+}
