@@ -333,7 +333,8 @@ fn a_prompt_computed_past_the_transfer_deadline_completes_while_it_progresses() 
 }
 
 /// A prefill worker whose link to a decode worker broke ends the transfers to it at once (the
-/// router retries them elsewhere) rather than at their deadlines.
+/// router retries them elsewhere) rather than at their deadlines, and stops computing their
+/// prompts.
 #[test]
 fn a_lost_decode_link_ends_the_transfers_to_it_at_once() {
     let mut config = ClusterConfig::new(small_config(StepMode::Sync, 24));
@@ -348,6 +349,11 @@ fn a_lost_decode_link_ends_the_transfers_to_it_at_once() {
         c.deliver(0);
     }
     assert_eq!(c.prefill.side().transfers_live(), 1, "the transfer is meant to have started");
+    assert_eq!(c.prefill.scheduler().requests_held(), 1, "its prompt is meant to be computing");
     c.prefill.handle_peer_down(DECODE.worker, c.now);
     assert_eq!(c.prefill.side().transfers_live(), 0, "a transfer to a lost worker went on");
+    // And its computation with it: nobody waits for that KV any more.
+    assert_eq!(c.prefill.scheduler().requests_held(), 0, "a cancelled prompt is still computed");
+    c.run_until_done(5_000);
+    quiet(&c);
 }
