@@ -191,8 +191,21 @@ fn a_handed_over_request_decodes_what_it_would_have_alone() {
         decode.sched.hand_over(req.id, pages[..2].to_vec(), 0, first, decode.now),
         Err(HandOverError::WrongPageCount { request: req.id, expected: 3, got: 2 })
     );
+    // More cached pages than pages, or than the prompt fills (3 pages of 4 tokens, 10 tokens).
+    for cached in [4, 3] {
+        assert_eq!(
+            decode.sched.hand_over(req.id, pages.clone(), cached, first, decode.now),
+            Err(HandOverError::TooManyCachedPages { request: req.id, cached, pages: 3 })
+        );
+    }
     decode.model.start_request(req.id, SamplingSpec::GREEDY);
-    decode.sched.hand_over(req.id, pages, 0, first, decode.now).unwrap();
+    decode.sched.hand_over(req.id, pages.clone(), 0, first, decode.now).unwrap();
+    decode.check();
+    // Once running, it is no longer reserved: a second hand-over is refused.
+    assert_eq!(
+        decode.sched.hand_over(req.id, pages, 0, first, decode.now),
+        Err(HandOverError::NotReserved(req.id))
+    );
     decode.check();
     decode.run();
     assert_eq!(decode.tokens(1), alone);
