@@ -424,9 +424,10 @@ impl Cluster {
     }
 
     /// The oracles once the faults stop and everything ran to the end: every request ended; one
-    /// that ran to its end passed on exactly its output alone, with the same log-probabilities bit for
-    /// bit, one that failed a prefix of both (never a token of another attempt or another
-    /// request); no page, pin, slot or transfer is held.
+    /// that ran to its end passed on exactly its output alone, with the same log-probabilities
+    /// bit for bit, one that failed or was cut short a prefix of both (never a token of another
+    /// attempt or another request); no page, pin, slot or transfer is held, nor a freed page
+    /// left unpoisoned.
     pub fn check_outcomes(&self, sched: &SchedConfig, specs: &BTreeMap<RequestId, RequestSpec>) {
         for (id, spec) in specs {
             let alone = super::run_alone_with_logprobs(
