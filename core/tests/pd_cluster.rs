@@ -1,11 +1,12 @@
 //! The router, a prefill node and a decode node (schedulers, pools, protocol sides and provenance
 //! models together, `testing::Cluster`) under fault schedules proptest draws: messages reordered,
 //! dropped and duplicated, links breaking, writes landing late or failing, clients aborting, the
-//! clock jumping, steps failing, and each machine's timers fired in any order. After every action: every machine's invariants.
-//! Then the faults stop, everything runs to its end, and: every request ended; one that finished
-//! passed on exactly its output when run alone on one worker, one that failed a prefix of it
-//! (never a token of another attempt of it, the lost-success-and-retry race); no page, pin, slot
-//! or transfer is held on either worker.
+//! clock jumping, steps failing, and each machine's timers fired in any order. After every
+//! action: every machine's invariants. Then the faults stop, everything runs to its end, and:
+//! every request ended; one that ran to its end passed on exactly its output when run alone on
+//! one worker, one that failed or was cut short a prefix of it (never a token of another attempt
+//! of it, the lost-success-and-retry race); no page, pin, slot or transfer is held on either
+//! worker, nor a freed page left unpoisoned.
 //!
 //! The prefill pool is drawn on its own, mostly smaller than the decode pool (6 pages hold one
 //! longest prompt): with the decode pool's size the prefill node never preempted a scored

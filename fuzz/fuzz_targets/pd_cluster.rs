@@ -1,7 +1,7 @@
 //! Arbitrary fault schedules over the router, a prefill node and a decode node together
 //! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, writes landing
-//! late or failing, steps failing, clients aborting, the clock jumping, and each machine's timers fired in the
-//! order the input says. A leading byte picks the step mode and the decode pool's size (12 to 39
+//! late or failing, steps failing, clients aborting, the clock jumping, and each machine's timers
+//! fired in the order the input says. A leading byte picks the step mode and the decode pool's size (12 to 39
 //! pages), the next the prefill pool's (6 to 23: small enough that the prefill node preempts,
 //! as in `core/tests/pd_cluster.rs`).
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
