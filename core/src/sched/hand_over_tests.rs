@@ -234,6 +234,28 @@ fn pages_from_the_decode_sides_cache_are_not_offered_to_it_again() {
     assert_eq!(rig.tokens(2).len(), 4);
 }
 
+/// A prompt of whole pages may come wholly from the decode side's cache: every page cached is
+/// not too many (the bound is the prompt, not one page short of it).
+#[test]
+fn a_prompt_of_whole_pages_may_come_wholly_from_the_cache() {
+    let mut rig = Rig::new(StepMode::Sync);
+    rig.sched.submit(request(1, prompt(8), 1), rig.now).unwrap();
+    rig.model.start_request(RequestId(1), SamplingSpec::GREEDY);
+    rig.run();
+    assert_eq!(rig.sched.pool().cached_count(), 2);
+    rig.sched.reserve(request(2, prompt(8), 3), rig.now).unwrap();
+    let pool = rig.sched.pool_mut();
+    let keys = crate::kv::prefix_hash::block_hashes(0, &prompt(8), 4);
+    let mut pages = Vec::new();
+    pool.match_prefix(crate::kv::prefix_hash::root_hash(0), &keys, &prompt(8), &mut pages);
+    assert_eq!(pages.len(), 2);
+    rig.model.start_request(RequestId(2), SamplingSpec::GREEDY);
+    rig.sched.hand_over(RequestId(2), pages, 2, 5, rig.now).unwrap();
+    rig.check();
+    rig.run();
+    assert_eq!(rig.tokens(2).len(), 3);
+}
+
 #[test]
 fn a_first_token_that_ends_the_request_ends_it_at_once() {
     let mut rig = Rig::new(StepMode::Sync);
