@@ -165,6 +165,30 @@ fn free_while_a_write_lands() {
     assert!(what.what().contains("freed or reused"), "{what}");
 }
 
+/// The data plane's check before a write lands, as RDMA checks a memory key: only the
+/// transfer's own key, and only into a page it reserved, of the generation it reserved.
+#[test]
+fn a_write_lands_only_in_a_page_its_transfer_reserved() {
+    let mut rig = Rig::new();
+    let pages = rig.reserve(1, 10);
+    let [first, ..] = pages[..] else { panic!("no pages") };
+    assert!(pages.iter().all(|&p| rig.side.write_allowed(key(1), p)));
+    let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
+    assert!(!rig.side.write_allowed(stale, first), "another epoch's key");
+    assert!(!rig.side.write_allowed(key(2), first), "another transfer's key");
+    let reused = PageSlot { generation: first.generation + 1, ..first };
+    assert!(!rig.side.write_allowed(key(1), reused), "the page in a later use");
+    let unreserved = (0..8)
+        .map(|index| PageSlot { index, ..first })
+        .find(|slot| pages.iter().all(|p| p.index != slot.index))
+        .unwrap();
+    assert!(!rig.side.write_allowed(key(1), unreserved), "a page it never reserved");
+    rig.deliver(R, Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert!(rig.side.write_allowed(key(1), first), "draining: the writes in flight still land");
+    rig.deliver(P, Message::AbortAck { key: key(1) });
+    assert!(!rig.side.write_allowed(key(1), first), "released: a late write is dropped");
+}
+
 /// vllm#46283, sglang#34692: the peer never answered; pages were never reclaimed.
 #[test]
 fn leak_when_the_peer_is_silent() {
