@@ -246,6 +246,23 @@ fn double_completion() {
     );
 }
 
+/// The prefill side aborts only once its writes drained: the pages go at once, acknowledged, and
+/// nothing is sent back to abort. An acknowledgment of an abort nobody asked for (the transfer
+/// is not draining) ends nothing.
+#[test]
+fn a_prefill_abort_frees_the_pages_at_once_and_a_stray_ack_ends_nothing() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    assert!(rig.deliver(P, Message::AbortAck { key: key(1) }).is_empty());
+    assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (1, 3));
+    let out = rig.deliver(P, Message::Abort { key: key(1), reason: AbortReason::PrefillFailed });
+    assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PrefillFailed }));
+    let sent = sent(&out);
+    assert!(sent.contains(&(P, Message::AbortAck { key: key(1) })), "{sent:?}");
+    assert!(!sent.iter().any(|(_, m)| matches!(m, Message::Abort { .. })), "{sent:?}");
+    assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, 0));
+}
+
 /// vllm#25067: an abort raced prefill completion.
 #[test]
 fn abort_races_completion() {
