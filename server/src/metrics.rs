@@ -4,6 +4,11 @@
 //! One recorder per node, never the process-global one: the simulator runs many nodes in one
 //! process, and each must report its own. Handles are registered once at start; recording is an
 //! atomic add.
+//!
+//! Each role publishes only what it measures: a router has no KV pool and runs no steps, a worker
+//! answers no client, and a series that is always zero misleads whoever averages it over the
+//! fleet (a router's `vllm:kv_cache_usage_perc` of 0 halves a two-node mean). The others' handles
+//! are no-ops.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +47,44 @@ pub fn finish_label(reason: FinishReason) -> &'static str {
         FinishReason::Aborted => "abort",
         FinishReason::QueueTimeout => "timeout",
         FinishReason::StepFailed => "error",
+    }
+}
+
+/// Which node the metrics are for, which decides the series it publishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsRole {
+    /// One process: the HTTP app in front of its own engine. Everything but the disaggregated
+    /// roles' series.
+    Single,
+    /// The disaggregated router: the clients' requests, and the transfers it starts.
+    Router,
+    /// A prefill or decode worker: its engine, its KV pool, and the KV it sends or receives.
+    Worker,
+}
+
+/// Where a series is published: a set of `MetricsRole`s.
+#[derive(Clone, Copy)]
+struct Published(u8);
+
+const SINGLE: Published = Published(1);
+const ROUTER: Published = Published(2);
+const WORKER: Published = Published(4);
+/// Series about a step's work and the KV pool: where an engine runs.
+const ENGINE: Published = Published(SINGLE.0 | WORKER.0);
+/// Series about the clients' requests: where the HTTP API is served.
+const REQUESTS: Published = Published(SINGLE.0 | ROUTER.0);
+/// Series of the peer links: the disaggregated roles.
+const PEERS: Published = Published(ROUTER.0 | WORKER.0);
+const EVERY_ROLE: Published = Published(SINGLE.0 | ROUTER.0 | WORKER.0);
+
+impl MetricsRole {
+    fn publishes(self, published: Published) -> bool {
+        let bit = match self {
+            MetricsRole::Single => SINGLE,
+            MetricsRole::Router => ROUTER,
+            MetricsRole::Worker => WORKER,
+        };
+        published.0 & bit.0 != 0
     }
 }
 
@@ -88,7 +131,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// A single process's metrics.
     pub fn new(model_name: &str) -> Metrics {
+        Metrics::for_role(model_name, MetricsRole::Single)
+    }
+
+    pub fn for_role(model_name: &str, role: MetricsRole) -> Metrics {
         let recorder = build_recorder();
         let handle = recorder.handle();
         let model = Label::new("model_name", model_name.to_owned());
@@ -98,135 +146,197 @@ impl Metrics {
             labels.extend(extra);
             Key::from_parts(name, labels)
         };
-        let counter = |name: &'static str, help: &'static str| {
+        let counter = |at: Published, name: &'static str, help: &'static str| {
+            if !role.publishes(at) {
+                return Counter::noop();
+            }
             recorder.describe_counter(name.into(), None, help.into());
             recorder.register_counter(&key(name, None), &meta)
         };
-        let gauge = |name: &'static str, help: &'static str| {
+        let gauge = |at: Published, name: &'static str, help: &'static str| {
+            if !role.publishes(at) {
+                return Gauge::noop();
+            }
             recorder.describe_gauge(name.into(), None, help.into());
             recorder.register_gauge(&key(name, None), &meta)
         };
-        let histogram = |name: &'static str, help: &'static str| {
+        let histogram = |at: Published, name: &'static str, help: &'static str| {
+            if !role.publishes(at) {
+                return Histogram::noop();
+            }
             recorder.describe_histogram(name.into(), Some(Unit::Seconds), help.into());
             recorder.register_histogram(&key(name, None), &meta)
         };
-        recorder.describe_counter(
-            "vllm:request_success_total".into(),
-            None,
-            "Requests finished, by reason".into(),
-        );
-        let finished = FINISH_LABELS
-            .iter()
-            .map(|&reason| {
-                let label = Label::new("finished_reason", reason);
-                recorder.register_counter(&key("vllm:request_success_total", Some(label)), &meta)
-            })
-            .collect();
+        let finished = if role.publishes(REQUESTS) {
+            let name = "vllm:request_success_total";
+            recorder.describe_counter(name.into(), None, "Requests finished, by reason".into());
+            FINISH_LABELS
+                .iter()
+                .map(|&reason| {
+                    let label = Label::new("finished_reason", reason);
+                    recorder.register_counter(&key(name, Some(label)), &meta)
+                })
+                .collect()
+        } else {
+            FINISH_LABELS.iter().map(|_| Counter::noop()).collect()
+        };
         Metrics {
-            requests_running: gauge("vllm:num_requests_running", "Requests holding a batch slot"),
-            requests_waiting: gauge("vllm:num_requests_waiting", "Requests waiting for admission"),
-            kv_cache_usage: gauge("vllm:kv_cache_usage_perc", "Fraction of KV pages held (0 to 1)"),
+            requests_running: gauge(
+                ENGINE,
+                "vllm:num_requests_running",
+                "Requests holding a batch slot",
+            ),
+            requests_waiting: gauge(
+                ENGINE,
+                "vllm:num_requests_waiting",
+                "Requests waiting for admission",
+            ),
+            kv_cache_usage: gauge(
+                ENGINE,
+                "vllm:kv_cache_usage_perc",
+                "Fraction of KV pages held (0 to 1)",
+            ),
             prefix_cache_queries: counter(
+                ENGINE,
                 "vllm:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache",
             ),
             prefix_cache_hits: counter(
+                ENGINE,
                 "vllm:prefix_cache_hits_total",
                 "Prompt tokens found in the prefix cache",
             ),
-            preemptions: counter("vllm:num_preemptions_total", "Requests preempted by recompute"),
-            prompt_tokens: counter("vllm:prompt_tokens_total", "Prompt tokens admitted"),
-            generation_tokens: counter("vllm:generation_tokens_total", "Output tokens generated"),
+            preemptions: counter(
+                ENGINE,
+                "vllm:num_preemptions_total",
+                "Requests preempted by recompute",
+            ),
+            prompt_tokens: counter(REQUESTS, "vllm:prompt_tokens_total", "Prompt tokens admitted"),
+            generation_tokens: counter(
+                REQUESTS,
+                "vllm:generation_tokens_total",
+                "Output tokens generated",
+            ),
             finished,
             time_to_first_token: histogram(
+                REQUESTS,
                 "vllm:time_to_first_token_seconds",
                 "From arrival to the first output token",
             ),
             inter_token_latency: histogram(
+                REQUESTS,
                 "vllm:inter_token_latency_seconds",
                 "Between two output tokens of one request",
             ),
             e2e_latency: histogram(
+                REQUESTS,
                 "vllm:e2e_request_latency_seconds",
                 "From arrival to the last output token",
             ),
             queue_time: histogram(
+                SINGLE,
                 "vllm:request_queue_time_seconds",
                 "From arrival to the first step computing the request",
             ),
-            steps: counter("lockstep:steps_total", "Steps executed"),
+            steps: counter(ENGINE, "lockstep:steps_total", "Steps executed"),
             step_failures: counter(
+                ENGINE,
                 "lockstep:step_failures_total",
                 "Steps the executor failed or panicked on (their requests ended with an error)",
             ),
-            step_seconds: histogram("lockstep:step_duration_seconds", "From launch to outputs"),
+            step_seconds: histogram(
+                ENGINE,
+                "lockstep:step_duration_seconds",
+                "From launch to outputs",
+            ),
             trace_records_written: counter(
+                REQUESTS,
                 "lockstep:trace_records_written_total",
                 "Requests written to the --record-trace file",
             ),
             trace_records_dropped: counter(
+                REQUESTS,
                 "lockstep:trace_records_dropped_total",
                 "Requests not recorded: the trace writer was behind, stopped, or failed",
             ),
             rejected_queue_full: counter(
+                REQUESTS,
                 "lockstep:requests_rejected_queue_full_total",
                 "Requests refused with 429 because the queue was full",
             ),
             rejected_invalid: counter(
+                REQUESTS,
                 "lockstep:requests_rejected_invalid_total",
                 "Requests refused with a 4xx for their content",
             ),
             rejected_unauthorized: counter(
+                REQUESTS,
                 "lockstep:requests_rejected_unauthorized_total",
                 "Requests refused with 401: no API key, or another (`--api-key`)",
             ),
             client_aborts: counter(
+                REQUESTS,
                 "lockstep:client_aborts_total",
                 "Requests whose client went away before they finished",
             ),
             kv_bytes_sent: counter(
+                WORKER,
                 "lockstep:kv_bytes_sent_total",
                 "KV bytes written to decode workers",
             ),
             kv_bytes_received: counter(
+                WORKER,
                 "lockstep:kv_bytes_received_total",
                 "KV bytes landed in this worker's pages",
             ),
             kv_writes_held: counter(
+                WORKER,
                 "lockstep:kv_writes_held_total",
                 "KV writes that waited for room on their link (the data plane's back-pressure)",
             ),
             kv_writes_dropped: counter(
+                WORKER,
                 "lockstep:kv_writes_dropped_total",
                 "KV writes dropped on arrival: their transfer had let go of the page (late)",
             ),
             peer_send_failures: counter(
+                PEERS,
                 "lockstep:peer_send_failures_total",
                 "Messages to a peer the transport could not take (no link, queue full)",
             ),
-            transfers_started: counter("lockstep:kv_transfers_started_total", "Transfers started"),
+            transfers_started: counter(
+                ROUTER,
+                "lockstep:kv_transfers_started_total",
+                "Transfers started",
+            ),
             transfers_completed: counter(
+                ROUTER,
                 "lockstep:kv_transfers_completed_total",
                 "Transfers whose request now decodes",
             ),
             transfers_failed: counter(
+                ROUTER,
                 "lockstep:kv_transfers_failed_total",
                 "Requests that failed before decoding, after their last retry",
             ),
             transfers_timed_out: counter(
+                ROUTER,
                 "lockstep:kv_transfers_timed_out_total",
                 "Requests that failed before decoding because a wait ran out",
             ),
             transfer_seconds: histogram(
+                ROUTER,
                 "lockstep:kv_transfer_duration_seconds",
                 "From a request's arrival at the router to its hand-over to a decode worker",
             ),
             grammars: None,
             grammar_cache_queries: counter(
+                EVERY_ROLE,
                 "lockstep:grammar_cache_queries_total",
                 "Grammar compiles asked of the compiler (at the HTTP edge and by the executor)",
             ),
             grammar_cache_hits: counter(
+                EVERY_ROLE,
                 "lockstep:grammar_cache_hits_total",
                 "Grammar compiles answered from the compiled grammars it keeps",
             ),
@@ -304,5 +414,35 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }
+    }
+
+    /// The series each role publishes, by a name of each kind: engine, requests, data plane,
+    /// transfers, peer links.
+    #[test]
+    fn each_role_publishes_only_what_it_measures() {
+        let names = [
+            "vllm:kv_cache_usage_perc",
+            "lockstep:step_duration_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:request_success_total",
+            "vllm:request_queue_time_seconds",
+            "lockstep:kv_bytes_received_total",
+            "lockstep:kv_transfers_started_total",
+            "lockstep:peer_send_failures_total",
+            "lockstep:grammar_cache_queries_total",
+        ];
+        let published = |role| {
+            let text = Metrics::for_role("tiny", role).render();
+            names.iter().map(|n| text.contains(&format!("# TYPE {n} "))).collect::<Vec<_>>()
+        };
+        let (y, n) = (true, false);
+        assert_eq!(published(MetricsRole::Single), [y, y, y, y, y, n, n, n, y]);
+        assert_eq!(published(MetricsRole::Router), [n, n, y, y, n, n, y, y, y]);
+        assert_eq!(published(MetricsRole::Worker), [y, y, n, n, n, y, n, y, y]);
+        // A series not published takes its records without a trace.
+        let router = Metrics::for_role("tiny", MetricsRole::Router);
+        router.kv_cache_usage.set(0.5);
+        observe(&router.step_seconds, Duration::from_millis(1));
+        assert!(!router.render().contains("kv_cache_usage"));
     }
 }

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::engine::{self, EngineConfig, StepRunner};
 use crate::http::{AppConfig, AppState, router};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsRole};
 use crate::text::TextCodec;
 
 #[derive(Debug)]
@@ -46,8 +46,10 @@ pub fn start_router(
     codec: Arc<dyn TextCodec>,
     app_config: AppConfig,
 ) -> Node {
-    let metrics =
-        Arc::new(Metrics::new(&app_config.model_name).with_grammars(codec.grammars().ok()));
+    let metrics = Arc::new(
+        Metrics::for_role(&app_config.model_name, MetricsRole::Router)
+            .with_grammars(codec.grammars().ok()),
+    );
     let (engine, engine_task) =
         crate::roles::router::spawn(config, transport, peer_events, metrics.clone());
     let state = Arc::new(AppState::new(app_config, engine, codec, metrics));

@@ -20,7 +20,7 @@ use lockstep_core::sched::{SchedConfig, StepMode};
 use lockstep_core::wire::{Endpoint, Incarnation, KvLayout, LinkIdentity, Role, WorkerId};
 use lockstep_server::engine::{EngineStats, InlineRunner, StepCost};
 use lockstep_server::http::AppConfig;
-use lockstep_server::metrics::Metrics;
+use lockstep_server::metrics::{Metrics, MetricsRole};
 use lockstep_server::node;
 use lockstep_server::peer::{PeerConfig, TcpDial, Transport};
 use lockstep_server::roles::router::RouterEngineConfig;
@@ -76,7 +76,7 @@ async fn cluster(mode: StepMode) -> Cluster {
 async fn cluster_with(mode: StepMode, tweak: impl FnOnce(&mut PeerConfig)) -> Cluster {
     let sched = sched(mode);
     let model = || ProvenanceModel::new(sched.pool, sched.running_max, VOCAB);
-    let metrics = || Arc::new(Metrics::new("test-model"));
+    let metrics = || Arc::new(Metrics::for_role("test-model", MetricsRole::Worker));
     let decode_config = DecodeConfig {
         lease: Duration::from_millis(LEASE_MS),
         write_flight_max: Duration::from_millis(100),
@@ -281,6 +281,49 @@ async fn a_workers_metrics_count_its_own_prefix_cache_hits() {
     assert_eq!(counter("vllm:prefix_cache_queries_total") - queried, 80.0, "two prompts of 40");
     assert_eq!(counter("vllm:prefix_cache_hits_total") - hit, 32.0, "the shared 32 tokens");
     assert_eq!(counter("vllm:num_preemptions_total"), 0.0, "a pool of 256 pages never preempts");
+}
+
+/// The router is where clients' requests are measured: its page times each output token (the
+/// first from arrival, every later one from the one before) and has no engine series, which it
+/// would publish as zeros; a worker's has no client series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_router_times_every_output_token_and_publishes_no_engine_series() {
+    let c = cluster(StepMode::Sync).await;
+    let value = |page: &str, name: &str| {
+        let line = page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    let counts = |page: &str| {
+        [
+            "vllm:generation_tokens_total",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:inter_token_latency_seconds_count",
+        ]
+        .map(|name| value(page, name))
+    };
+    // The cluster's start sent a request of one token to see the links up.
+    let (_, page) = c.router.get("/metrics").await;
+    let before = counts(&page);
+    let mut tokens = 0;
+    for i in 0..5u32 {
+        let (status, body) =
+            c.router.post("/v1/completions", &completion(&prompt(i, 9, 0), 2 + i)).await;
+        assert_eq!(status, 200, "{body}");
+        tokens += body["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(tokens, 20, "every request ran to its max_tokens");
+    let (_, page) = c.router.get("/metrics").await;
+    let after = counts(&page);
+    let added: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    // 20 tokens: 5 first ones, 15 later ones.
+    assert_eq!(added, [20.0, 5.0, 15.0], "{page}");
+    for engine in ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "lockstep:steps_total"]
+    {
+        assert!(!page.contains(engine), "the router publishes {engine}");
+    }
+    let worker = c.prefill_metrics.render();
+    assert!(worker.contains("vllm:kv_cache_usage_perc"));
+    assert!(!worker.contains("vllm:time_to_first_token_seconds"), "{worker}");
 }
 
 /// 64 sessions at once, two turns each, every turn's prompt the shared system prefix, the

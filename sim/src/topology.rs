@@ -15,7 +15,7 @@ use lockstep_core::sched::SchedConfig;
 use lockstep_core::wire::{Endpoint, Incarnation, LinkIdentity, Role, WorkerId};
 use lockstep_server::engine::{EngineConfig, EngineStats, InlineRunner};
 use lockstep_server::http::AppConfig;
-use lockstep_server::metrics::Metrics;
+use lockstep_server::metrics::{Metrics, MetricsRole};
 use lockstep_server::node;
 use lockstep_server::peer::{PeerConfig, Transport};
 use lockstep_server::roles::launch::{
@@ -296,7 +296,7 @@ async fn worker(setup: HostSetup, host: String, role: Role, id: u32) -> turmoil:
     let node = worker_node(role, me, sched, setup.knobs.timing, transfers_max(&setup.options))?;
     let runner = device(&setup, pool, &host, starts_so_far(&setup, &host));
     let peer_listener = TurmoilListener::bind(any_address(PEER_PORT)).await?;
-    let metrics = Arc::new(Metrics::new(MODEL_NAME));
+    let metrics = Arc::new(Metrics::for_role(MODEL_NAME, MetricsRole::Worker));
     let dial = match setup.kv_lanes.get(&host) {
         Some(delay) => TurmoilDial::slowing_kv_lanes(delay.clone()),
         None => TurmoilDial::default(),

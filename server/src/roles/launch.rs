@@ -19,7 +19,7 @@ use lockstep_core::wire::{Endpoint, Incarnation, KvLayout, LinkIdentity, Role, W
 use super::router::RouterEngineConfig;
 use super::worker::WorkerNode;
 use crate::engine::{EngineConfig, EngineStats, InlineRunner, StepCost, ThreadRunner};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsRole};
 use crate::node;
 use crate::peer::{PeerConfig, TcpDial, Transport};
 use crate::serve::{self, Device, ServeOptions};
@@ -153,7 +153,10 @@ pub async fn serve(
         kv_layout: served.kv_layout,
         model: served.fingerprint,
     };
-    let metrics = Arc::new(Metrics::new(&served.name).with_grammars(served.codec.grammars().ok()));
+    let metrics = Arc::new(
+        Metrics::for_role(&served.name, MetricsRole::Worker)
+            .with_grammars(served.codec.grammars().ok()),
+    );
     let dial =
         |list: &[(u32, String)]| list.iter().map(|(w, a)| (WorkerId(*w), a.clone())).collect();
     match role {

@@ -39,7 +39,8 @@ struct Live {
     events: mpsc::Sender<RequestEvent>,
     arrived: Instant,
     output_tokens: u32,
-    first_token_at: Option<Instant>,
+    /// When the last output token went to the client; `None` until the first.
+    last_token_at: Option<Instant>,
 }
 
 struct RouterEngine {
@@ -173,12 +174,8 @@ impl RouterEngine {
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {
-                let live = Live {
-                    events,
-                    arrived: Instant::now(),
-                    output_tokens: 0,
-                    first_token_at: None,
-                };
+                let live =
+                    Live { events, arrived: Instant::now(), output_tokens: 0, last_token_at: None };
                 self.live.insert(id, live);
                 self.metrics.prompt_tokens.increment(prompt_tokens);
                 tracing::debug!(request = id.0, "routed");
@@ -244,14 +241,15 @@ impl RouterEngine {
                         return;
                     }
                 }
+                // As the client sees them: tokens that arrive together are zero apart.
                 let now = Instant::now();
-                if live.first_token_at.is_none() {
-                    live.first_token_at = Some(now);
-                    observe(&self.metrics.time_to_first_token, now - live.arrived);
-                }
                 // One each when the request asked for them (`pd::Router` passes them on so).
                 let mut logprobs = logprobs.into_iter();
                 for token in tokens {
+                    match live.last_token_at.replace(now) {
+                        None => observe(&self.metrics.time_to_first_token, now - live.arrived),
+                        Some(last) => observe(&self.metrics.inter_token_latency, now - last),
+                    }
                     live.output_tokens += 1;
                     self.metrics.generation_tokens.increment(1);
                     let event = RequestEvent::Token { token, logprobs: logprobs.next() };
@@ -266,7 +264,7 @@ impl RouterEngine {
                 self.finish(request, reason);
             }
             RouterOutput::Failed { request, reason } => {
-                let decoding = self.live.get(&request).is_some_and(|l| l.first_token_at.is_some());
+                let decoding = self.live.get(&request).is_some_and(|l| l.last_token_at.is_some());
                 // A request that timed out in the router's queue never had a transfer.
                 let transferred = reason != AbortReason::QueueTimeout;
                 if !decoding && transferred && reason != AbortReason::Client {
