@@ -263,6 +263,33 @@ fn a_prefill_abort_frees_the_pages_at_once_and_a_stray_ack_ends_nothing() {
     assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, 0));
 }
 
+/// Late messages for a transfer this side no longer holds are answered, so that the prefill side
+/// lets go at once rather than at its deadline: a Done is acknowledged only if the transfer
+/// completed (one that ended otherwise is told to abort), a heartbeat is told to abort, and an
+/// abort is acknowledged.
+#[test]
+fn late_messages_for_a_transfer_no_longer_held_are_answered_by_how_it_ended() {
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    assert_eq!(terminals(&rig.deliver(P, done(key(1), 7, 3))), 1);
+    rig.reserve(2, 6);
+    rig.deliver(R, Message::Abort { key: key(2), reason: AbortReason::Client });
+    rig.deliver(P, Message::AbortAck { key: key(2) });
+    assert_eq!(rig.side.transfers_live(), 0);
+    let told_to_abort = |k| vec![(P, Message::Abort { key: k, reason: AbortReason::DecodeFailed })];
+    assert_eq!(
+        sent(&rig.deliver(P, done(key(1), 7, 3))),
+        vec![(P, Message::DoneAck { key: key(1) })]
+    );
+    assert_eq!(sent(&rig.deliver(P, done(key(2), 7, 2))), told_to_abort(key(2)));
+    let heartbeat = |k| Message::Heartbeat { key: k, seq: 3, progress: 1 };
+    assert_eq!(sent(&rig.deliver(P, heartbeat(key(2)))), told_to_abort(key(2)));
+    assert_eq!(sent(&rig.deliver(P, heartbeat(key(9)))), told_to_abort(key(9)));
+    let abort = Message::Abort { key: key(2), reason: AbortReason::PrefillFailed };
+    assert_eq!(sent(&rig.deliver(P, abort)), vec![(P, Message::AbortAck { key: key(2) })]);
+    assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, 3), "request 1's pages");
+}
+
 /// vllm#25067: an abort raced prefill completion.
 #[test]
 fn abort_races_completion() {
