@@ -234,9 +234,10 @@ impl Metrics {
                 "From arrival to the last output token",
             ),
             queue_time: histogram(
-                SINGLE,
+                REQUESTS,
                 "vllm:request_queue_time_seconds",
-                "From arrival to the first step computing the request",
+                "From arrival to the first step computing the request (a router's: to its first \
+                 transfer, when a prefill and a decode worker took it)",
             ),
             steps: counter(ENGINE, "lockstep:steps_total", "Steps executed"),
             step_failures: counter(
@@ -437,7 +438,7 @@ mod tests {
         };
         let (y, n) = (true, false);
         assert_eq!(published(MetricsRole::Single), [y, y, y, y, y, n, n, n, y]);
-        assert_eq!(published(MetricsRole::Router), [n, n, y, y, n, n, y, y, y]);
+        assert_eq!(published(MetricsRole::Router), [n, n, y, y, y, n, y, y, y]);
         assert_eq!(published(MetricsRole::Worker), [y, y, n, n, n, y, n, y, y]);
         // A series not published takes its records without a trace.
         let router = Metrics::for_role("tiny", MetricsRole::Router);

@@ -283,9 +283,9 @@ async fn a_workers_metrics_count_its_own_prefix_cache_hits() {
     assert_eq!(counter("vllm:num_preemptions_total"), 0.0, "a pool of 256 pages never preempts");
 }
 
-/// The router is where clients' requests are measured: its page times each output token (the
-/// first from arrival, every later one from the one before) and has no engine series, which it
-/// would publish as zeros; a worker's has no client series.
+/// The router is where clients' requests are measured: its page times each request's wait for a
+/// transfer and each output token (the first from arrival, every later one from the one before),
+/// and has no engine series, which it would publish as zeros; a worker's has no client series.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_router_times_every_output_token_and_publishes_no_engine_series() {
     let c = cluster(StepMode::Sync).await;
@@ -298,6 +298,7 @@ async fn the_router_times_every_output_token_and_publishes_no_engine_series() {
             "vllm:generation_tokens_total",
             "vllm:time_to_first_token_seconds_count",
             "vllm:inter_token_latency_seconds_count",
+            "vllm:request_queue_time_seconds_count",
         ]
         .map(|name| value(page, name))
     };
@@ -315,8 +316,8 @@ async fn the_router_times_every_output_token_and_publishes_no_engine_series() {
     let (_, page) = c.router.get("/metrics").await;
     let after = counts(&page);
     let added: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-    // 20 tokens: 5 first ones, 15 later ones.
-    assert_eq!(added, [20.0, 5.0, 15.0], "{page}");
+    // 20 tokens: 5 first ones, 15 later ones; 5 waits in the router's queue.
+    assert_eq!(added, [20.0, 5.0, 15.0, 5.0], "{page}");
     for engine in ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "lockstep:steps_total"]
     {
         assert!(!page.contains(engine), "the router publishes {engine}");

@@ -39,6 +39,8 @@ struct Live {
     events: mpsc::Sender<RequestEvent>,
     arrived: Instant,
     output_tokens: u32,
+    /// Whether a transfer was started for it: it left the router's queue.
+    transferred: bool,
     /// When the last output token went to the client; `None` until the first.
     last_token_at: Option<Instant>,
 }
@@ -174,8 +176,13 @@ impl RouterEngine {
         };
         let answer = match self.router.submit(spec, self.now()) {
             Ok(()) => {
-                let live =
-                    Live { events, arrived: Instant::now(), output_tokens: 0, last_token_at: None };
+                let live = Live {
+                    events,
+                    arrived: Instant::now(),
+                    output_tokens: 0,
+                    transferred: false,
+                    last_token_at: None,
+                };
                 self.live.insert(id, live);
                 self.metrics.prompt_tokens.increment(prompt_tokens);
                 tracing::debug!(request = id.0, "routed");
@@ -293,9 +300,16 @@ impl RouterEngine {
         let _ = live.events.try_send(RequestEvent::Finished { reason, output_tokens });
     }
 
-    fn send(&self, envelope: Envelope) {
-        if matches!(envelope.body, lockstep_core::wire::Message::Reserve { .. }) {
+    fn send(&mut self, envelope: Envelope) {
+        if let lockstep_core::wire::Message::Reserve { request, .. } = &envelope.body {
             self.metrics.transfers_started.increment(1);
+            // The first transfer ends the wait in the router's queue; a retry's does not.
+            if let Some(live) = self.live.get_mut(&request.id)
+                && !live.transferred
+            {
+                live.transferred = true;
+                observe(&self.metrics.queue_time, live.arrived.elapsed());
+            }
         }
         if let Err(e) = self.transport.try_send(&envelope) {
             self.metrics.peer_send_failures.increment(1);
