@@ -290,6 +290,31 @@ fn late_messages_for_a_transfer_no_longer_held_are_answered_by_how_it_ended() {
     assert_eq!((rig.side.transfers_live(), rig.pool.held_count()), (0, 3), "request 1's pages");
 }
 
+/// A broken link to a prefill worker ends its transfers at once (the router hears so, and the
+/// worker is told in case the link comes back), and only its own: their pages stay until the
+/// lease has outlived every write sent before the break.
+#[test]
+fn a_lost_prefill_link_ends_its_transfers_at_once_and_keeps_their_pages_until_the_lease() {
+    let other = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
+    let mut rig = Rig::new();
+    rig.reserve(1, 10);
+    let reserve = Message::Reserve { key: key(2), request: spec(2, 6), prefill: other };
+    assert_eq!(sent(&rig.deliver(R, reserve)).len(), 1, "a Prepare to the other worker");
+    rig.side.handle_peer_down(P.worker);
+    let out = rig.drain();
+    assert_eq!(out.iter().filter(|o| matches!(o, DecodeOutput::Ended { .. })).count(), 1);
+    assert!(out.contains(&DecodeOutput::Ended { key: key(1), reason: AbortReason::PeerRestarted }));
+    let failure = Some(AbortReason::PeerRestarted);
+    assert!(sent(&out).contains(&(R, Message::Outcome { key: key(1), failure })));
+    assert_eq!(rig.pool.held_count(), 5, "both transfers' pages: writes may still land");
+    rig.advance(LEASE_MS / 2);
+    let heartbeat = Message::Heartbeat { key: key(2), seq: 0, progress: 0 };
+    assert_eq!(sent(&rig.deliver(other, heartbeat)).len(), 1, "a lease for the other worker");
+    rig.advance(LEASE_MS / 2 + FLIGHT_MS);
+    assert_eq!(rig.side.transfers_live(), 1, "the other worker's transfer is live");
+    assert_eq!(rig.pool.held_count(), 2);
+}
+
 /// vllm#25067: an abort raced prefill completion.
 #[test]
 fn abort_races_completion() {
