@@ -202,6 +202,9 @@ fn leak_when_the_peer_is_silent() {
         sent(&out)
             .contains(&(R, Message::Outcome { key: key(1), failure: Some(AbortReason::Timeout) }))
     );
+    // And the prefill side, should it be alive after all, is told to stop writing.
+    let abort = Message::Abort { key: key(1), reason: AbortReason::Timeout };
+    assert!(sent(&out).contains(&(P, abort)), "{out:?}");
     assert_eq!(rig.pool.held_count(), 0);
     assert_eq!(rig.side.transfers_live(), 0);
     // Heartbeats keep it alive; silence after them still ends it one lease later.
