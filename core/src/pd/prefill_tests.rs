@@ -432,3 +432,64 @@ fn heartbeats_report_progress_only_when_the_transfer_got_further() {
     rig.completion(1, 1, true);
     assert_eq!(progress(&rig.advance(30)), Some(4), "two writes completed");
 }
+
+/// A computation that failed (a failed step, a prompt the scheduler refused) gives the transfer
+/// up at once, not at its deadline: the decode side is told, and the prompt's KV, should it come
+/// after all, is not written. Only for the transfer's own key.
+#[test]
+fn a_failed_computation_gives_its_transfer_up_at_once() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
+    assert!(rig.side.is_computing(key(1)));
+    assert!(!rig.side.is_computing(stale));
+    rig.side.handle_compute_failed(stale, &mut rig.pool, rig.now);
+    assert!(rig.drain().is_empty(), "another epoch's failure");
+    rig.side.handle_compute_failed(key(1), &mut rig.pool, rig.now);
+    let out = rig.drain();
+    assert!(!rig.side.is_computing(key(1)));
+    let abort = Message::Abort { key: key(1), reason: AbortReason::PrefillFailed };
+    assert!(sent(&out).contains(&abort), "{out:?}");
+    assert_eq!(ends(&out), vec![false]);
+    let out = rig.computed(1);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(rig.pool.pins_live_count(), 0);
+}
+
+/// A lease grant counts only from the transfer's own decode worker and for its epoch; a
+/// computation counts once.
+#[test]
+fn a_grant_from_another_worker_or_epoch_writes_nothing() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    let stale = TransferKey { transfer: TransferId(1), epoch: Epoch(7) };
+    let grant = |key| Message::LeaseGrant { key, seq: 0, lease_ms: LEASE_MS };
+    assert!(writes(&rig.deliver(grant(stale))).is_empty(), "another epoch's grant");
+    let other = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
+    let envelope = Envelope { from: other, to: P, body: grant(key(1)) };
+    rig.side.handle_envelope(envelope, &mut rig.pool, rig.now);
+    assert!(writes(&rig.drain()).is_empty(), "another worker's grant");
+    assert_eq!(writes(&rig.deliver(grant(key(1)))), vec![0, 1, 2]);
+    // The computation reported twice: the second finds the transfer writing, and changes nothing.
+    let pins = rig.pool.pins_live_count();
+    assert!(rig.computed(1).is_empty());
+    assert_eq!(rig.pool.pins_live_count(), pins);
+}
+
+/// A computing transfer's timer filed under its deadline, which the worker's progress has moved
+/// since: it fires, and sends nothing until the next heartbeat is due.
+#[test]
+fn a_deadline_moved_by_progress_fires_without_a_heartbeat() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    // Heartbeats every 30 ms; the last before the deadline at 990 ms, the next due at 1020.
+    for _ in 0..33 {
+        assert_eq!(sent(&rig.advance(30)).len(), 1);
+    }
+    rig.side.handle_compute_progress(rig.now);
+    assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(1_000)), "the deadline");
+    assert!(rig.advance(10).is_empty(), "a heartbeat before one was due");
+    assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(1_020)));
+    assert_eq!(sent(&rig.advance(20)).len(), 1);
+}
