@@ -493,3 +493,41 @@ fn a_deadline_moved_by_progress_fires_without_a_heartbeat() {
     assert_eq!(rig.side.next_timeout(), Some(Time::from_millis(1_020)));
     assert_eq!(sent(&rig.advance(20)).len(), 1);
 }
+
+/// Each write names the first prompt position its page holds, after the pages the decode side
+/// had cached.
+#[test]
+fn each_write_names_the_first_position_of_its_page() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 4));
+    rig.computed(1);
+    let out = rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    let positions: Vec<u32> = out
+        .iter()
+        .filter_map(|o| match o {
+            PrefillOutput::Write { first_token, .. } => Some(*first_token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(positions, vec![4, 8]);
+}
+
+/// A computation that outlasts the first lease writes under a later one: a grant extends the
+/// permission to write, and one that arrives late, for an earlier heartbeat, never shortens it.
+#[test]
+fn a_later_grant_extends_the_permission_and_an_earlier_one_never_shortens_it() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    let grant = |seq| Message::LeaseGrant { key: key(1), seq, lease_ms: LEASE_MS };
+    // The lease of the heartbeat at 0 ms ends at 100 ms.
+    rig.deliver(grant(0));
+    // Heartbeats at 30, 60, 90, 120, 150 ms (seq 1 to 5).
+    for _ in 0..5 {
+        rig.advance(30);
+    }
+    // The lease of the one at 120 ms ends at 220; then the late grant for the one at 30 ms.
+    rig.deliver(grant(4));
+    rig.deliver(grant(1));
+    assert_eq!(rig.now, Time::from_millis(150));
+    assert_eq!(writes(&rig.computed(1)), vec![0, 1, 2], "the permission until 220 ms");
+}
