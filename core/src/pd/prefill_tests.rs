@@ -305,6 +305,19 @@ fn a_restarted_decode_worker_ends_its_transfers() {
     let out = rig.drain();
     assert_eq!(ends(&out), vec![false]);
     assert_eq!(rig.side.transfers_live(), 0);
+    // Another decode worker's restart ends only its own transfers.
+    let prepared = Envelope { from: reborn, to: P, body: prepare(2, 10, 0) };
+    rig.side.handle_envelope(prepared, &mut rig.pool, rig.now);
+    assert_eq!(rig.side.transfers_live(), 1);
+    let other = Endpoint { worker: WorkerId(3), incarnation: Incarnation(1) };
+    // Of a later incarnation than the transfer's decode worker, so that only the worker tells.
+    let other_reborn = Endpoint { incarnation: Incarnation(3), ..other };
+    for from in [other, other_reborn] {
+        let body = Message::AbortAck { key: key(9) };
+        rig.side.handle_envelope(Envelope { from, to: P, body }, &mut rig.pool, rig.now);
+    }
+    assert!(ends(&rig.drain()).is_empty());
+    assert_eq!(rig.side.transfers_live(), 1);
 }
 
 // --- The same classes with their guard removed by hand: the liveness check notices. ---
@@ -530,4 +543,44 @@ fn a_later_grant_extends_the_permission_and_an_earlier_one_never_shortens_it() {
     rig.deliver(grant(1));
     assert_eq!(rig.now, Time::from_millis(150));
     assert_eq!(writes(&rig.computed(1)), vec![0, 1, 2], "the permission until 220 ms");
+}
+
+/// A `Done` never acknowledged until the deadline: the decode side is told to abort (it may
+/// never have heard the `Done`), not sent the acknowledgment of an abort it never asked for.
+#[test]
+fn a_done_unacknowledged_until_the_deadline_ends_in_an_abort() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    for ordinal in 0..3 {
+        rig.completion(1, ordinal, true);
+    }
+    let mut out = Vec::new();
+    while rig.side.transfers_live() > 0 {
+        out.extend(rig.advance(50));
+    }
+    assert_eq!(rig.now, Time::from_millis(1_000));
+    assert_eq!(ends(&out), vec![false]);
+    let abort = Message::Abort { key: key(1), reason: AbortReason::Timeout };
+    assert_eq!(sent(&out).last(), Some(&abort), "{out:?}");
+}
+
+/// A transfer already draining is not drained again: a second abort (from the decode side, or
+/// its link breaking) neither ends it twice nor changes the answer it owes.
+#[test]
+fn a_draining_transfer_ends_once_whatever_ends_it_again() {
+    let mut rig = Rig::new();
+    rig.deliver(prepare(1, 10, 0));
+    rig.computed(1);
+    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert_eq!((ends(&out), sent(&out)), (vec![false], vec![]), "writes are in flight");
+    assert!(rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client }).is_empty());
+    rig.side.handle_peer_down(D.worker, &mut rig.pool, rig.now);
+    assert!(rig.drain().is_empty());
+    rig.completion(1, 0, true);
+    rig.completion(1, 1, false);
+    let out = rig.completion(1, 2, true);
+    assert_eq!((ends(&out), sent(&out)), (vec![], vec![Message::AbortAck { key: key(1) }]));
 }
