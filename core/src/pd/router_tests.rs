@@ -470,9 +470,12 @@ fn requests_beyond_the_decode_workers_room_wait_and_go_when_one_ends() {
     let out = drain(&mut r);
     assert_eq!(reserve_to(&out).len(), 1);
     assert_eq!((r.requests_in_transfer(), r.requests_queued()), (1, 1));
+    let duplicate = |id| Err(RouterError::DuplicateRequest(RequestId(id)));
+    assert_eq!(r.submit(spec(2), Time::ZERO), duplicate(2), "a queued request's id");
     let k1 = r.transfer_of(RequestId(1)).unwrap();
     r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
     assert_eq!(r.requests_queued(), 1, "still decoding: no room");
+    assert_eq!(r.submit(spec(1), Time::ZERO), duplicate(1), "a decoding request's id");
     r.handle_envelope(tokens(D1, k1, 0, &[5], Some(FinishReason::Length)), Time::from_millis(1));
     let out = drain(&mut r);
     assert_eq!(reserve_to(&out).len(), 1, "the end made room: {out:?}");
@@ -570,6 +573,7 @@ fn workers_join_when_their_links_come_up_and_leave_when_they_go_down() {
     assert_eq!(r.submit(spec(1), Time::ZERO), Err(RouterError::NoWorkers));
     r.handle_worker_up(D2, crate::wire::Role::Decode, Time::ZERO);
     r.handle_worker_up(D1, crate::wire::Role::Decode, Time::ZERO);
+    assert_eq!(r.submit(spec(1), Time::ZERO), Err(RouterError::NoWorkers), "no prefill worker");
     r.handle_worker_up(P1, crate::wire::Role::Prefill, Time::ZERO);
     assert_eq!(r.workers(), (&[P1][..], &[D1, D2][..]), "kept in id order");
     r.submit(spec(1), Time::ZERO).unwrap();
