@@ -474,7 +474,7 @@ fn requests_beyond_the_decode_workers_room_wait_and_go_when_one_ends() {
     assert_eq!(r.submit(spec(2), Time::ZERO), duplicate(2), "a queued request's id");
     let k1 = r.transfer_of(RequestId(1)).unwrap();
     r.handle_envelope(outcome(D1, k1, None), Time::ZERO);
-    assert_eq!(r.requests_queued(), 1, "still decoding: no room");
+    assert_eq!((r.requests_decoding(), r.requests_queued()), (1, 1), "still decoding: no room");
     assert_eq!(r.submit(spec(1), Time::ZERO), duplicate(1), "a decoding request's id");
     r.handle_envelope(tokens(D1, k1, 0, &[5], Some(FinishReason::Length)), Time::from_millis(1));
     let out = drain(&mut r);
