@@ -70,6 +70,17 @@ impl Rig {
         self.drain()
     }
 
+    /// Transfer `id` of a 10-token prompt computed, granted, and its three writes landed: its
+    /// `Done` is out.
+    fn written(&mut self, id: u64) {
+        self.deliver(prepare(id, 10, 0));
+        self.computed(id);
+        self.deliver(Message::LeaseGrant { key: key(id), seq: 0, lease_ms: LEASE_MS });
+        for ordinal in 0..3 {
+            self.completion(id, ordinal, true);
+        }
+    }
+
     fn advance(&mut self, ms: u64) -> Vec<PrefillOutput> {
         self.now = self.now.saturating_add(Duration::from_millis(ms));
         self.side.handle_timeout(&mut self.pool, self.now);
@@ -277,12 +288,7 @@ fn sources_stay_pinned_while_writes_read_them() {
 #[test]
 fn done_is_resent_until_acknowledged_and_a_late_abort_is_answered_at_once() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
-    for ordinal in 0..3 {
-        rig.completion(1, ordinal, true);
-    }
+    rig.written(1);
     let out = rig.advance(50);
     assert_eq!(sent(&out), vec![done(key(1), 9, 3)]);
     // abort races completion (vllm#25067): the abort wins, once, with nothing in flight.
@@ -550,12 +556,7 @@ fn a_later_grant_extends_the_permission_and_an_earlier_one_never_shortens_it() {
 #[test]
 fn a_done_unacknowledged_until_the_deadline_ends_in_an_abort() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
-    for ordinal in 0..3 {
-        rig.completion(1, ordinal, true);
-    }
+    rig.written(1);
     let mut out = Vec::new();
     while rig.side.transfers_live() > 0 {
         out.extend(rig.advance(50));

@@ -5,6 +5,7 @@
 use super::request::Phase;
 use super::*;
 use crate::Time;
+use crate::kv::PageRef;
 use crate::model::{Executor, ProvenanceModel, SamplingSpec};
 use crate::testing::{VOCAB_SIZE, request, small_config};
 
@@ -62,6 +63,25 @@ impl Rig {
             }
         }
         panic!("wedged");
+    }
+
+    /// Runs request 1 on `prompt(prompt_len)` for one token: its two full prompt pages stay in
+    /// the prefix cache.
+    fn leave_two_cached_pages(&mut self, prompt_len: u32) {
+        self.sched.submit(request(1, prompt(prompt_len), 1), self.now).unwrap();
+        self.model.start_request(RequestId(1), SamplingSpec::GREEDY);
+        self.run();
+        assert_eq!(self.sched.pool().cached_count(), 2);
+    }
+
+    /// The cached pages of `prompt(8)`, found as the decode side finds them for a transfer.
+    fn match_two_cached_pages(&mut self) -> Vec<PageRef> {
+        let keys = crate::kv::prefix_hash::block_hashes(0, &prompt(8), 4);
+        let mut pages = Vec::new();
+        let root = crate::kv::prefix_hash::root_hash(0);
+        self.sched.pool_mut().match_prefix(root, &keys, &prompt(8), &mut pages);
+        assert_eq!(pages.len(), 2);
+        pages
     }
 
     fn tokens(&self, id: u64) -> Vec<u32> {
@@ -214,18 +234,10 @@ fn a_handed_over_request_decodes_what_it_would_have_alone() {
 #[test]
 fn pages_from_the_decode_sides_cache_are_not_offered_to_it_again() {
     let mut rig = Rig::new(StepMode::Sync);
-    // Request 1 leaves its two full prompt pages in the cache.
-    rig.sched.submit(request(1, prompt(9), 1), rig.now).unwrap();
-    rig.model.start_request(RequestId(1), SamplingSpec::GREEDY);
-    rig.run();
-    assert_eq!(rig.sched.pool().cached_count(), 2);
+    rig.leave_two_cached_pages(9);
     rig.sched.reserve(request(2, prompt(10), 4), rig.now).unwrap();
-    let pool = rig.sched.pool_mut();
-    let keys = crate::kv::prefix_hash::block_hashes(0, &prompt(8), 4);
-    let mut pages = Vec::new();
-    pool.match_prefix(crate::kv::prefix_hash::root_hash(0), &keys, &prompt(8), &mut pages);
-    assert_eq!(pages.len(), 2);
-    pool.allocate_many(1, &mut pages).unwrap();
+    let mut pages = rig.match_two_cached_pages();
+    rig.sched.pool_mut().allocate_many(1, &mut pages).unwrap();
     rig.model.start_request(RequestId(2), SamplingSpec::GREEDY);
     // KV of the third page is not copied: the point is the cache bookkeeping, not the output.
     rig.sched.hand_over(RequestId(2), pages, 2, 5, rig.now).unwrap();
@@ -239,16 +251,9 @@ fn pages_from_the_decode_sides_cache_are_not_offered_to_it_again() {
 #[test]
 fn a_prompt_of_whole_pages_may_come_wholly_from_the_cache() {
     let mut rig = Rig::new(StepMode::Sync);
-    rig.sched.submit(request(1, prompt(8), 1), rig.now).unwrap();
-    rig.model.start_request(RequestId(1), SamplingSpec::GREEDY);
-    rig.run();
-    assert_eq!(rig.sched.pool().cached_count(), 2);
+    rig.leave_two_cached_pages(8);
     rig.sched.reserve(request(2, prompt(8), 3), rig.now).unwrap();
-    let pool = rig.sched.pool_mut();
-    let keys = crate::kv::prefix_hash::block_hashes(0, &prompt(8), 4);
-    let mut pages = Vec::new();
-    pool.match_prefix(crate::kv::prefix_hash::root_hash(0), &keys, &prompt(8), &mut pages);
-    assert_eq!(pages.len(), 2);
+    let pages = rig.match_two_cached_pages();
     rig.model.start_request(RequestId(2), SamplingSpec::GREEDY);
     rig.sched.hand_over(RequestId(2), pages, 2, 5, rig.now).unwrap();
     rig.check();
