@@ -618,3 +618,24 @@ fn a_prefill_worker_computes_at_most_prefill_slots_prompts_and_the_rest_wait() {
         "request 1 decodes: the prefill worker is free"
     );
 }
+
+/// Prompts spread over the prefill workers as requests do over the decode workers: each goes to
+/// the least loaded.
+#[test]
+fn prompts_spread_over_prefill_workers() {
+    let p2 = Endpoint { worker: WorkerId(4), incarnation: Incarnation(1) };
+    let mut r = Router::new(ME, small_router(4).config.clone(), vec![P1, p2], vec![D1]);
+    for id in 1..=2 {
+        r.submit(spec(id), Time::ZERO).unwrap();
+    }
+    let prefills: Vec<Endpoint> = drain(&mut r)
+        .iter()
+        .filter_map(|o| match o {
+            RouterOutput::Send(Envelope { body: Message::Reserve { prefill, .. }, .. }) => {
+                Some(*prefill)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prefills, vec![P1, p2]);
+}
