@@ -639,3 +639,52 @@ fn prompts_spread_over_prefill_workers() {
         .collect();
     assert_eq!(prefills, vec![P1, p2]);
 }
+
+/// A decode worker, then the prefill worker, come back as new incarnations. Each is addressed
+/// so from then on, in its place; what the old life held (transfers through it, requests it
+/// decoded) is retried or failed; nothing of the other workers' is touched.
+#[test]
+fn a_restart_loses_only_what_the_old_incarnation_held() {
+    let config = RouterConfig { retries_max: 1, ..small_router(4).config.clone() };
+    let mut r = Router::new(ME, config, vec![P1], vec![D1, D2]);
+    for id in 1..=4 {
+        r.submit(spec(id), Time::ZERO).unwrap();
+    }
+    let to: Vec<(Endpoint, TransferKey)> = reserve_to(&drain(&mut r));
+    assert_eq!(to.iter().map(|(d, _)| *d).collect::<Vec<_>>(), vec![D1, D2, D1, D2]);
+    // Requests 1 and 2 decode, on D1 and D2; 3 and 4 are in transfer to them.
+    r.handle_envelope(outcome(D1, to[0].1, None), Time::ZERO);
+    r.handle_envelope(outcome(D2, to[1].1, None), Time::ZERO);
+    drain(&mut r);
+    let d1_again = Endpoint { incarnation: Incarnation(2), ..D1 };
+    r.handle_worker_up(d1_again, crate::wire::Role::Decode, Time::ZERO);
+    assert_eq!(r.workers(), (&[P1][..], &[d1_again, D2][..]));
+    let out = drain(&mut r);
+    let failed = RouterOutput::Failed { request: RequestId(1), reason: AbortReason::PeerRestarted };
+    assert!(out.contains(&failed), "{out:?}");
+    assert!(
+        !out.iter().any(|o| matches!(o, RouterOutput::Failed { request, .. }
+        if *request != RequestId(1))),
+        "{out:?}"
+    );
+    let retried = reserve_to(&out);
+    assert_eq!(retried.len(), 1, "request 3 again: {out:?}");
+    assert_eq!(r.transfer_of(RequestId(3)), Some(retried[0].1));
+    assert_eq!(r.transfer_of(RequestId(4)), Some(to[3].1), "D2's transfer is untouched");
+    // The prefill worker restarts: both transfers through it are lost (retried once each, or
+    // failed if retried already), and nothing that decodes.
+    let p1_again = Endpoint { incarnation: Incarnation(2), ..P1 };
+    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, Time::ZERO);
+    assert_eq!(r.workers().0, &[p1_again][..]);
+    let out = drain(&mut r);
+    assert_ne!(r.transfer_of(RequestId(4)), Some(to[3].1), "{out:?}");
+    assert!(
+        !out.iter().any(|o| matches!(o, RouterOutput::Failed { request, .. }
+        if *request == RequestId(2))),
+        "{out:?}"
+    );
+    // A worker new to the router goes after the others, in id order.
+    let d3 = Endpoint { worker: WorkerId(5), incarnation: Incarnation(1) };
+    r.handle_worker_up(d3, crate::wire::Role::Decode, Time::ZERO);
+    assert_eq!(r.workers().1, &[d1_again, D2, d3][..]);
+}
