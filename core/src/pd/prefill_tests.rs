@@ -70,12 +70,17 @@ impl Rig {
         self.drain()
     }
 
-    /// Transfer `id` of a 10-token prompt computed, granted, and its three writes landed: its
-    /// `Done` is out.
-    fn written(&mut self, id: u64) {
+    /// Transfer `id` of a 10-token prompt computed and granted a lease: its three writes are
+    /// out.
+    fn writing(&mut self, id: u64) {
         self.deliver(prepare(id, 10, 0));
         self.computed(id);
         self.deliver(Message::LeaseGrant { key: key(id), seq: 0, lease_ms: LEASE_MS });
+    }
+
+    /// As `writing`, and its three writes landed: its `Done` is out.
+    fn written(&mut self, id: u64) {
+        self.writing(id);
         for ordinal in 0..3 {
             self.completion(id, ordinal, true);
         }
@@ -161,9 +166,7 @@ fn a_lease_runs_from_when_it_was_asked_for() {
 #[test]
 fn premature_release() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
     assert_eq!(ends(&out), vec![false]);
     assert!(sent(&out).is_empty(), "acknowledged the abort with three writes in flight");
@@ -174,9 +177,7 @@ fn premature_release() {
     assert_eq!(sent(&out), vec![Message::AbortAck { key: key(1) }]);
     // By hand: a transfer that claims Done with a write outstanding.
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     let t = rig.side.transfers.get_mut(&TransferId(1)).unwrap();
     t.phase = Phase::DoneSent { first_token: 9, resend_at: Time::MAX };
     assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("unresolved"));
@@ -263,9 +264,7 @@ fn empty_hand_off() {
 #[test]
 fn sources_stay_pinned_while_writes_read_them() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     for page in rig.sources.clone() {
         rig.pool.release(page).unwrap(); // the prefill scheduler finished the request
     }
@@ -277,9 +276,7 @@ fn sources_stay_pinned_while_writes_read_them() {
     assert_eq!(rig.pool.held_count(), 0);
     // By hand: unpin a source page while its write is outstanding.
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     let pin = rig.side.transfers[&TransferId(1)].source_pin.unwrap();
     rig.pool.unpin(pin).unwrap();
     assert!(rig.side.check_invariants(&rig.pool).unwrap_err().what().contains("unpinned"));
@@ -338,9 +335,7 @@ fn ends_within(rig: &mut Rig, ms: u64) -> bool {
 #[test]
 fn abort_path_wedge_by_hand() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
     // The flight bound removed: a drain that waits for completions that never come.
     if let Phase::Draining { drained_by, .. } =
@@ -572,9 +567,7 @@ fn a_done_unacknowledged_until_the_deadline_ends_in_an_abort() {
 #[test]
 fn a_draining_transfer_ends_once_whatever_ends_it_again() {
     let mut rig = Rig::new();
-    rig.deliver(prepare(1, 10, 0));
-    rig.computed(1);
-    rig.deliver(Message::LeaseGrant { key: key(1), seq: 0, lease_ms: LEASE_MS });
+    rig.writing(1);
     let out = rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
     assert_eq!((ends(&out), sent(&out)), (vec![false], vec![]), "writes are in flight");
     assert!(rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client }).is_empty());
