@@ -16,7 +16,10 @@ use crate::wire::{RequestSpec, Sampling};
 
 mod cluster;
 
-pub use cluster::{Cluster, ClusterConfig, ClusterOp, DECODE, End, FlyingWrite, PREFILL, ROUTER};
+pub use cluster::{
+    Cluster, ClusterConfig, ClusterOp, DECODE, End, FlyingWrite, PREFILL, ROUTER, Worker,
+    decode_endpoint, prefill_endpoint,
+};
 
 pub const VOCAB_SIZE: u32 = 97;
 

@@ -1,12 +1,13 @@
-//! Arbitrary fault schedules over the router, a prefill node and a decode node together
-//! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, writes landing
-//! late or failing, steps failing, clients aborting, the clock jumping, and each machine's timers
-//! fired in the order the input says. A leading byte picks the step mode and the decode pool's size (12 to 39
-//! pages), the next the prefill pool's (6 to 23: small enough that the prefill node preempts,
-//! as in `core/tests/pd_cluster.rs`).
+//! Arbitrary fault schedules over the router and one or two prefill and decode nodes together
+//! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, links breaking,
+//! workers restarting, writes landing late or failing, steps failing, clients aborting, the clock
+//! jumping, and each machine's timers fired in the order the input says. A leading byte picks
+//! the step mode and the decode pool's size (12 to 39 pages), the next the prefill pool's (6 to
+//! 23: small enough that the prefill node preempts, as in `core/tests/pd_cluster.rs`), the third
+//! how many workers of each role.
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
 //! end, and: every request ended; one that finished passed on exactly its output alone, one that
-//! failed a prefix of it; no page, pin, slot or transfer is held on either worker.
+//! failed a prefix of it; no page, pin, slot or transfer is held on any worker.
 
 #![no_main]
 
@@ -23,15 +24,16 @@ enum Op {
     Duplicate(u8),
     Land(u8),
     FailWrite(u8),
-    StepPrefill,
-    StepDecode,
+    StepPrefill(u8),
+    StepDecode(u8),
     FailStep(u8),
     Advance(u8),
     Abort(u8),
     RouterTimers,
-    PrefillTimers,
-    DecodeTimers,
+    PrefillTimers(u8),
+    DecodeTimers(u8),
     LinkDown(u8),
+    Restart(u8),
 }
 
 impl From<Op> for ClusterOp {
@@ -43,21 +45,22 @@ impl From<Op> for ClusterOp {
             Op::Duplicate(i) => ClusterOp::Duplicate(i),
             Op::Land(i) => ClusterOp::Land(i),
             Op::FailWrite(i) => ClusterOp::FailWrite(i),
-            Op::StepPrefill => ClusterOp::StepPrefill,
-            Op::StepDecode => ClusterOp::StepDecode,
+            Op::StepPrefill(i) => ClusterOp::StepPrefill(i),
+            Op::StepDecode(i) => ClusterOp::StepDecode(i),
             Op::FailStep(which) => ClusterOp::FailStep(which),
             Op::Advance(ms) => ClusterOp::Advance(ms),
             Op::Abort(i) => ClusterOp::Abort(i),
             Op::RouterTimers => ClusterOp::RouterTimers,
-            Op::PrefillTimers => ClusterOp::PrefillTimers,
-            Op::DecodeTimers => ClusterOp::DecodeTimers,
+            Op::PrefillTimers(i) => ClusterOp::PrefillTimers(i),
+            Op::DecodeTimers(i) => ClusterOp::DecodeTimers(i),
             Op::LinkDown(which) => ClusterOp::LinkDown(which),
+            Op::Restart(which) => ClusterOp::Restart(which),
         }
     }
 }
 
 fuzz_target!(|data: &[u8]| {
-    let [setup, prefill_setup, rest @ ..] = data else { return };
+    let [setup, prefill_setup, workers, rest @ ..] = data else { return };
     let mode = if setup & 1 == 1 { StepMode::Overlap } else { StepMode::Sync };
     let pages = 12 + u32::from(setup >> 1) % 28;
     let prefill_pages = 6 + u32::from(*prefill_setup) % 18;
@@ -65,6 +68,8 @@ fuzz_target!(|data: &[u8]| {
     let sched = small_config(mode, pages);
     let config = ClusterConfig {
         prefill_sched: small_config(mode, prefill_pages),
+        prefill_workers: 1 + u32::from(workers & 1),
+        decode_workers: 1 + u32::from((workers >> 1) & 1),
         ..ClusterConfig::new(sched.clone())
     };
     let mut cluster = Cluster::new(config);

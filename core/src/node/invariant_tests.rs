@@ -74,107 +74,117 @@ fn fires(what: Result<(), crate::InvariantViolation>, expected: &str) {
 #[test]
 fn decode_a_pin_nobody_holds() {
     let mut c = decoding();
-    let page = c.decode.sched.pool_mut().allocate().unwrap();
-    c.decode.sched.pool_mut().pin(page, Time::MAX).unwrap();
-    c.decode.sched.pool_mut().release(page).unwrap();
-    fires(c.decode.check_invariants(), "the pool holds 1 pins, the transfers 0");
+    let page = c.decodes[0].node.sched.pool_mut().allocate().unwrap();
+    c.decodes[0].node.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.decodes[0].node.sched.pool_mut().release(page).unwrap();
+    fires(c.decodes[0].node.check_invariants(), "the pool holds 1 pins, the transfers 0");
 }
 
 #[test]
 fn decode_a_reference_nobody_holds() {
     let mut c = reserved();
-    c.decode.sched.pool_mut().allocate().unwrap();
-    fires(c.decode.check_invariants(), "page tables and transfers hold");
+    c.decodes[0].node.sched.pool_mut().allocate().unwrap();
+    fires(c.decodes[0].node.check_invariants(), "page tables and transfers hold");
 }
 
 #[test]
 fn decode_a_stream_under_another_id() {
     let mut c = decoding();
-    let stream = c.decode.streams.pop_first().unwrap().1;
-    c.decode.streams.insert(RequestId(77), stream);
-    fires(c.decode.check_invariants(), "filed under another id");
+    let stream = c.decodes[0].node.streams.pop_first().unwrap().1;
+    c.decodes[0].node.streams.insert(RequestId(77), stream);
+    fires(c.decodes[0].node.check_invariants(), "filed under another id");
 }
 
 #[test]
 fn decode_a_stream_outlives_its_request() {
     let mut c = decoding();
-    let (&id, _) = c.decode.streams.first_key_value().unwrap();
-    c.decode.sched.abort(id, c.now).unwrap();
-    while c.decode.sched.poll_event().is_some() {}
-    fires(c.decode.check_invariants(), "outlives its request");
+    let (&id, _) = c.decodes[0].node.streams.first_key_value().unwrap();
+    c.decodes[0].node.sched.abort(id, c.now).unwrap();
+    while c.decodes[0].node.sched.poll_event().is_some() {}
+    fires(c.decodes[0].node.check_invariants(), "outlives its request");
 }
 
 #[test]
 fn decode_a_reservation_without_its_transfer() {
     let mut c = reserved();
-    let (_, stream) = c.decode.streams.first_key_value().unwrap();
+    let (_, stream) = c.decodes[0].node.streams.first_key_value().unwrap();
     let mut other = stream.clone();
     other.key.transfer.0 += 1_000;
     let id = crate::node::local_id(other.key);
-    c.decode.sched.reserve(crate::testing::request(id.0, vec![1, 2, 3], 2), c.now).unwrap();
-    c.decode.streams.insert(id, other);
-    fires(c.decode.check_invariants(), "reserved for a transfer the protocol side does not hold");
+    c.decodes[0]
+        .node
+        .sched
+        .reserve(crate::testing::request(id.0, vec![1, 2, 3], 2), c.now)
+        .unwrap();
+    c.decodes[0].node.streams.insert(id, other);
+    fires(
+        c.decodes[0].node.check_invariants(),
+        "reserved for a transfer the protocol side does not hold",
+    );
 }
 
 #[test]
 fn prefill_a_pin_nobody_holds() {
     let mut c = reserved();
-    c.step_prefill();
-    let page = c.prefill.sched.pool_mut().allocate().unwrap();
-    c.prefill.sched.pool_mut().pin(page, Time::MAX).unwrap();
-    c.prefill.sched.pool_mut().release(page).unwrap();
-    fires(c.prefill.check_invariants(), "the pool holds 1 pins, the transfers 0");
+    c.step_prefill(0);
+    let page = c.prefills[0].node.sched.pool_mut().allocate().unwrap();
+    c.prefills[0].node.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.prefills[0].node.sched.pool_mut().release(page).unwrap();
+    fires(c.prefills[0].node.check_invariants(), "the pool holds 1 pins, the transfers 0");
 }
 
 #[test]
 fn prefill_a_computation_under_another_id() {
     let mut c = reserved();
-    let computation = c.prefill.computing.pop_first().unwrap().1;
-    c.prefill.computing.insert(RequestId(77), computation);
-    fires(c.prefill.check_invariants(), "filed under another id");
+    let computation = c.prefills[0].node.computing.pop_first().unwrap().1;
+    c.prefills[0].node.computing.insert(RequestId(77), computation);
+    fires(c.prefills[0].node.check_invariants(), "filed under another id");
 }
 
 #[test]
 fn prefill_a_progress_mark_past_the_prompt() {
     let mut c = reserved();
-    let computation = c.prefill.computing.values_mut().next().unwrap();
+    let computation = c.prefills[0].node.computing.values_mut().next().unwrap();
     computation.computed_high = 1_000;
-    fires(c.prefill.check_invariants(), "passed 1000 positions of");
+    fires(c.prefills[0].node.check_invariants(), "passed 1000 positions of");
 }
 
 #[test]
 fn prefill_a_computation_without_its_request() {
     let mut c = reserved();
-    let (&id, _) = c.prefill.computing.first_key_value().unwrap();
-    c.prefill.sched.abort(id, c.now).unwrap();
+    let (&id, _) = c.prefills[0].node.computing.first_key_value().unwrap();
+    c.prefills[0].node.sched.abort(id, c.now).unwrap();
     // The scheduler's own events (Finished, PagesKept) are swallowed: the node never hears.
-    while c.prefill.sched.poll_event().is_some() {}
-    if let Some(pages) = c.prefill.sched.take_kept_pages(id) {
+    while c.prefills[0].node.sched.poll_event().is_some() {}
+    if let Some(pages) = c.prefills[0].node.sched.take_kept_pages(id) {
         for page in pages {
-            c.prefill.sched.pool_mut().release(page).unwrap();
+            c.prefills[0].node.sched.pool_mut().release(page).unwrap();
         }
     }
-    fires(c.prefill.check_invariants(), "has no request in the scheduler");
+    fires(c.prefills[0].node.check_invariants(), "has no request in the scheduler");
 }
 
 #[test]
 fn incremental_decode_a_pin_nobody_holds() {
     let mut c = decoding();
-    let page = c.decode.sched.pool_mut().allocate().unwrap();
-    c.decode.sched.pool_mut().pin(page, Time::MAX).unwrap();
-    c.decode.sched.pool_mut().release(page).unwrap();
-    fires(c.decode.check_invariants_incremental(), "the pool holds 1 pins, the transfers 0");
+    let page = c.decodes[0].node.sched.pool_mut().allocate().unwrap();
+    c.decodes[0].node.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.decodes[0].node.sched.pool_mut().release(page).unwrap();
+    fires(
+        c.decodes[0].node.check_invariants_incremental(),
+        "the pool holds 1 pins, the transfers 0",
+    );
 }
 
 #[test]
 fn incremental_decode_a_reference_nobody_holds() {
     // Reserved: the transfer holds references, which the count must include to pass, and does.
     let mut c = reserved();
-    assert!(c.decode.side().page_refs_count() > 0);
-    c.decode.check_invariants_incremental().unwrap();
-    c.decode.sched.pool_mut().allocate().unwrap();
+    assert!(c.decodes[0].node.side().page_refs_count() > 0);
+    c.decodes[0].node.check_invariants_incremental().unwrap();
+    c.decodes[0].node.sched.pool_mut().allocate().unwrap();
     fires(
-        c.decode.check_invariants_incremental(),
+        c.decodes[0].node.check_invariants_incremental(),
         "running and draining requests, kept pages and transfers hold",
     );
 }
@@ -182,26 +192,29 @@ fn incremental_decode_a_reference_nobody_holds() {
 #[test]
 fn incremental_decode_a_stream_outlives_its_request() {
     let mut c = decoding();
-    let (&id, _) = c.decode.streams.first_key_value().unwrap();
-    c.decode.sched.abort(id, c.now).unwrap();
-    while c.decode.sched.poll_event().is_some() {}
-    fires(c.decode.check_invariants_incremental(), "outlives its request");
+    let (&id, _) = c.decodes[0].node.streams.first_key_value().unwrap();
+    c.decodes[0].node.sched.abort(id, c.now).unwrap();
+    while c.decodes[0].node.sched.poll_event().is_some() {}
+    fires(c.decodes[0].node.check_invariants_incremental(), "outlives its request");
 }
 
 #[test]
 fn incremental_prefill_a_pin_nobody_holds() {
     let mut c = reserved();
-    c.step_prefill();
-    let page = c.prefill.sched.pool_mut().allocate().unwrap();
-    c.prefill.sched.pool_mut().pin(page, Time::MAX).unwrap();
-    c.prefill.sched.pool_mut().release(page).unwrap();
-    fires(c.prefill.check_invariants_incremental(), "the pool holds 1 pins, the transfers 0");
+    c.step_prefill(0);
+    let page = c.prefills[0].node.sched.pool_mut().allocate().unwrap();
+    c.prefills[0].node.sched.pool_mut().pin(page, Time::MAX).unwrap();
+    c.prefills[0].node.sched.pool_mut().release(page).unwrap();
+    fires(
+        c.prefills[0].node.check_invariants_incremental(),
+        "the pool holds 1 pins, the transfers 0",
+    );
 }
 
 #[test]
 fn incremental_prefill_a_computation_under_another_id() {
     let mut c = reserved();
-    let computation = c.prefill.computing.pop_first().unwrap().1;
-    c.prefill.computing.insert(RequestId(77), computation);
-    fires(c.prefill.check_invariants_incremental(), "filed under another id");
+    let computation = c.prefills[0].node.computing.pop_first().unwrap().1;
+    c.prefills[0].node.computing.insert(RequestId(77), computation);
+    fires(c.prefills[0].node.check_invariants_incremental(), "filed under another id");
 }

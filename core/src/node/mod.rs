@@ -74,4 +74,6 @@ fn new_request(key: TransferKey, request: &RequestSpec) -> NewRequest {
 #[cfg(test)]
 mod invariant_tests;
 #[cfg(test)]
+mod several_workers_tests;
+#[cfg(test)]
 mod tests;

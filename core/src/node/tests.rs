@@ -20,22 +20,22 @@ fn prompt(id: u64, len: u32, shared: u32) -> Vec<u32> {
         .collect()
 }
 
-fn spec(id: u64, len: u32, shared: u32, max_tokens: u32) -> RequestSpec {
+pub(super) fn spec(id: u64, len: u32, shared: u32, max_tokens: u32) -> RequestSpec {
     request_spec(RequestId(id), prompt(id, len, shared), max_tokens)
 }
 
-fn alone(config: &crate::sched::SchedConfig, spec: &RequestSpec) -> Vec<u32> {
+pub(super) fn alone(config: &crate::sched::SchedConfig, spec: &RequestSpec) -> Vec<u32> {
     run_alone(config, &request(spec.id.0, spec.prompt.clone(), spec.max_tokens))
 }
 
 fn quiet(c: &Cluster) {
-    for pool in [c.prefill.scheduler().pool(), c.decode.scheduler().pool()] {
+    for pool in [c.prefills[0].node.scheduler().pool(), c.decodes[0].node.scheduler().pool()] {
         assert_eq!(pool.held_count(), 0, "a page is held at quiescence: {pool:?}");
         assert_eq!(pool.pins_live_count(), 0, "a pin is live at quiescence");
     }
-    assert_eq!(c.prefill.side().transfers_live(), 0);
-    assert_eq!(c.decode.side().transfers_live(), 0);
-    assert_eq!(c.decode.scheduler().slots_held(), 0);
+    assert_eq!(c.prefills[0].node.side().transfers_live(), 0);
+    assert_eq!(c.decodes[0].node.side().transfers_live(), 0);
+    assert_eq!(c.decodes[0].node.scheduler().slots_held(), 0);
 }
 
 #[test]
@@ -70,11 +70,11 @@ fn cached_pages_on_the_decode_side_are_shared_not_rewritten() {
     let first = spec(1, 13, 12, 3);
     c.submit(first.clone()).unwrap();
     c.run_until_done(5_000);
-    assert!(c.decode.scheduler().pool().cached_count() >= 2);
+    assert!(c.decodes[0].node.scheduler().pool().cached_count() >= 2);
     let again = RequestSpec { id: RequestId(2), ..first.clone() };
     c.submit(again.clone()).unwrap();
     c.run_until_done(5_000);
-    let (_, hits) = c.decode.scheduler().prefix_cache_tokens();
+    let (_, hits) = c.decodes[0].node.scheduler().prefix_cache_tokens();
     assert_eq!(c.outputs[&again.id], alone(&sched, &again));
     assert_eq!(c.outputs[&again.id], c.outputs[&first.id]);
     let _ = hits;
@@ -122,7 +122,11 @@ fn a_client_abort_after_the_hand_over_reaches_the_decode_worker() {
     while !c.network.is_empty() {
         c.deliver(0);
     }
-    assert_eq!(c.decode.scheduler().requests_held(), 0, "the decode worker still decodes it");
+    assert_eq!(
+        c.decodes[0].node.scheduler().requests_held(),
+        0,
+        "the decode worker still decodes it"
+    );
     c.advance(Duration::from_millis(1));
     quiet(&c);
 }
@@ -140,7 +144,7 @@ fn a_late_write_is_dropped_and_the_request_fails_closed() {
         while !c.network.is_empty() {
             c.deliver(0);
         }
-        c.step_prefill();
+        c.step_prefill(0);
         if !c.writes.is_empty() {
             break;
         }
@@ -155,10 +159,10 @@ fn a_late_write_is_dropped_and_the_request_fails_closed() {
             c.deliver(0);
         }
         c.now = c.now.saturating_add(Duration::from_millis(1));
-        c.decode.handle_timeout(c.now);
+        c.decodes[0].node.handle_timeout(c.now);
         c.check_invariants();
     }
-    assert_eq!(c.decode.side().transfers_live(), 0, "the lease did not end");
+    assert_eq!(c.decodes[0].node.side().transfers_live(), 0, "the lease did not end");
     for w in held {
         c.writes.push_back(w);
     }
@@ -206,12 +210,16 @@ fn recomputing_after_a_preemption_is_no_progress() {
             }
             c.deliver(0);
         }
-        steps += u32::from(c.step_prefill());
-        c.step_decode();
+        steps += u32::from(c.step_prefill(0));
+        c.step_decode(0);
         c.advance(Duration::from_millis(1));
     }
     assert!(steps >= 390, "the second prompt stopped thrashing: {steps} steps");
-    assert_eq!(c.prefill.side().transfers_live(), 2, "a transfer ended before its deadline");
+    assert_eq!(
+        c.prefills[0].node.side().transfers_live(),
+        2,
+        "a transfer ended before its deadline"
+    );
     for (key, progress) in &reported {
         assert!(progress.len() >= 40, "{key:?} sent {} heartbeats", progress.len());
         assert!(
@@ -220,7 +228,11 @@ fn recomputing_after_a_preemption_is_no_progress() {
         );
     }
     c.advance(Duration::from_millis(2));
-    assert_eq!(c.prefill.side().transfers_live(), 0, "a thrashing transfer outlived its deadline");
+    assert_eq!(
+        c.prefills[0].node.side().transfers_live(),
+        0,
+        "a thrashing transfer outlived its deadline"
+    );
     c.run_until_done(5_000);
     for s in &specs {
         assert_eq!(c.ends[&s.id], End::Finished(FinishReason::Length), "{}", s.id);
@@ -252,7 +264,7 @@ fn a_scored_prompt_preempted_on_the_prefill_side_passes_each_score_once() {
         c.submit(s.clone()).unwrap();
     }
     c.run_until_done(5_000);
-    let preemptions = c.prefill.scheduler().preemptions_total();
+    let preemptions = c.prefills[0].node.scheduler().preemptions_total();
     assert!(preemptions > 0, "the scenario needs the prefill node to preempt");
     let scored = RequestId(4);
     let alone = crate::testing::run_alone_with_logprobs(
@@ -276,16 +288,28 @@ fn a_lost_router_stops_what_it_followed_and_a_lost_prefill_worker_does_not() {
         c.submit(s.clone()).unwrap();
     }
     for _ in 0..100 {
-        if c.decode.scheduler().running_count() == 2 {
+        if c.decodes[0].node.scheduler().running_count() == 2 {
             break;
         }
         c.tick();
     }
-    assert_eq!(c.decode.scheduler().running_count(), 2, "both requests are meant to decode");
-    c.decode.handle_peer_down(PREFILL.worker, c.now);
-    assert_eq!(c.decode.scheduler().running_count(), 2, "a lost prefill link stopped decoding");
-    c.decode.handle_peer_down(ROUTER.worker, c.now);
-    assert_eq!(c.decode.scheduler().requests_held(), 0, "decoding for a lost router went on");
+    assert_eq!(
+        c.decodes[0].node.scheduler().running_count(),
+        2,
+        "both requests are meant to decode"
+    );
+    c.decodes[0].node.handle_peer_down(PREFILL.worker, c.now);
+    assert_eq!(
+        c.decodes[0].node.scheduler().running_count(),
+        2,
+        "a lost prefill link stopped decoding"
+    );
+    c.decodes[0].node.handle_peer_down(ROUTER.worker, c.now);
+    assert_eq!(
+        c.decodes[0].node.scheduler().requests_held(),
+        0,
+        "decoding for a lost router went on"
+    );
     c.run_until_done(5_000);
     for s in &specs {
         // Ended early, either way the router heard of it, with what it had passed on.
@@ -322,9 +346,9 @@ fn a_prompt_computed_past_the_transfer_deadline_completes_while_it_progresses() 
             }
         }
         if tick % 25 == 0 {
-            c.step_prefill();
+            c.step_prefill(0);
         }
-        c.step_decode();
+        c.step_decode(0);
         c.advance(Duration::from_millis(1));
     }
     assert_eq!(c.ends.get(&s.id), Some(&End::Finished(FinishReason::Length)));
@@ -343,17 +367,33 @@ fn a_lost_decode_link_ends_the_transfers_to_it_at_once() {
     c.submit(spec(1, 20, 0, 4)).unwrap();
     // The messages that start its transfer, no step yet: the prompt is still to compute.
     for _ in 0..20 {
-        if c.prefill.side().transfers_live() == 1 || c.network.is_empty() {
+        if c.prefills[0].node.side().transfers_live() == 1 || c.network.is_empty() {
             break;
         }
         c.deliver(0);
     }
-    assert_eq!(c.prefill.side().transfers_live(), 1, "the transfer is meant to have started");
-    assert_eq!(c.prefill.scheduler().requests_held(), 1, "its prompt is meant to be computing");
-    c.prefill.handle_peer_down(DECODE.worker, c.now);
-    assert_eq!(c.prefill.side().transfers_live(), 0, "a transfer to a lost worker went on");
+    assert_eq!(
+        c.prefills[0].node.side().transfers_live(),
+        1,
+        "the transfer is meant to have started"
+    );
+    assert_eq!(
+        c.prefills[0].node.scheduler().requests_held(),
+        1,
+        "its prompt is meant to be computing"
+    );
+    c.prefills[0].node.handle_peer_down(DECODE.worker, c.now);
+    assert_eq!(
+        c.prefills[0].node.side().transfers_live(),
+        0,
+        "a transfer to a lost worker went on"
+    );
     // And its computation with it: nobody waits for that KV any more.
-    assert_eq!(c.prefill.scheduler().requests_held(), 0, "a cancelled prompt is still computed");
+    assert_eq!(
+        c.prefills[0].node.scheduler().requests_held(),
+        0,
+        "a cancelled prompt is still computed"
+    );
     c.run_until_done(5_000);
     quiet(&c);
 }

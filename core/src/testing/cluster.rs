@@ -1,8 +1,9 @@
-//! A router, a prefill node and a decode node in memory, each with a provenance model, a network
-//! that tests and fuzz targets may reorder, drop and delay, and a data plane whose one-sided
-//! writes land when the caller says (at most a write flight after they were issued), checked
-//! against the decode side's lease as the real data plane checks them. Invariants of every
-//! machine are checked after every action; outputs the router passes on are recorded per request.
+//! A router with one or more prefill and decode nodes in memory, each node with a provenance model,
+//! a network that tests and fuzz targets may reorder, drop and delay, and a data plane whose
+//! one-sided writes land when the caller says (at most a write flight after they were issued),
+//! checked against the decode side's lease as the real data plane checks them. Workers may
+//! restart, as a new incarnation with nothing of the old one's state. Invariants of every machine
+//! are checked after every action; outputs the router passes on are recorded per request.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -20,8 +21,21 @@ use crate::wire::{
 use super::VOCAB_SIZE;
 
 pub const ROUTER: Endpoint = Endpoint { worker: WorkerId(0), incarnation: Incarnation(1) };
-pub const PREFILL: Endpoint = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
-pub const DECODE: Endpoint = Endpoint { worker: WorkerId(2), incarnation: Incarnation(1) };
+/// The first prefill and decode workers' first lives (every cluster has them).
+pub const PREFILL: Endpoint = prefill_endpoint(0);
+pub const DECODE: Endpoint = decode_endpoint(0);
+
+/// Prefill worker `i`'s first life. Prefill workers have the odd ids and decode workers the even
+/// ones, so the first of each keeps its id however many workers a cluster has, and the router,
+/// which pairs workers in id order, sees the roles interleaved.
+pub const fn prefill_endpoint(i: u32) -> Endpoint {
+    Endpoint { worker: WorkerId(1 + 2 * i), incarnation: Incarnation(1) }
+}
+
+/// Decode worker `i`'s first life (see `prefill_endpoint`).
+pub const fn decode_endpoint(i: u32) -> Endpoint {
+    Endpoint { worker: WorkerId(2 + 2 * i), incarnation: Incarnation(1) }
+}
 
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -30,10 +44,14 @@ pub struct ClusterConfig {
     pub prefill: PrefillConfig,
     pub decode: DecodeConfig,
     pub router: RouterConfig,
+    /// How many workers of each role: at least one.
+    pub prefill_workers: u32,
+    pub decode_workers: u32,
 }
 
 impl ClusterConfig {
-    /// Lease 40 ms, write flight 10 ms, transfer deadline 400 ms, both schedulers as given.
+    /// One prefill and one decode worker; lease 40 ms, write flight 10 ms, transfer deadline
+    /// 400 ms, both schedulers as given.
     pub fn new(sched: SchedConfig) -> ClusterConfig {
         ClusterConfig {
             prefill_sched: sched.clone(),
@@ -62,6 +80,8 @@ impl ClusterConfig {
                 queue_wait_max: Duration::from_millis(5_000),
                 busy_backoff: Duration::from_millis(2),
             },
+            prefill_workers: 1,
+            decode_workers: 1,
         }
     }
 }
@@ -69,6 +89,10 @@ impl ClusterConfig {
 /// A one-sided write on its way.
 #[derive(Clone, Debug)]
 pub struct FlyingWrite {
+    /// The prefill worker's life that issued it: it hears the outcome, if it still lives.
+    pub from: Endpoint,
+    /// The decode worker's life it is aimed at: a restarted one has none of its pages.
+    pub to: Endpoint,
     pub key: TransferKey,
     pub ordinal: u32,
     pub page: PageSlot,
@@ -78,7 +102,7 @@ pub struct FlyingWrite {
 }
 
 /// One action of a fault schedule: what a proptest strategy or a fuzz input drives the cluster
-/// with. Indices pick among what is in flight, modulo its length.
+/// with. Indices pick among what is in flight, or among the workers, modulo its length.
 #[derive(Clone, Debug)]
 pub enum ClusterOp {
     /// A request with a prompt of `len` tokens, the first `shared` common to all requests.
@@ -92,21 +116,32 @@ pub enum ClusterOp {
     Duplicate(u8),
     Land(u8),
     FailWrite(u8),
-    StepPrefill,
-    StepDecode,
-    /// A step that ran and whose outputs were lost: the node fails it (0: prefill, 1: decode).
+    /// A step on the `i`th prefill (decode) worker.
+    StepPrefill(u8),
+    StepDecode(u8),
+    /// A step that ran and whose outputs were lost: the node fails it (even: a prefill worker,
+    /// odd: a decode worker; the rest picks which).
     FailStep(u8),
     /// Moves the clock without firing any timer: a driver running late.
     Advance(u8),
     Abort(u8),
     /// Fires one machine's due timers, in whatever order the schedule says.
     RouterTimers,
-    PrefillTimers,
-    DecodeTimers,
-    /// A link breaks and comes back at once (0: router–prefill, 1: router–decode, 2: prefill–
-    /// decode): what was on its way over it is lost, and both ends hear that it went down.
-    /// Writes already issued still land or fail within their flight.
+    PrefillTimers(u8),
+    DecodeTimers(u8),
+    /// A link breaks and comes back at once (among router–prefill, router–decode and prefill–
+    /// decode links, in that order): what was on its way over it is lost, and both ends hear
+    /// that it went down. Writes already issued still land or fail within their flight.
     LinkDown(u8),
+    /// A worker's process dies and starts again as its next incarnation, with nothing of the
+    /// old one's state (among the prefill workers, then the decode workers). What was on its
+    /// way to or from it over its links is lost; writes already issued still land or fail
+    /// within their flight, and the outcome of one it issued reaches nobody. Its peers hear its
+    /// links go down, then the router hears the new life come up. The second lap picks the same
+    /// workers with every link-down event lost (the transport drops events its owner is too
+    /// slow to take): the router learns of the new life only when it comes up, and the workers
+    /// only from its messages.
+    Restart(u8),
 }
 
 /// How a request ended at the router.
@@ -116,48 +151,103 @@ pub enum End {
     Failed(AbortReason),
 }
 
+/// A prefill or decode worker of the cluster.
+#[derive(Debug)]
+pub struct Worker<N> {
+    /// Its current life: a restart moves it to the next incarnation.
+    pub me: Endpoint,
+    pub node: N,
+    /// What its steps run on and the writes land in: a restart starts a fresh one, as a new
+    /// process starts with fresh device memory.
+    pub model: ProvenanceModel,
+    /// Requests this life started on its model: a prefill worker's prompts, a decode worker's
+    /// streams.
+    pub started: u64,
+}
+
+/// Which machine a worker id names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Router,
+    Prefill(usize),
+    Decode(usize),
+}
+
 #[derive(Debug)]
 pub struct Cluster {
     pub now: Time,
     pub router: Router,
-    pub prefill: PrefillNode,
-    pub prefill_model: ProvenanceModel,
-    pub decode: DecodeNode,
-    pub decode_model: ProvenanceModel,
+    /// In worker-id order.
+    pub prefills: Vec<Worker<PrefillNode>>,
+    pub decodes: Vec<Worker<DecodeNode>>,
     pub network: VecDeque<Envelope>,
     pub writes: VecDeque<FlyingWrite>,
-    write_flight: Duration,
+    config: ClusterConfig,
     /// What the router passed on, per request, and how it ended.
     pub outputs: BTreeMap<RequestId, Vec<u32>>,
     /// The log-probabilities the router passed on with them, and its prompt's.
     pub logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
     pub prompt_logprobs: BTreeMap<RequestId, Vec<TokenLogprobs>>,
     pub ends: BTreeMap<RequestId, End>,
+    /// The transfer each request's stream came from last, and the decode worker it went to, as
+    /// the router said.
+    pub decoding: BTreeMap<RequestId, (TransferKey, Endpoint)>,
     specs: BTreeMap<RequestId, RequestSpec>,
+    /// Writes dropped on arrival: their pages were let go of, or their target's life ended.
     pub writes_late: u64,
+    pub restarts: u64,
+}
+
+fn new_model(sched: &SchedConfig) -> ProvenanceModel {
+    ProvenanceModel::new(sched.pool, sched.running_max, VOCAB_SIZE)
+}
+
+fn prefill_worker(me: Endpoint, config: &ClusterConfig) -> Worker<PrefillNode> {
+    let node = PrefillNode::new(me, config.prefill_sched.clone(), config.prefill.clone())
+        .expect("valid prefill config");
+    Worker { me, node, model: new_model(&config.prefill_sched), started: 0 }
+}
+
+fn decode_worker(me: Endpoint, config: &ClusterConfig) -> Worker<DecodeNode> {
+    let node = DecodeNode::new(me, config.decode_sched.clone(), config.decode.clone())
+        .expect("valid decode config");
+    Worker { me, node, model: new_model(&config.decode_sched), started: 0 }
 }
 
 impl Cluster {
     pub fn new(config: ClusterConfig) -> Cluster {
-        let model = |c: &SchedConfig| ProvenanceModel::new(c.pool, c.running_max, VOCAB_SIZE);
+        assert!(
+            config.prefill_workers >= 1 && config.decode_workers >= 1,
+            "a cluster needs a worker of each role"
+        );
+        let prefills: Vec<_> = (0..config.prefill_workers)
+            .map(|i| prefill_worker(prefill_endpoint(i), &config))
+            .collect();
+        let decodes: Vec<_> = (0..config.decode_workers)
+            .map(|i| decode_worker(decode_endpoint(i), &config))
+            .collect();
+        let router = Router::new(
+            ROUTER,
+            config.router.clone(),
+            prefills.iter().map(|w| w.me).collect(),
+            decodes.iter().map(|w| w.me).collect(),
+        );
         Cluster {
             now: Time::ZERO,
-            router: Router::new(ROUTER, config.router, vec![PREFILL], vec![DECODE]),
-            prefill_model: model(&config.prefill_sched),
-            decode_model: model(&config.decode_sched),
-            prefill: PrefillNode::new(PREFILL, config.prefill_sched, config.prefill.clone())
-                .expect("valid prefill config"),
-            decode: DecodeNode::new(DECODE, config.decode_sched, config.decode)
-                .expect("valid decode config"),
+            router,
+            prefills,
+            decodes,
             network: VecDeque::new(),
             writes: VecDeque::new(),
-            write_flight: config.prefill.write_flight_max,
+            config,
             outputs: BTreeMap::new(),
             logprobs: BTreeMap::new(),
             prompt_logprobs: BTreeMap::new(),
             ends: BTreeMap::new(),
+            decoding: BTreeMap::new(),
             specs: BTreeMap::new(),
             writes_late: 0,
+            restarts: 0,
         }
     }
 
@@ -178,13 +268,30 @@ impl Cluster {
         ok
     }
 
+    /// Which machine `worker` is, if it is one of this cluster's.
+    fn place(&self, worker: WorkerId) -> Option<Place> {
+        let id = usize::try_from(worker.0).ok()?;
+        let place = match id {
+            0 => Place::Router,
+            _ if id % 2 == 1 => Place::Prefill(id / 2),
+            _ => Place::Decode(id / 2 - 1),
+        };
+        match place {
+            Place::Prefill(i) if i >= self.prefills.len() => None,
+            Place::Decode(i) if i >= self.decodes.len() => None,
+            _ => Some(place),
+        }
+    }
+
     /// Delivers the `i`th message on the network (0 is the oldest).
     pub fn deliver(&mut self, i: usize) {
         let Some(envelope) = self.network.remove(i) else { return };
-        match envelope.to.worker {
-            w if w == ROUTER.worker => self.router.handle_envelope(envelope, self.now),
-            w if w == PREFILL.worker => self.prefill.handle_envelope(envelope, self.now),
-            _ => self.decode.handle_envelope(envelope, self.now),
+        let now = self.now;
+        match self.place(envelope.to.worker) {
+            Some(Place::Router) => self.router.handle_envelope(envelope, now),
+            Some(Place::Prefill(p)) => self.prefills[p].node.handle_envelope(envelope, now),
+            Some(Place::Decode(d)) => self.decodes[d].node.handle_envelope(envelope, now),
+            None => panic!("a message to a worker the cluster does not have: {envelope:?}"),
         }
         self.after_input();
     }
@@ -194,87 +301,120 @@ impl Cluster {
     }
 
     /// Lands (or, with `fail`, loses) the `i`th write in flight. A write whose pages the decode
-    /// side let go of is dropped on arrival and counted, as a revoked memory key drops an RDMA
-    /// write; either way the prefill side hears the outcome.
+    /// side let go of, or whose target's life ended, is dropped on arrival and counted, as a
+    /// revoked memory key drops an RDMA write; either way the issuing prefill worker hears the
+    /// outcome, if that life still lives.
     pub fn land_write(&mut self, i: usize, fail: bool) {
         let Some(w) = self.writes.remove(i) else { return };
-        let landed = !fail && self.decode.write_allowed(w.key, w.page);
-        if landed {
+        let target = match self.place(w.to.worker) {
+            Some(Place::Decode(d)) if self.decodes[d].me == w.to => Some(d),
+            _ => None,
+        };
+        let landed =
+            !fail && target.is_some_and(|d| self.decodes[d].node.write_allowed(w.key, w.page));
+        if let (true, Some(d)) = (landed, target) {
             self.release_freed();
-            self.decode_model.write_page(w.page.index, &w.data).expect("a page-sized write");
+            self.decodes[d].model.write_page(w.page.index, &w.data).expect("a page-sized write");
         } else if !fail {
             self.writes_late += 1;
         }
-        self.prefill.handle_write_completion(w.key, w.ordinal, landed, self.now);
+        if let Some(Place::Prefill(p)) = self.place(w.from.worker)
+            && self.prefills[p].me == w.from
+        {
+            self.prefills[p].node.handle_write_completion(w.key, w.ordinal, landed, self.now);
+        }
         self.after_input();
     }
 
-    /// Plans, executes and applies one prefill step; false if none could be planned.
-    pub fn step_prefill(&mut self) -> bool {
-        let Some(plan) = self.prefill.plan_step(self.now) else { return false };
+    /// Plans, executes and applies one step on prefill worker `p`; false if none could be
+    /// planned.
+    pub fn step_prefill(&mut self, p: usize) -> bool {
+        let now = self.now;
+        let Some(plan) = self.prefills[p].node.plan_step(now) else { return false };
         self.release_freed();
-        let outputs = self.prefill_model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
-        self.prefill.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
+        let worker = &mut self.prefills[p];
+        let outputs = worker.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+        worker.node.apply_outputs(&outputs, now).unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
         true
     }
 
-    /// Plans and executes one step on a node (`decode`, else the prefill node) whose outputs
-    /// are then lost, as an executor failing after it ran (a device error, a lost readback):
-    /// the node fails the step, and every request in it ends. False if none could be planned.
-    pub fn fail_step(&mut self, decode: bool) -> bool {
-        let plan =
-            if decode { self.decode.plan_step(self.now) } else { self.prefill.plan_step(self.now) };
+    pub fn step_decode(&mut self, d: usize) -> bool {
+        let now = self.now;
+        let Some(plan) = self.decodes[d].node.plan_step(now) else { return false };
+        self.release_freed();
+        let worker = &mut self.decodes[d];
+        let outputs = worker.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+        worker.node.apply_outputs(&outputs, now).unwrap_or_else(|e| panic!("{e}"));
+        self.after_input();
+        true
+    }
+
+    /// Plans and executes one step on worker `i` of a role (`decode`, else prefill) whose
+    /// outputs are then lost, as an executor failing after it ran (a device error, a lost
+    /// readback): the node fails the step, and every request in it ends. False if none could be
+    /// planned.
+    pub fn fail_step(&mut self, decode: bool, i: usize) -> bool {
+        let now = self.now;
+        let plan = if decode {
+            self.decodes[i].node.plan_step(now)
+        } else {
+            self.prefills[i].node.plan_step(now)
+        };
         let Some(plan) = plan else { return false };
         self.release_freed();
-        let model = if decode { &mut self.decode_model } else { &mut self.prefill_model };
-        model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
         let failed = if decode {
-            self.decode.fail_step(plan.step, self.now)
+            let worker = &mut self.decodes[i];
+            worker.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+            worker.node.fail_step(plan.step, now)
         } else {
-            self.prefill.fail_step(plan.step, self.now)
+            let worker = &mut self.prefills[i];
+            worker.model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
+            worker.node.fail_step(plan.step, now)
         };
         failed.unwrap_or_else(|e| panic!("{e}"));
         self.after_input();
         true
     }
 
-    pub fn step_decode(&mut self) -> bool {
-        let Some(plan) = self.decode.plan_step(self.now) else { return false };
-        self.release_freed();
-        let outputs = self.decode_model.execute(&plan).unwrap_or_else(|e| panic!("{e}"));
-        self.decode.apply_outputs(&outputs, self.now).unwrap_or_else(|e| panic!("{e}"));
-        self.after_input();
-        true
-    }
-
-    /// Moves the clock and fires every machine's due timers, in the fixed order router, prefill,
-    /// decode. Writes past their flight bound fail first: the transport guarantees the bound.
-    /// A machine's timers fire only once its `next_timeout` says they are due, as the server's
-    /// loops sleep until then: a timer that `next_timeout` forgets wedges here as it would there.
-    /// (The schedules' `*Timers` actions fire them at any time, which must be harmless.)
+    /// Moves the clock and fires every machine's due timers, in the fixed order router, prefill
+    /// workers, decode workers. Writes past their flight bound fail first: the transport
+    /// guarantees the bound. A machine's timers fire only once its `next_timeout` says they are
+    /// due, as the server's loops sleep until then: a timer that `next_timeout` forgets wedges
+    /// here as it would there. (The schedules' `*Timers` actions fire them at any time, which
+    /// must be harmless.)
     pub fn advance(&mut self, by: Duration) {
         self.now = self.now.saturating_add(by);
-        while let Some(i) = self.writes.iter().position(|w| w.land_by <= self.now) {
-            self.land_write(i, true);
-        }
-        let due = |next: Option<Time>, now: Time| next.is_some_and(|t| t <= now);
+        self.fail_overdue_writes();
+        let now = self.now;
+        let due = |next: Option<Time>| next.is_some_and(|t| t <= now);
         // Once fired, nothing is due at the same instant: a driver would spin on it.
         let spin = "handled its timers and is due again at once";
-        if due(self.router.next_timeout(), self.now) {
-            self.router.handle_timeout(self.now);
+        if due(self.router.next_timeout()) {
+            self.router.handle_timeout(now);
             self.after_input();
-            assert!(!due(self.router.next_timeout(), self.now), "the router {spin}");
+            assert!(!due(self.router.next_timeout()), "the router {spin}");
         }
-        if due(self.prefill.next_timeout(), self.now) {
-            self.prefill.handle_timeout(self.now);
-            self.after_input();
-            assert!(!due(self.prefill.next_timeout(), self.now), "the prefill node {spin}");
+        for p in 0..self.prefills.len() {
+            if due(self.prefills[p].node.next_timeout()) {
+                self.prefills[p].node.handle_timeout(now);
+                self.after_input();
+                assert!(!due(self.prefills[p].node.next_timeout()), "prefill node {p} {spin}");
+            }
         }
-        if due(self.decode.next_timeout(), self.now) {
-            self.decode.handle_timeout(self.now);
-            self.after_input();
-            assert!(!due(self.decode.next_timeout(), self.now), "the decode node {spin}");
+        for d in 0..self.decodes.len() {
+            if due(self.decodes[d].node.next_timeout()) {
+                self.decodes[d].node.handle_timeout(now);
+                self.after_input();
+                assert!(!due(self.decodes[d].node.next_timeout()), "decode node {d} {spin}");
+            }
+        }
+    }
+
+    /// The transport's bound: a write lands or fails within its flight.
+    fn fail_overdue_writes(&mut self) {
+        while let Some(i) = self.writes.iter().position(|w| w.land_by <= self.now) {
+            self.land_write(i, true);
         }
     }
 
@@ -289,8 +429,12 @@ impl Cluster {
                 self.land_write(0, false);
             }
         }
-        self.step_prefill();
-        self.step_decode();
+        for p in 0..self.prefills.len() {
+            self.step_prefill(p);
+        }
+        for d in 0..self.decodes.len() {
+            self.step_decode(d);
+        }
         self.advance(Duration::from_millis(1));
     }
 
@@ -299,14 +443,16 @@ impl Cluster {
         self.ends.len() == self.outputs.len()
             && self.network.is_empty()
             && self.writes.is_empty()
-            && self.prefill.side().transfers_live() == 0
-            && self.decode.side().transfers_live() == 0
-            && self.prefill.scheduler().requests_held() == 0
-            && self.decode.scheduler().requests_held() == 0
+            && self.prefills.iter().all(|w| {
+                w.node.side().transfers_live() == 0 && w.node.scheduler().requests_held() == 0
+            })
+            && self.decodes.iter().all(|w| {
+                w.node.side().transfers_live() == 0 && w.node.scheduler().requests_held() == 0
+            })
     }
 
-    /// Every message delivered and write landed in order, both nodes stepped, and the clock moved
-    /// 1 ms, until every submitted request ended and the cluster is quiet; panics after
+    /// Every message delivered and write landed in order, every node stepped, and the clock
+    /// moved 1 ms, until every submitted request ended and the cluster is quiet; panics after
     /// `ticks_max` ticks: a wedge.
     pub fn run_until_done(&mut self, ticks_max: u32) {
         for _ in 0..ticks_max {
@@ -322,9 +468,94 @@ impl Cluster {
         );
     }
 
+    /// Every link in the cluster, by its two ends: router–prefill, router–decode, then
+    /// prefill–decode.
+    fn links(&self) -> Vec<(Endpoint, Endpoint)> {
+        let router = ROUTER;
+        let prefills = self.prefills.iter().map(|w| w.me);
+        let decodes = self.decodes.iter().map(|w| w.me);
+        prefills
+            .clone()
+            .chain(decodes.clone())
+            .map(|w| (router, w))
+            .chain(prefills.flat_map(|p| decodes.clone().map(move |d| (p, d))))
+            .collect()
+    }
+
+    /// The link between `a` and `b` breaks and comes back at once: what was on its way over it
+    /// is lost, and both ends hear that it went down (the router, that the worker came back).
+    pub fn link_down(&mut self, a: Endpoint, b: Endpoint) {
+        self.network.retain(|e| {
+            !((e.from.worker == a.worker && e.to.worker == b.worker)
+                || (e.from.worker == b.worker && e.to.worker == a.worker))
+        });
+        for (end, other) in [(a, b), (b, a)] {
+            self.hear_down(end, other);
+            if self.place(end.worker) == Some(Place::Router) {
+                self.hear_up(other);
+            }
+        }
+    }
+
+    /// `end` hears that its link to `other` went down.
+    fn hear_down(&mut self, end: Endpoint, other: Endpoint) {
+        let now = self.now;
+        match self.place(end.worker) {
+            Some(Place::Router) => self.router.handle_worker_down(other.worker, now),
+            Some(Place::Prefill(p)) => self.prefills[p].node.handle_peer_down(other.worker, now),
+            Some(Place::Decode(d)) => self.decodes[d].node.handle_peer_down(other.worker, now),
+            None => {}
+        }
+        self.after_input();
+    }
+
+    /// The router hears a link to `worker` come up.
+    fn hear_up(&mut self, worker: Endpoint) {
+        let role = match self.place(worker.worker) {
+            Some(Place::Prefill(_)) => Role::Prefill,
+            Some(Place::Decode(_)) => Role::Decode,
+            _ => return,
+        };
+        self.router.handle_worker_up(worker, role, self.now);
+        self.after_input();
+    }
+
+    /// Worker `worker` dies and starts again as its next incarnation (see `ClusterOp::Restart`);
+    /// with `events_lost`, no peer hears its links go down.
+    pub fn restart(&mut self, worker: WorkerId, events_lost: bool) {
+        let place = self.place(worker).expect("a worker of the cluster");
+        let old = match place {
+            Place::Prefill(p) => self.prefills[p].me,
+            Place::Decode(d) => self.decodes[d].me,
+            Place::Router => panic!("the cluster does not restart its router"),
+        };
+        let new = Endpoint { worker, incarnation: Incarnation(old.incarnation.0 + 1) };
+        self.network.retain(|e| e.from != old && e.to != old);
+        match place {
+            Place::Prefill(p) => self.prefills[p] = prefill_worker(new, &self.config),
+            Place::Decode(d) => self.decodes[d] = decode_worker(new, &self.config),
+            Place::Router => unreachable!("refused above"),
+        }
+        self.restarts += 1;
+        // The dead life's requests and pages went with its process: nothing to hand back.
+        self.after_input();
+        if !events_lost {
+            self.hear_down(ROUTER, old);
+            let peers: Vec<Endpoint> = match place {
+                Place::Prefill(_) => self.decodes.iter().map(|w| w.me).collect(),
+                _ => self.prefills.iter().map(|w| w.me).collect(),
+            };
+            for peer in peers {
+                self.hear_down(peer, old);
+            }
+        }
+        self.hear_up(new);
+    }
+
     /// Applies one action of a fault schedule.
     pub fn apply(&mut self, op: &ClusterOp) {
         let pick = |len: usize, i: u8| (len > 0).then(|| usize::from(i) % len);
+        let (prefills, decodes) = (self.prefills.len(), self.decodes.len());
         match *op {
             ClusterOp::Submit { len, shared, max_tokens } => {
                 let id = self.outputs.len() as u64 + 1;
@@ -363,21 +594,19 @@ impl Cluster {
                     self.land_write(i, true)
                 }
             }
-            ClusterOp::StepPrefill => {
-                self.step_prefill();
+            ClusterOp::StepPrefill(i) => {
+                self.step_prefill(usize::from(i) % prefills);
             }
-            ClusterOp::StepDecode => {
-                self.step_decode();
+            ClusterOp::StepDecode(i) => {
+                self.step_decode(usize::from(i) % decodes);
             }
             ClusterOp::FailStep(which) => {
-                self.fail_step(which % 2 == 1);
+                let (decode, i) = (which % 2 == 1, usize::from(which / 2));
+                self.fail_step(decode, i % if decode { decodes } else { prefills });
             }
             ClusterOp::Advance(ms) => {
                 self.now = self.now.saturating_add(Duration::from_millis(u64::from(ms % 50)));
-                // The transport's bound: a write lands or fails within its flight.
-                while let Some(i) = self.writes.iter().position(|w| w.land_by <= self.now) {
-                    self.land_write(i, true);
-                }
+                self.fail_overdue_writes();
             }
             ClusterOp::Abort(i) => {
                 let live: Vec<RequestId> =
@@ -390,35 +619,25 @@ impl Cluster {
                 self.router.handle_timeout(self.now);
                 self.after_input();
             }
-            ClusterOp::PrefillTimers => {
-                self.prefill.handle_timeout(self.now);
+            ClusterOp::PrefillTimers(i) => {
+                self.prefills[usize::from(i) % prefills].node.handle_timeout(self.now);
                 self.after_input();
             }
-            ClusterOp::DecodeTimers => {
-                self.decode.handle_timeout(self.now);
+            ClusterOp::DecodeTimers(i) => {
+                self.decodes[usize::from(i) % decodes].node.handle_timeout(self.now);
                 self.after_input();
             }
             ClusterOp::LinkDown(which) => {
-                let (a, b) = [(ROUTER, PREFILL), (ROUTER, DECODE), (PREFILL, DECODE)]
-                    [usize::from(which % 3)];
-                self.network.retain(|e| {
-                    !((e.from.worker == a.worker && e.to.worker == b.worker)
-                        || (e.from.worker == b.worker && e.to.worker == a.worker))
-                });
-                for (end, other) in [(a, b), (b, a)] {
-                    match end.worker {
-                        w if w == ROUTER.worker => {
-                            self.router.handle_worker_down(other.worker, self.now);
-                            let role = if other == PREFILL { Role::Prefill } else { Role::Decode };
-                            self.router.handle_worker_up(other, role, self.now);
-                        }
-                        w if w == PREFILL.worker => {
-                            self.prefill.handle_peer_down(other.worker, self.now)
-                        }
-                        _ => self.decode.handle_peer_down(other.worker, self.now),
-                    }
-                    self.after_input();
-                }
+                let links = self.links();
+                let (a, b) = links[usize::from(which) % links.len()];
+                self.link_down(a, b);
+            }
+            ClusterOp::Restart(which) => {
+                let workers = prefills + decodes;
+                let (i, lap) = (usize::from(which) % workers, usize::from(which) / workers);
+                let worker =
+                    if i < prefills { self.prefills[i].me } else { self.decodes[i - prefills].me };
+                self.restart(worker.worker, lap % 2 == 1);
             }
         }
     }
@@ -467,26 +686,28 @@ impl Cluster {
                 None => panic!("{id} never ended"),
             }
         }
-        for (name, pool) in [
-            ("prefill", self.prefill.scheduler().pool()),
-            ("decode", self.decode.scheduler().pool()),
-        ] {
-            assert_eq!(pool.held_count(), 0, "{name}: a page is held at quiescence: {pool:?}");
-            assert_eq!(pool.pins_live_count(), 0, "{name}: a pin is live at quiescence");
+        for (role, sched) in self
+            .prefills
+            .iter()
+            .map(|w| ("prefill", w.node.scheduler()))
+            .chain(self.decodes.iter().map(|w| ("decode", w.node.scheduler())))
+        {
+            let pool = sched.pool();
+            assert_eq!(pool.held_count(), 0, "{role}: a page is held at quiescence: {pool:?}");
+            assert_eq!(pool.pins_live_count(), 0, "{role}: a pin is live at quiescence");
             assert_eq!(
                 pool.freed_untaken_count(),
                 0,
-                "{name}: a freed page never went to its model to be poisoned"
+                "{role}: a freed page never went to its model to be poisoned"
             );
+            assert_eq!(sched.requests_held(), 0, "a {role} worker holds a request");
         }
-        assert_eq!(self.prefill.side().transfers_live(), 0, "a prefill transfer is live");
-        assert_eq!(self.decode.side().transfers_live(), 0, "a decode transfer is live");
-        assert_eq!(self.decode.scheduler().requests_held(), 0, "the decode worker holds a request");
-        assert_eq!(
-            self.prefill.scheduler().requests_held(),
-            0,
-            "the prefill worker holds a request"
-        );
+        for w in &self.prefills {
+            assert_eq!(w.node.side().transfers_live(), 0, "{:?}: a prefill transfer is live", w.me);
+        }
+        for w in &self.decodes {
+            assert_eq!(w.node.side().transfers_live(), 0, "{:?}: a decode transfer is live", w.me);
+        }
     }
 
     /// The specs of every request submitted, for `check_outcomes`.
@@ -496,8 +717,12 @@ impl Cluster {
 
     pub fn check_invariants(&self) {
         self.router.check_invariants().unwrap_or_else(|e| panic!("{e}"));
-        self.prefill.check_invariants().unwrap_or_else(|e| panic!("{e}"));
-        self.decode.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        for w in &self.prefills {
+            w.node.check_invariants().unwrap_or_else(|e| panic!("{:?}: {e}", w.me));
+        }
+        for w in &self.decodes {
+            w.node.check_invariants().unwrap_or_else(|e| panic!("{:?}: {e}", w.me));
+        }
     }
 
     /// Every machine's incremental check: it must pass wherever the full one does.
@@ -506,19 +731,28 @@ impl Cluster {
             r.unwrap_or_else(|e| panic!("incremental check: {e}"))
         };
         incremental(self.router.check_invariants_incremental());
-        incremental(self.prefill.check_invariants_incremental());
-        incremental(self.decode.check_invariants_incremental());
+        for w in &mut self.prefills {
+            incremental(w.node.check_invariants_incremental());
+        }
+        for w in &mut self.decodes {
+            incremental(w.node.check_invariants_incremental());
+        }
     }
 
     /// Hands each worker's freed pages to its model, which poisons them (in order with the
     /// steps and writes, as the engine loops do).
     fn release_freed(&mut self) {
         let mut freed = Vec::new();
-        self.prefill.take_freed_pages(&mut freed);
-        self.prefill_model.release_pages(&freed);
-        freed.clear();
-        self.decode.take_freed_pages(&mut freed);
-        self.decode_model.release_pages(&freed);
+        for w in &mut self.prefills {
+            freed.clear();
+            w.node.take_freed_pages(&mut freed);
+            w.model.release_pages(&freed);
+        }
+        for w in &mut self.decodes {
+            freed.clear();
+            w.node.take_freed_pages(&mut freed);
+            w.model.release_pages(&freed);
+        }
     }
 
     fn after_input(&mut self) {
@@ -528,7 +762,9 @@ impl Cluster {
         while let Some(output) = self.router.poll_output() {
             match output {
                 RouterOutput::Send(envelope) => self.network.push_back(envelope),
-                RouterOutput::Decoding { .. } => {}
+                RouterOutput::Decoding { request, key, decode } => {
+                    self.decoding.insert(request, (key, decode));
+                }
                 RouterOutput::Tokens { request, tokens, logprobs, prompt_logprobs } => {
                     let scores = self.prompt_logprobs.get_mut(&request).expect("submitted");
                     assert!(
@@ -554,28 +790,36 @@ impl Cluster {
                 RouterOutput::Failed { request, reason } => self.end(request, End::Failed(reason)),
             }
         }
-        while let Some(output) = self.prefill.poll_output() {
-            match output {
-                PrefillNodeOutput::Send(envelope) => self.network.push_back(envelope),
-                PrefillNodeOutput::Start { request, spec } => {
-                    self.prefill_model.start_request(request, spec)
-                }
-                PrefillNodeOutput::End { request } => self.prefill_model.end_request(request),
-                PrefillNodeOutput::Write { key, ordinal, source, page, .. } => {
-                    let mut data = Vec::new();
-                    self.prefill_model.read_page(source.index(), &mut data).expect("a live page");
-                    let land_by = self.now.saturating_add(self.write_flight);
-                    self.writes.push_back(FlyingWrite { key, ordinal, page, data, land_by });
+        for w in &mut self.prefills {
+            while let Some(output) = w.node.poll_output() {
+                match output {
+                    PrefillNodeOutput::Send(envelope) => self.network.push_back(envelope),
+                    PrefillNodeOutput::Start { request, spec } => {
+                        w.started += 1;
+                        w.model.start_request(request, spec)
+                    }
+                    PrefillNodeOutput::End { request } => w.model.end_request(request),
+                    PrefillNodeOutput::Write { key, to, ordinal, source, page, .. } => {
+                        let mut data = Vec::new();
+                        w.model.read_page(source.index(), &mut data).expect("a live page");
+                        let land_by = self.now.saturating_add(self.config.prefill.write_flight_max);
+                        let from = w.me;
+                        let write = FlyingWrite { from, to, key, ordinal, page, data, land_by };
+                        self.writes.push_back(write);
+                    }
                 }
             }
         }
-        while let Some(output) = self.decode.poll_output() {
-            match output {
-                DecodeNodeOutput::Send(envelope) => self.network.push_back(envelope),
-                DecodeNodeOutput::Start { request, spec } => {
-                    self.decode_model.start_request(request, spec)
+        for w in &mut self.decodes {
+            while let Some(output) = w.node.poll_output() {
+                match output {
+                    DecodeNodeOutput::Send(envelope) => self.network.push_back(envelope),
+                    DecodeNodeOutput::Start { request, spec } => {
+                        w.started += 1;
+                        w.model.start_request(request, spec)
+                    }
+                    DecodeNodeOutput::End { request } => w.model.end_request(request),
                 }
-                DecodeNodeOutput::End { request } => self.decode_model.end_request(request),
             }
         }
     }
