@@ -58,9 +58,10 @@ PROPTEST_CASES=32 cargo test --workspace --locked
 step "the CUDA backend's checks on the CPU, through the CUDA emulator (tiny models; no GPU needed)"
 ci/cuda-emulator.sh
 
-step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES cases each"
+step "proptest suites (kv, sched, pd pair driver, pd cluster), $PROPTEST_CASES cases each; the planted classes the cluster must catch"
 PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core \
-    --test kv_state_machine --test sched_state_machine --test pd_pair --test pd_cluster
+    --features planted-bugs --test kv_state_machine --test sched_state_machine --test pd_pair \
+    --test pd_cluster
 
 step "simulator: the seed set on every committed trace, with faults (ci/sim-seeds.txt), and the determinism check"
 # The sim-check profile (Cargo.toml): opt-level 1, a minute quicker to build than release.

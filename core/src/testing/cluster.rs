@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::Time;
+use crate::kv::PageRef;
 use crate::model::{Executor, PageStore, ProvenanceModel, TokenLogprobs};
 use crate::node::{DecodeNode, DecodeNodeOutput, PrefillNode, PrefillNodeOutput};
 use crate::pd::{DecodeConfig, PrefillConfig, Router, RouterConfig, RouterError, RouterOutput};
@@ -313,6 +314,19 @@ impl Cluster {
         let landed =
             !fail && target.is_some_and(|d| self.decodes[d].node.write_allowed(w.key, w.page));
         if let (true, Some(d)) = (landed, target) {
+            // The data plane's safety property, checked against the pool rather than the protocol
+            // side that allowed the write: a write lands only in the allocation it was aimed at.
+            // Once that allocation ended (the page freed, its generation moved on), the page is
+            // free or someone else's, and a write landing there corrupts it whether or not any
+            // output ever reads it.
+            let aimed_at = PageRef::from_parts(w.page.index, w.page.generation);
+            assert!(
+                self.decodes[d].node.scheduler().pool().is_live(aimed_at),
+                "a write of {:?} landed in {:?} on {:?} after that allocation ended",
+                w.key,
+                w.page,
+                w.to
+            );
             self.release_freed();
             self.decodes[d].model.write_page(w.page.index, &w.data).expect("a page-sized write");
         } else if !fail {
