@@ -688,3 +688,59 @@ fn a_restart_loses_only_what_the_old_incarnation_held() {
     r.handle_worker_up(d3, crate::wire::Role::Decode, Time::ZERO);
     assert_eq!(r.workers().1, &[d1_again, D2, d3][..]);
 }
+
+/// An `Outcome` counts only from the transfer's own decode worker and of its own epoch: a stale
+/// epoch's success must not hand the request over under a key no worker decodes.
+#[test]
+fn an_outcome_counts_only_from_its_decode_worker_and_epoch() {
+    let mut r = router(1);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let key = r.transfer_of(RequestId(1)).unwrap();
+    drain(&mut r);
+    let other_epoch = TransferKey { epoch: Epoch(key.epoch.0 + 1), ..key };
+    r.handle_envelope(outcome(D1, other_epoch, None), Time::ZERO);
+    r.handle_envelope(outcome(D2, key, None), Time::ZERO);
+    assert!(drain(&mut r).is_empty(), "a foreign outcome was taken");
+    assert_eq!(r.requests_in_transfer(), 1);
+    r.handle_envelope(outcome(D1, key, None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![RouterOutput::Decoding { request: RequestId(1), key, decode: D1 }]
+    );
+}
+
+/// Tokens prove the hand-over only with the transfer's own key from its own decode worker.
+/// Another epoch's tokens from that worker, or the key's from another worker, start nothing and
+/// are never passed on: the sender is told to stop.
+#[test]
+fn tokens_of_another_attempt_prove_no_hand_over() {
+    let mut r = router(1);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let key = r.transfer_of(RequestId(1)).unwrap();
+    drain(&mut r);
+    let other_epoch = TransferKey { epoch: Epoch(key.epoch.0 + 1), ..key };
+    r.handle_envelope(tokens(D1, other_epoch, 0, &[7], None), Time::ZERO);
+    assert_eq!(drain(&mut r), vec![cancel(D1, other_epoch)]);
+    r.handle_envelope(tokens(D2, key, 0, &[7], None), Time::ZERO);
+    assert_eq!(drain(&mut r), vec![cancel(D2, key)]);
+    assert_eq!((r.requests_in_transfer(), r.requests_decoding()), (1, 0));
+}
+
+/// A prefill worker lost mid-transfer: the transfer's decode worker is told to let go of the
+/// pages at once (rather than at its lease), and nothing is sent to the lost worker.
+#[test]
+fn a_prefill_worker_lost_mid_transfer_releases_the_decode_side_at_once() {
+    let mut r = router(0);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    let key = r.transfer_of(RequestId(1)).unwrap();
+    drain(&mut r);
+    r.handle_worker_down(P1.worker, Time::ZERO);
+    let out = drain(&mut r);
+    let abort = Message::Abort { key, reason: AbortReason::Router };
+    assert!(
+        out.contains(&RouterOutput::Send(Envelope { from: ME, to: D1, body: abort })),
+        "{out:?}"
+    );
+    let to_lost = |o: &RouterOutput| matches!(o, RouterOutput::Send(e) if e.to == P1);
+    assert!(!out.iter().any(to_lost), "a message to the lost worker: {out:?}");
+}
