@@ -744,3 +744,25 @@ fn a_prefill_worker_lost_mid_transfer_releases_the_decode_side_at_once() {
     let to_lost = |o: &RouterOutput| matches!(o, RouterOutput::Send(e) if e.to == P1);
     assert!(!out.iter().any(to_lost), "a message to the lost worker: {out:?}");
 }
+
+/// Once decoding, only the stream's own worker and key pass tokens on: another epoch's from that
+/// worker, or the key's from another worker, are told to stop, and the stream goes on.
+#[test]
+fn while_decoding_only_the_streams_own_worker_and_key_pass_tokens_on() {
+    let (mut r, key) = decoding_router();
+    let other_epoch = TransferKey { epoch: Epoch(key.epoch.0 + 1), ..key };
+    r.handle_envelope(tokens(D1, other_epoch, 0, &[7], None), Time::ZERO);
+    assert_eq!(drain(&mut r), vec![cancel(D1, other_epoch)]);
+    r.handle_envelope(tokens(D2, key, 0, &[7], None), Time::ZERO);
+    assert_eq!(drain(&mut r), vec![cancel(D2, key)]);
+    r.handle_envelope(tokens(D1, key, 0, &[8], None), Time::ZERO);
+    assert_eq!(
+        drain(&mut r),
+        vec![RouterOutput::Tokens {
+            request: RequestId(1),
+            tokens: vec![8],
+            logprobs: vec![],
+            prompt_logprobs: vec![]
+        }]
+    );
+}
