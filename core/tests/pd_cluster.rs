@@ -103,9 +103,10 @@ proptest! {
 /// it with odds of about 99 in 100, and a class that needs more is a harness grown weaker.
 /// Seconds in release (ci/test.sh runs it with the proptest suites), minutes in a debug build.
 ///
-/// Not here: `HeartbeatNotExtendingLease` costs only retries unless a transfer outlasts a lease
-/// on a fault-free run (the simulator's long-prompt liveness scenario holds it); the classes
-/// planted in the server and the simulator's device are theirs.
+/// Not here: `HeartbeatNotExtendingLease` only turns transfers longer than a lease into
+/// failures, which a fault schedule may cause anyway (core's node tests hold it with one long
+/// prompt, the simulator with a long-prompt liveness scenario); the classes planted in the
+/// server and the simulator's device are theirs.
 #[cfg(feature = "planted-bugs")]
 #[cfg_attr(debug_assertions, ignore = "minutes in a debug build; ci/test.sh runs it in release")]
 #[test]

@@ -11,6 +11,8 @@ use crate::testing::{
     Cluster, ClusterConfig, DECODE, End, PREFILL, ROUTER, request, request_spec, run_alone,
     small_config,
 };
+#[cfg(feature = "planted-bugs")]
+use crate::wire::AbortReason;
 use crate::wire::{Message, RequestSpec, TransferKey};
 
 fn prompt(id: u64, len: u32, shared: u32) -> Vec<u32> {
@@ -327,6 +329,29 @@ fn a_lost_router_stops_what_it_followed_and_a_lost_prefill_worker_does_not() {
 /// takes 8 steps.
 #[test]
 fn a_prompt_computed_past_the_transfer_deadline_completes_while_it_progresses() {
+    let (c, s, sched) = a_prompt_computed_past_its_deadline();
+    assert_eq!(c.ends.get(&s.id), Some(&End::Finished(FinishReason::Length)));
+    assert_eq!(c.outputs[&s.id], alone(&sched, &s));
+    quiet(&c);
+}
+
+/// The same prompt outlasts many of the decode side's leases, so without heartbeats extending
+/// them (planted `HeartbeatNotExtendingLease`) every attempt's pages are let go of mid-transfer
+/// and the request fails. The cluster proptest cannot tell that from a fault, so this is where
+/// core holds the class.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_prompt_computed_past_its_deadline_fails_where_heartbeats_extend_no_lease() {
+    let _planted =
+        crate::planted::plant(Some(crate::planted::PlantedBug::HeartbeatNotExtendingLease));
+    let (c, s, _) = a_prompt_computed_past_its_deadline();
+    assert_eq!(c.ends.get(&s.id), Some(&End::Failed(AbortReason::Timeout)));
+}
+
+/// Runs one 60-token prompt with a prefill step every 25 ms against a 40 ms transfer deadline
+/// (8 steps, about 200 ms), everything else delivered at once; returns the cluster, the request
+/// and the scheduler's configuration.
+fn a_prompt_computed_past_its_deadline() -> (Cluster, RequestSpec, crate::sched::SchedConfig) {
     let sched = small_config(StepMode::Sync, 64);
     let mut config = ClusterConfig::new(sched.clone());
     config.prefill.transfer_deadline = Duration::from_millis(40);
@@ -351,9 +376,7 @@ fn a_prompt_computed_past_the_transfer_deadline_completes_while_it_progresses() 
         c.step_decode(0);
         c.advance(Duration::from_millis(1));
     }
-    assert_eq!(c.ends.get(&s.id), Some(&End::Finished(FinishReason::Length)));
-    assert_eq!(c.outputs[&s.id], alone(&sched, &s));
-    quiet(&c);
+    (c, s, sched)
 }
 
 /// A prefill worker whose link to a decode worker broke ends the transfers to it at once (the
