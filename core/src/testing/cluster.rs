@@ -27,8 +27,7 @@ pub const PREFILL: Endpoint = prefill_endpoint(0);
 pub const DECODE: Endpoint = decode_endpoint(0);
 
 /// Prefill worker `i`'s first life. Prefill workers have the odd ids and decode workers the even
-/// ones, so the first of each keeps its id however many workers a cluster has, and the router,
-/// which pairs workers in id order, sees the roles interleaved.
+/// ones, so the first of each keeps its id however many workers a cluster has.
 pub const fn prefill_endpoint(i: u32) -> Endpoint {
     Endpoint { worker: WorkerId(1 + 2 * i), incarnation: Incarnation(1) }
 }
@@ -196,7 +195,6 @@ pub struct Cluster {
     specs: BTreeMap<RequestId, RequestSpec>,
     /// Writes dropped on arrival: their pages were let go of, or their target's life ended.
     pub writes_late: u64,
-    pub restarts: u64,
 }
 
 fn new_model(sched: &SchedConfig) -> ProvenanceModel {
@@ -248,7 +246,6 @@ impl Cluster {
             decoding: BTreeMap::new(),
             specs: BTreeMap::new(),
             writes_late: 0,
-            restarts: 0,
         }
     }
 
@@ -485,13 +482,12 @@ impl Cluster {
     /// Every link in the cluster, by its two ends: router–prefill, router–decode, then
     /// prefill–decode.
     fn links(&self) -> Vec<(Endpoint, Endpoint)> {
-        let router = ROUTER;
         let prefills = self.prefills.iter().map(|w| w.me);
         let decodes = self.decodes.iter().map(|w| w.me);
         prefills
             .clone()
             .chain(decodes.clone())
-            .map(|w| (router, w))
+            .map(|w| (ROUTER, w))
             .chain(prefills.flat_map(|p| decodes.clone().map(move |d| (p, d))))
             .collect()
     }
@@ -550,7 +546,6 @@ impl Cluster {
             Place::Decode(d) => self.decodes[d] = decode_worker(new, &self.config),
             Place::Router => unreachable!("refused above"),
         }
-        self.restarts += 1;
         // The dead life's requests and pages went with its process: nothing to hand back.
         self.after_input();
         if !events_lost {
