@@ -318,7 +318,8 @@ impl Router {
         self.index.prefill_load(worker.worker)
     }
 
-    /// The least loaded prefill worker below `prefill_slots`; ties as in `least_loaded`.
+    /// The least loaded prefill worker below `prefill_slots`; ties go to the lowest in the list,
+    /// rotated by the attempt number so that a retry prefers another worker.
     fn prefill_with_room(&self, attempt: u32) -> Option<Endpoint> {
         let slots = self.config.prefill_slots as usize;
         let n = self.prefills.len();
@@ -333,7 +334,7 @@ impl Router {
         self.index.decode_load(worker.worker)
     }
 
-    /// The least loaded decode worker below `decode_slots`; ties as in `least_loaded`.
+    /// The least loaded decode worker below `decode_slots`; ties as `prefill_with_room`'s.
     fn decode_with_room(&self, attempt: u32) -> Option<Endpoint> {
         let slots = self.config.decode_slots as usize;
         let n = self.decodes.len();
@@ -622,12 +623,9 @@ impl Router {
     fn start(&mut self, request: RequestSpec, attempt: u32, now: Time) -> TransferKey {
         let key = TransferKey { transfer: TransferId(self.next_transfer), epoch: Epoch(attempt) };
         self.next_transfer += 1;
-        let prefill = self
-            .prefill_with_room(attempt)
-            .unwrap_or_else(|| least_loaded(&self.prefills, attempt, |w| self.prefill_load(w)));
-        let decode = self
-            .decode_with_room(attempt)
-            .unwrap_or_else(|| least_loaded(&self.decodes, attempt, |w| self.decode_load(w)));
+        // `pump` starts a request only when both roles have room, whatever the attempt's order.
+        let prefill = self.prefill_with_room(attempt).expect("a prefill worker with room");
+        let decode = self.decode_with_room(attempt).expect("a decode worker with room");
         let deadline = now.saturating_add(self.config.outcome_timeout);
         self.send(decode, Message::Reserve { key, request: request.clone(), prefill });
         self.by_request.insert(request.id, key.transfer);
@@ -933,16 +931,6 @@ impl Router {
 }
 
 const PD: &str = "pd-router";
-
-/// The worker with the least `load`; ties go to the lowest in the list, rotated by the attempt
-/// number so that a retry prefers another worker.
-fn least_loaded(workers: &[Endpoint], attempt: u32, load: impl Fn(&Endpoint) -> usize) -> Endpoint {
-    let n = workers.len();
-    (0..n)
-        .map(|i| workers[(i + attempt as usize) % n])
-        .min_by_key(load)
-        .expect("workers were checked to be there")
-}
 
 #[path = "router_index.rs"]
 mod index;
