@@ -9,7 +9,7 @@ use crate::testing::{
 };
 use crate::wire::{AbortReason, RequestSpec, TransferKey};
 
-use super::tests::{alone, spec};
+use super::tests::{alone, run_mixed_requests, spec};
 
 fn two_of_each(sched: &SchedConfig) -> ClusterConfig {
     ClusterConfig { prefill_workers: 2, decode_workers: 2, ..ClusterConfig::new(sched.clone()) }
@@ -20,23 +20,24 @@ fn without_eos(sched: SchedConfig) -> SchedConfig {
     SchedConfig { eos_token_ids: Vec::new(), ..sched }
 }
 
+/// Two of each, without an end-of-sequence token, with four requests of `max_tokens` submitted.
+fn two_of_each_running(max_tokens: u32) -> (Cluster, SchedConfig, Vec<RequestSpec>) {
+    let sched = without_eos(small_config(StepMode::Sync, 40));
+    let mut c = Cluster::new(two_of_each(&sched));
+    let specs: Vec<RequestSpec> =
+        (1..=4).map(|id| spec(id, 6 + id as u32, 0, max_tokens)).collect();
+    for s in &specs {
+        c.submit(s.clone()).unwrap();
+    }
+    (c, sched, specs)
+}
+
 #[test]
 fn work_spreads_over_every_worker_and_outputs_equal_each_run_alone() {
     for mode in [StepMode::Sync, StepMode::Overlap] {
         let sched = small_config(mode, 40);
         let mut c = Cluster::new(two_of_each(&sched));
-        let specs: Vec<RequestSpec> = (1..=8)
-            .map(|id| spec(id, 5 + (id as u32 * 3) % 11, if id % 2 == 0 { 8 } else { 0 }, 6))
-            .collect();
-        for s in &specs {
-            c.submit(s.clone()).unwrap();
-        }
-        c.run_until_done(5_000);
-        for s in &specs {
-            let end = c.ends[&s.id];
-            assert!(matches!(end, End::Finished(_)), "{mode:?} {}: {end:?}", s.id);
-            assert_eq!(c.outputs[&s.id], alone(&sched, s), "{mode:?} {}", s.id);
-        }
+        run_mixed_requests(&mut c, &sched, 8);
         for (role, worker) in c.prefills.iter().map(|w| ("prefill", w)) {
             assert!(
                 worker.started >= 2,
@@ -59,12 +60,7 @@ fn work_spreads_over_every_worker_and_outputs_equal_each_run_alone() {
 #[test]
 fn a_decode_worker_restart_ends_only_the_streams_it_held() {
     for events_lost in [false, true] {
-        let sched = without_eos(small_config(StepMode::Sync, 40));
-        let mut c = Cluster::new(two_of_each(&sched));
-        let specs: Vec<RequestSpec> = (1..=4).map(|id| spec(id, 6 + id as u32, 0, 30)).collect();
-        for s in &specs {
-            c.submit(s.clone()).unwrap();
-        }
+        let (mut c, sched, specs) = two_of_each_running(30);
         for _ in 0..1_000 {
             if specs.iter().all(|s| !c.outputs[&s.id].is_empty()) {
                 break;
@@ -104,12 +100,7 @@ fn a_decode_worker_restart_ends_only_the_streams_it_held() {
 #[test]
 fn a_prefill_worker_restart_retries_only_the_prompts_it_held() {
     for events_lost in [false, true] {
-        let sched = without_eos(small_config(StepMode::Sync, 40));
-        let mut c = Cluster::new(two_of_each(&sched));
-        let specs: Vec<RequestSpec> = (1..=4).map(|id| spec(id, 6 + id as u32, 0, 5)).collect();
-        for s in &specs {
-            c.submit(s.clone()).unwrap();
-        }
+        let (mut c, sched, specs) = two_of_each_running(5);
         // Every message delivered, and no step run: each prompt waits on its prefill worker.
         while !c.network.is_empty() {
             c.deliver(0);

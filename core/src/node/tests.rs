@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::Time;
-use crate::sched::{FinishReason, RequestId, StepMode};
+use crate::sched::{FinishReason, RequestId, SchedConfig, StepMode};
 use crate::testing::{
     Cluster, ClusterConfig, DECODE, End, PREFILL, ROUTER, request, request_spec, run_alone,
     small_config,
@@ -26,7 +26,7 @@ pub(super) fn spec(id: u64, len: u32, shared: u32, max_tokens: u32) -> RequestSp
     request_spec(RequestId(id), prompt(id, len, shared), max_tokens)
 }
 
-pub(super) fn alone(config: &crate::sched::SchedConfig, spec: &RequestSpec) -> Vec<u32> {
+pub(super) fn alone(config: &SchedConfig, spec: &RequestSpec) -> Vec<u32> {
     run_alone(config, &request(spec.id.0, spec.prompt.clone(), spec.max_tokens))
 }
 
@@ -40,23 +40,29 @@ fn quiet(c: &Cluster) {
     assert_eq!(c.decodes[0].node.scheduler().slots_held(), 0);
 }
 
+/// Submits `count` requests of mixed lengths (every other one sharing an 8-token prefix), runs
+/// the cluster until they all end, and checks that each finished with its output alone.
+pub(super) fn run_mixed_requests(c: &mut Cluster, sched: &SchedConfig, count: u64) {
+    let specs: Vec<RequestSpec> = (1..=count)
+        .map(|id| spec(id, 5 + (id as u32 * 3) % 11, if id % 2 == 0 { 8 } else { 0 }, 6))
+        .collect();
+    for s in &specs {
+        c.submit(s.clone()).unwrap();
+    }
+    c.run_until_done(5_000);
+    for s in &specs {
+        let end = c.ends[&s.id];
+        assert!(matches!(end, End::Finished(_)), "{:?} {}: {end:?}", sched.mode, s.id);
+        assert_eq!(c.outputs[&s.id], alone(sched, s), "{:?} {}", sched.mode, s.id);
+    }
+}
+
 #[test]
 fn disaggregated_outputs_equal_each_requests_run_alone() {
     for mode in [StepMode::Sync, StepMode::Overlap] {
         let sched = small_config(mode, 24);
         let mut c = Cluster::new(ClusterConfig::new(sched.clone()));
-        let specs: Vec<RequestSpec> = (1..=6)
-            .map(|id| spec(id, 5 + (id as u32 * 3) % 11, if id % 2 == 0 { 8 } else { 0 }, 6))
-            .collect();
-        for s in &specs {
-            c.submit(s.clone()).unwrap();
-        }
-        c.run_until_done(5_000);
-        for s in &specs {
-            let end = c.ends[&s.id];
-            assert!(matches!(end, End::Finished(_)), "{mode:?} {}: {end:?}", s.id);
-            assert_eq!(c.outputs[&s.id], alone(&sched, s), "{mode:?} {}", s.id);
-        }
+        run_mixed_requests(&mut c, &sched, 6);
         quiet(&c);
         assert_eq!(c.writes_late, 0);
     }
@@ -351,7 +357,7 @@ fn a_prompt_computed_past_its_deadline_fails_where_heartbeats_extend_no_lease() 
 /// Runs one 60-token prompt with a prefill step every 25 ms against a 40 ms transfer deadline
 /// (8 steps, about 200 ms), everything else delivered at once; returns the cluster, the request
 /// and the scheduler's configuration.
-fn a_prompt_computed_past_its_deadline() -> (Cluster, RequestSpec, crate::sched::SchedConfig) {
+fn a_prompt_computed_past_its_deadline() -> (Cluster, RequestSpec, SchedConfig) {
     let sched = small_config(StepMode::Sync, 64);
     let mut config = ClusterConfig::new(sched.clone());
     config.prefill.transfer_deadline = Duration::from_millis(40);
