@@ -540,3 +540,57 @@ fn a_scored_prompt_keeps_its_progress_through_preemptions() {
     assert_eq!(h.prompt_logprobs[&scored.id], alone.prompt_logprobs);
     assert_eq!(h.prompt_logprobs[&scored.id].len(), 20);
 }
+
+/// Plans, executes and applies one step (sync), handing freed pages to the model first as the
+/// engine loops do; returns each row's request and positions.
+fn step_rows(h: &mut Harness) -> Vec<(RequestId, std::ops::Range<u32>)> {
+    let plan = h.sched.plan_step(h.now).expect("a step to plan");
+    let mut freed = Vec::new();
+    h.sched.take_freed_pages(&mut freed);
+    h.model.release_pages(&freed);
+    let out = h.model.execute(&plan).unwrap();
+    h.sched.apply_outputs(&out, h.now).unwrap();
+    h.sched.check_invariants().unwrap();
+    plan.rows.iter().map(|row| (row.request, row.positions.clone())).collect()
+}
+
+/// A scored prompt's last chunk takes its final position with it when its scored positions fill
+/// the step's scoring budget exactly: 13 positions score 12 tokens, 6 a step, and sample at the
+/// 13th, so two chunks (0..6, 6..13), not three.
+#[test]
+fn a_scored_chunk_that_fills_the_scoring_budget_exactly_takes_the_sampled_position_too() {
+    let config = small_config(StepMode::Sync, 32);
+    assert_eq!(config.scored_tokens_max, 6);
+    let mut h = Harness::new(config);
+    let scored = request(4, prompt(4, 13), 2);
+    assert!(crate::testing::prompt_logprobs(scored.id).is_some(), "the harness scores it");
+    h.submit(scored).unwrap();
+    assert_eq!(step_rows(&mut h), vec![(RequestId(4), 0..6)]);
+    assert_eq!(step_rows(&mut h), vec![(RequestId(4), 6..13)]);
+}
+
+/// A request preempted after its row was drafted gives the row's tokens back to the step: here
+/// 2 prefills a long prompt, 3 decodes (with a row drafted, one token), 2 needs pages only 3's
+/// preemption frees, and the admission after it gets a whole chunk, as if 3's row never was.
+#[test]
+fn a_row_cancelled_by_a_preemption_gives_its_tokens_back_to_the_step() {
+    let config = small_config(StepMode::Sync, 12);
+    assert_eq!((config.step_tokens_max, config.prefill_chunk_tokens_max), (16, 8));
+    let mut h = Harness::new(config);
+    let mut long = request(2, prompt(2, 40), 2);
+    long.ignore_eos = true;
+    let mut decoding = request(3, prompt(3, 17), 20);
+    decoding.ignore_eos = true;
+    h.submit(long).unwrap();
+    h.submit(decoding).unwrap();
+    for _ in 0..3 {
+        step_rows(&mut h);
+    }
+    // 2 holds 6 pages (24 positions) and needs 2 more; 3 holds 5 and decodes; 1 page is free.
+    assert_eq!(h.sched.pool().available_count(), 1);
+    // Ahead of 3 in the waiting queue once 3 is preempted back into it.
+    let mut urgent = request(5, prompt(5, 12), 2);
+    urgent.priority = -1;
+    h.submit(urgent).unwrap();
+    assert_eq!(step_rows(&mut h), vec![(RequestId(2), 24..32), (RequestId(5), 0..8)]);
+}
