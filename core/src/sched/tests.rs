@@ -594,3 +594,58 @@ fn a_row_cancelled_by_a_preemption_gives_its_tokens_back_to_the_step() {
     h.submit(urgent).unwrap();
     assert_eq!(step_rows(&mut h), vec![(RequestId(2), 24..32), (RequestId(5), 0..8)]);
 }
+
+/// Runs the harness until nothing is held, planning as far ahead as its mode allows; returns
+/// every row planned, in order, as its request and positions.
+fn run_recording_rows(h: &mut Harness) -> Vec<(RequestId, std::ops::Range<u32>)> {
+    let mut rows = Vec::new();
+    let in_flight_max = h.sched.config().mode.steps_in_flight_max();
+    for _ in 0..1_000 {
+        match h.sched.plan_step(h.now) {
+            Some(plan) => {
+                let mut freed = Vec::new();
+                h.sched.take_freed_pages(&mut freed);
+                h.model.release_pages(&freed);
+                rows.extend(plan.rows.iter().map(|row| (row.request, row.positions.clone())));
+                let outputs = h.model.execute(&plan).unwrap();
+                h.pending.push_back(outputs);
+                if h.pending.len() >= in_flight_max {
+                    h.apply_oldest();
+                }
+            }
+            None if h.apply_oldest() => {}
+            None if h.sched.requests_held() == 0 => return rows,
+            None => panic!("nothing to plan or apply, yet requests are held"),
+        }
+    }
+    panic!("not idle after 1,000 steps");
+}
+
+/// With steps in flight, a request whose samples in flight will end it gets no further row: the
+/// step after its last sample is planned without it, not with a row whose token is thrown away.
+#[test]
+fn a_request_whose_samples_in_flight_end_it_gets_no_further_row() {
+    let mut h = Harness::new(small_config(StepMode::Overlap, 32));
+    let mut req = request(1, prompt(1, 3), 3);
+    req.ignore_eos = true;
+    h.submit(req).unwrap();
+    let rows = run_recording_rows(&mut h);
+    let id = RequestId(1);
+    assert_eq!(rows, vec![(id, 0..3), (id, 3..4), (id, 4..5)]);
+    assert_eq!(h.finished[&id], FinishReason::Length);
+}
+
+/// Likewise at the context's end: the row that samples the last token the context holds is the
+/// last, even with a step in flight and tokens left to generate.
+#[test]
+fn no_row_computes_a_position_past_the_context() {
+    let config = small_config(StepMode::Overlap, 32);
+    assert_eq!(config.request_tokens_max, 64);
+    let mut h = Harness::new(config);
+    let mut req = request(1, prompt(1, 60), 20);
+    req.ignore_eos = true;
+    h.submit(req).unwrap();
+    let rows = run_recording_rows(&mut h);
+    assert_eq!(rows.iter().map(|(_, p)| p.end).max(), Some(63), "{rows:?}");
+    assert_eq!(h.finished[&RequestId(1)], FinishReason::ContextLength);
+}
