@@ -649,3 +649,33 @@ fn no_row_computes_a_position_past_the_context() {
     assert_eq!(rows.iter().map(|(_, p)| p.end).max(), Some(63), "{rows:?}");
     assert_eq!(h.finished[&RequestId(1)], FinishReason::ContextLength);
 }
+
+/// Preemption stops once the pages coming back suffice. With the first step in flight, 1's next
+/// chunk needs 2 pages and none is free: 3 (last in order, 2 pages of its own, in that step) is
+/// preempted, and its pages come back once the step is applied, which is enough. So 1 waits a
+/// step and 2 keeps decoding, rather than 2 and then 1 itself being preempted too.
+#[test]
+fn preemption_stops_once_the_pages_coming_back_suffice() {
+    let config = small_config(StepMode::Overlap, 5);
+    let mut h = Harness::new(config.clone());
+    let reqs: Vec<NewRequest> = [(1, 16), (2, 3), (3, 5)]
+        .map(|(id, len)| NewRequest { ignore_eos: true, ..request(id, prompt(id as u32, len), 4) })
+        .into();
+    for req in &reqs {
+        h.submit(req.clone()).unwrap();
+    }
+    let mut plan_rows = |h: &mut Harness| {
+        let plan = h.sched.plan_step(h.now).expect("a step to plan");
+        let mut freed = Vec::new();
+        h.sched.take_freed_pages(&mut freed);
+        h.model.release_pages(&freed);
+        h.pending.push_back(h.model.execute(&plan).unwrap());
+        plan.rows.iter().map(|row| (row.request.0, row.positions.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(plan_rows(&mut h), vec![(1, 0..8), (2, 0..3), (3, 0..5)]);
+    assert_eq!(h.sched.pool().available_count(), 0);
+    assert_eq!(plan_rows(&mut h), vec![(2, 3..4)], "1 waits for 3's pages; 2 decodes");
+    assert_eq!(h.sched.preemptions_total(), 1);
+    h.run_until_idle(1_000);
+    assert_matches_alone(&h, &reqs);
+}
