@@ -459,6 +459,8 @@ fn a_scored_prompt_reads_nothing_from_the_prefix_cache() {
     h.submit(request(3, p, 2)).unwrap();
     h.run_until_idle(1_000);
     assert_eq!(h.sched.prefix_cache_tokens().1, hit + 12, "a plain request reads the cache");
+    // Every admission asked the cache about its whole prompt, the scored one too.
+    assert_eq!(h.sched.prefix_cache_tokens().0, 3 * 13, "prompt tokens queried");
 }
 
 /// A step scores at most `scored_tokens_max` prompt positions (6 here, below a chunk of 8), all
