@@ -681,3 +681,24 @@ fn preemption_stops_once_the_pages_coming_back_suffice() {
     h.run_until_idle(1_000);
     assert_matches_alone(&h, &reqs);
 }
+
+/// Without a step in flight nothing comes back later: a victim's pages are free at once, and
+/// preemption goes on until the requester has what it needs. 1's next chunk needs 2 pages; 3 (one
+/// page) and then 2 (two) are preempted, and 1 computes in the same step.
+#[test]
+fn without_steps_in_flight_preemption_goes_on_until_the_pages_are_there() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 5));
+    let reqs: Vec<NewRequest> = [(1, 16), (2, 5), (3, 3)]
+        .map(|(id, len)| NewRequest { ignore_eos: true, ..request(id, prompt(id as u32, len), 4) })
+        .into();
+    for req in &reqs {
+        h.submit(req.clone()).unwrap();
+    }
+    let first = vec![(RequestId(1), 0..8), (RequestId(2), 0..5), (RequestId(3), 0..3)];
+    assert_eq!(step_rows(&mut h), first);
+    assert_eq!(h.sched.pool().available_count(), 0);
+    assert_eq!(step_rows(&mut h), vec![(RequestId(1), 8..16)], "1 computes at once");
+    assert_eq!(h.sched.preemptions_total(), 2);
+    h.run_until_idle(1_000);
+    assert_matches_alone(&h, &reqs);
+}
