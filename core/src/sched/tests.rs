@@ -678,7 +678,9 @@ fn preemption_stops_once_the_pages_coming_back_suffice() {
     assert_eq!(h.sched.pool().available_count(), 0);
     assert_eq!(plan_rows(&mut h), vec![(2, 3..4)], "1 waits for 3's pages; 2 decodes");
     assert_eq!(h.sched.preemptions_total(), 1);
+    assert_eq!(h.sched.steps_in_flight(), 2);
     h.run_until_idle(1_000);
+    assert_eq!(h.sched.steps_in_flight(), 0);
     assert_matches_alone(&h, &reqs);
 }
 
