@@ -666,7 +666,7 @@ fn preemption_stops_once_the_pages_coming_back_suffice() {
     for req in &reqs {
         h.submit(req.clone()).unwrap();
     }
-    let mut plan_rows = |h: &mut Harness| {
+    let plan_rows = |h: &mut Harness| {
         let plan = h.sched.plan_step(h.now).expect("a step to plan");
         let mut freed = Vec::new();
         h.sched.take_freed_pages(&mut freed);
