@@ -29,6 +29,24 @@ fn config_is_validated() {
     );
 }
 
+/// Each bound is inclusive, and the error names the field and its range: these come from an
+/// operator's flags. (`validate` alone: a pool of `PAGES_MAX` pages would not fit in memory.)
+#[test]
+fn config_bounds_are_inclusive_and_errors_name_the_field() {
+    let max = PoolConfig::PAGES_MAX;
+    let config =
+        |pages_total, page_tokens, pins_max| PoolConfig { pages_total, page_tokens, pins_max };
+    assert_eq!(config(max, PoolConfig::PAGE_TOKENS_MAX, max).validate(), Ok(()));
+    let refused = |c: PoolConfig| c.validate().expect_err("out of bounds").to_string();
+    assert_eq!(
+        refused(config(max + 1, 16, 0)),
+        format!("invalid page pool config: pages_total {} is not in 1..={max}", max + 1)
+    );
+    let too_large = PoolConfig::PAGE_TOKENS_MAX + 1;
+    assert!(refused(config(4, too_large, 0)).contains(&format!("page_tokens {too_large} is not")));
+    assert!(refused(config(4, 16, max + 1)).contains(&format!("pins_max {} is over", max + 1)));
+}
+
 #[test]
 fn allocate_until_empty_then_refuse() {
     let mut pool = pool(3, 4);
