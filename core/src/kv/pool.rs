@@ -280,15 +280,6 @@ impl PagePool {
         }
     }
 
-    /// The page's cache key, if it is in the prefix cache.
-    pub fn cache_key(&self, page: PageRef) -> Result<Option<CacheKey>, KvError> {
-        match self.page(page)?.state {
-            PageState::Held { cache, .. } => Ok(cache),
-            PageState::Evictable { cache } => Ok(Some(cache)),
-            PageState::Free => Err(KvError::StaleHandle(page)),
-        }
-    }
-
     /// Takes one page with one reference: a free page if there is one, else the least recently
     /// used evictable page, which leaves the cache.
     pub fn allocate(&mut self) -> Result<PageRef, KvError> {
