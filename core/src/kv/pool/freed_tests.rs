@@ -34,7 +34,9 @@ fn freed_pages_are_listed_once_until_taken() {
     assert_eq!(a2.index(), a.index());
     pool.release(a2).unwrap();
     pool.check_invariants().unwrap();
+    assert_eq!(pool.freed_untaken_count(), 2);
     assert_eq!(taken(&mut pool), vec![b.index(), a.index()]);
+    assert_eq!(pool.freed_untaken_count(), 0);
     assert_eq!(taken(&mut pool), Vec::<u32>::new(), "taking empties the list");
     pool.check_invariants().unwrap();
 }
