@@ -543,17 +543,24 @@ fn a_scored_prompt_keeps_its_progress_through_preemptions() {
     assert_eq!(h.prompt_logprobs[&scored.id].len(), 20);
 }
 
-/// Plans, executes and applies one step (sync), handing freed pages to the model first as the
-/// engine loops do; returns each row's request and positions.
-fn step_rows(h: &mut Harness) -> Vec<(RequestId, std::ops::Range<u32>)> {
-    let plan = h.sched.plan_step(h.now).expect("a step to plan");
+/// Plans and executes one step, handing freed pages to the model first as the engine loops do,
+/// and leaves its outputs pending; returns each row's request and positions, or `None` if no
+/// step could be planned.
+fn plan_and_execute(h: &mut Harness) -> Option<Vec<(RequestId, std::ops::Range<u32>)>> {
+    let plan = h.sched.plan_step(h.now)?;
     let mut freed = Vec::new();
     h.sched.take_freed_pages(&mut freed);
     h.model.release_pages(&freed);
-    let out = h.model.execute(&plan).unwrap();
-    h.sched.apply_outputs(&out, h.now).unwrap();
+    h.pending.push_back(h.model.execute(&plan).unwrap());
+    Some(plan.rows.iter().map(|row| (row.request, row.positions.clone())).collect())
+}
+
+/// Plans, executes and applies one step (sync); returns each row's request and positions.
+fn step_rows(h: &mut Harness) -> Vec<(RequestId, std::ops::Range<u32>)> {
+    let rows = plan_and_execute(h).expect("a step to plan");
+    assert!(h.apply_oldest());
     h.sched.check_invariants().unwrap();
-    plan.rows.iter().map(|row| (row.request, row.positions.clone())).collect()
+    rows
 }
 
 /// A scored prompt's last chunk takes its final position with it when its scored positions fill
@@ -603,14 +610,9 @@ fn run_recording_rows(h: &mut Harness) -> Vec<(RequestId, std::ops::Range<u32>)>
     let mut rows = Vec::new();
     let in_flight_max = h.sched.config().mode.steps_in_flight_max();
     for _ in 0..1_000 {
-        match h.sched.plan_step(h.now) {
-            Some(plan) => {
-                let mut freed = Vec::new();
-                h.sched.take_freed_pages(&mut freed);
-                h.model.release_pages(&freed);
-                rows.extend(plan.rows.iter().map(|row| (row.request, row.positions.clone())));
-                let outputs = h.model.execute(&plan).unwrap();
-                h.pending.push_back(outputs);
+        match plan_and_execute(h) {
+            Some(planned) => {
+                rows.extend(planned);
                 if h.pending.len() >= in_flight_max {
                     h.apply_oldest();
                 }
@@ -667,12 +669,8 @@ fn preemption_stops_once_the_pages_coming_back_suffice() {
         h.submit(req.clone()).unwrap();
     }
     let plan_rows = |h: &mut Harness| {
-        let plan = h.sched.plan_step(h.now).expect("a step to plan");
-        let mut freed = Vec::new();
-        h.sched.take_freed_pages(&mut freed);
-        h.model.release_pages(&freed);
-        h.pending.push_back(h.model.execute(&plan).unwrap());
-        plan.rows.iter().map(|row| (row.request.0, row.positions.clone())).collect::<Vec<_>>()
+        let rows = plan_and_execute(h).expect("a step to plan");
+        rows.into_iter().map(|(request, positions)| (request.0, positions)).collect::<Vec<_>>()
     };
     assert_eq!(plan_rows(&mut h), vec![(1, 0..8), (2, 0..3), (3, 0..5)]);
     assert_eq!(h.sched.pool().available_count(), 0);
