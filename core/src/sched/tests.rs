@@ -702,3 +702,30 @@ fn without_steps_in_flight_preemption_goes_on_until_the_pages_are_there() {
     h.run_until_idle(1_000);
     assert_matches_alone(&h, &reqs);
 }
+
+/// A page shared through the prefix cache does not come back when one of its holders lets go.
+/// 2 and 3 share their first page (3 found 2's prompt in the cache); with the second step in
+/// flight, 1's next chunk needs 2 pages and none is free. 3 is preempted, but only its own page
+/// comes back, so 2 is preempted too: its own page and the shared one's last holder.
+#[test]
+fn a_page_shared_through_the_prefix_cache_is_not_counted_as_coming_back() {
+    let mut h = Harness::new(small_config(StepMode::Overlap, 7));
+    let long = NewRequest { ignore_eos: true, ..request(1, prompt(1, 24), 4) };
+    let first = NewRequest { ignore_eos: true, ..request(2, prompt(2, 5), 4) };
+    let mut shares = prompt(2, 4);
+    shares.extend([50, 51]);
+    let second = NewRequest { ignore_eos: true, ..request(3, shares, 4) };
+    let id = RequestId;
+    h.submit(long.clone()).unwrap();
+    h.submit(first.clone()).unwrap();
+    assert_eq!(plan_and_execute(&mut h), Some(vec![(id(1), 0..8), (id(2), 0..5)]));
+    assert!(h.apply_oldest());
+    h.submit(second.clone()).unwrap();
+    let rows = plan_and_execute(&mut h);
+    assert_eq!(rows, Some(vec![(id(2), 5..6), (id(1), 8..16), (id(3), 4..6)]), "3 shares a page");
+    assert_eq!(h.sched.pool().available_count(), 0);
+    assert_eq!(plan_and_execute(&mut h), None, "1 waits for the pages of 3 and 2");
+    assert_eq!(h.sched.preemptions_total(), 2);
+    h.run_until_idle(1_000);
+    assert_matches_alone(&h, &[long, first, second]);
+}
