@@ -17,7 +17,7 @@ use crate::wire::{RequestSpec, Sampling};
 mod cluster;
 
 pub use cluster::{
-    Cluster, ClusterConfig, ClusterOp, DECODE, End, FlyingWrite, PREFILL, ROUTER, Worker,
+    Cluster, ClusterConfig, ClusterOp, DECODE, End, FlyingWrite, PREFILL, ROUTER, Sent, Worker,
     decode_endpoint, prefill_endpoint,
 };
 

@@ -5,7 +5,7 @@
 //! restart, as a new incarnation with nothing of the old one's state. Invariants of every machine
 //! are checked after every action; outputs the router passes on are recorded per request.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::Time;
@@ -15,8 +15,8 @@ use crate::node::{DecodeNode, DecodeNodeOutput, PrefillNode, PrefillNodeOutput};
 use crate::pd::{DecodeConfig, PrefillConfig, Router, RouterConfig, RouterError, RouterOutput};
 use crate::sched::{FinishReason, RequestId, SchedConfig};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Incarnation, PageSlot, RequestSpec, Role, TransferKey,
-    WorkerId,
+    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, Role,
+    TransferKey, WorkerId,
 };
 
 use super::VOCAB_SIZE;
@@ -111,7 +111,12 @@ pub enum ClusterOp {
         shared: u8,
         max_tokens: u8,
     },
+    /// Delivers any message in flight: one overtaking another on its link is a reordering,
+    /// which TCP never does but a fault schedule may.
     Deliver(u8),
+    /// Delivers the oldest message on one of the links with messages in flight, as a transport
+    /// in order per link does (links still interleave as they like).
+    DeliverInOrder(u8),
     Drop(u8),
     Duplicate(u8),
     Land(u8),
@@ -195,6 +200,29 @@ pub struct Cluster {
     specs: BTreeMap<RequestId, RequestSpec>,
     /// Writes dropped on arrival: their pages were let go of, or their target's life ended.
     pub writes_late: u64,
+    /// What the machines sent that only a fault, a client or an overload should make them send.
+    pub sent: Sent,
+}
+
+/// The messages that tell a retry or a failure: the router's reservations, whose epoch is the
+/// attempt (a worker too busy to take a request sends it again under a new transfer and the same
+/// attempt), and every side's aborts, with their reasons.
+#[derive(Debug, Default)]
+pub struct Sent {
+    pub reserves: BTreeMap<RequestId, Vec<TransferKey>>,
+    pub aborts: Vec<(Endpoint, TransferKey, AbortReason)>,
+}
+
+impl Sent {
+    fn record(&mut self, envelope: &Envelope) {
+        match &envelope.body {
+            Message::Reserve { key, request, .. } => {
+                self.reserves.entry(request.id).or_default().push(*key)
+            }
+            Message::Abort { key, reason } => self.aborts.push((envelope.from, *key, *reason)),
+            _ => {}
+        }
+    }
 }
 
 fn new_model(sched: &SchedConfig) -> ProvenanceModel {
@@ -246,6 +274,7 @@ impl Cluster {
             decoding: BTreeMap::new(),
             specs: BTreeMap::new(),
             writes_late: 0,
+            sent: Sent::default(),
         }
     }
 
@@ -292,6 +321,14 @@ impl Cluster {
             None => panic!("a message to a worker the cluster does not have: {envelope:?}"),
         }
         self.after_input();
+    }
+
+    /// The index of each link's oldest message in flight, in the network's order.
+    fn link_heads(&self) -> Vec<usize> {
+        let mut seen = BTreeSet::new();
+        (0..self.network.len())
+            .filter(|&i| seen.insert((self.network[i].from, self.network[i].to)))
+            .collect()
     }
 
     pub fn drop_message(&mut self, i: usize) {
@@ -583,6 +620,12 @@ impl Cluster {
                     self.deliver(i)
                 }
             }
+            ClusterOp::DeliverInOrder(i) => {
+                let heads = self.link_heads();
+                if let Some(i) = pick(heads.len(), i) {
+                    self.deliver(heads[i])
+                }
+            }
             ClusterOp::Drop(i) => {
                 if let Some(i) = pick(self.network.len(), i) {
                     self.drop_message(i)
@@ -770,7 +813,10 @@ impl Cluster {
         self.check_invariants();
         while let Some(output) = self.router.poll_output() {
             match output {
-                RouterOutput::Send(envelope) => self.network.push_back(envelope),
+                RouterOutput::Send(envelope) => {
+                    self.sent.record(&envelope);
+                    self.network.push_back(envelope)
+                }
                 RouterOutput::Decoding { request, key, decode } => {
                     self.decoding.insert(request, (key, decode));
                 }
@@ -802,7 +848,10 @@ impl Cluster {
         for w in &mut self.prefills {
             while let Some(output) = w.node.poll_output() {
                 match output {
-                    PrefillNodeOutput::Send(envelope) => self.network.push_back(envelope),
+                    PrefillNodeOutput::Send(envelope) => {
+                        self.sent.record(&envelope);
+                        self.network.push_back(envelope)
+                    }
                     PrefillNodeOutput::Start { request, spec } => {
                         w.started += 1;
                         w.model.start_request(request, spec)
@@ -822,7 +871,10 @@ impl Cluster {
         for w in &mut self.decodes {
             while let Some(output) = w.node.poll_output() {
                 match output {
-                    DecodeNodeOutput::Send(envelope) => self.network.push_back(envelope),
+                    DecodeNodeOutput::Send(envelope) => {
+                        self.sent.record(&envelope);
+                        self.network.push_back(envelope)
+                    }
                     DecodeNodeOutput::Start { request, spec } => {
                         w.started += 1;
                         w.model.start_request(request, spec)
