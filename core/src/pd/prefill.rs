@@ -455,9 +455,16 @@ impl PrefillSide {
             && cached_tokens.is_multiple_of(page_tokens)
             && first_page < prompt_pages
             && prompt_pages - first_page == pages.len();
-        if !sane || self.transfers.len() >= self.config.transfers_max as usize {
+        if !sane {
             // An empty or inconsistent hand-off is refused, never half-served.
             self.send(decode, Message::Abort { key, reason: AbortReason::PrefillFailed });
+            return;
+        }
+        if self.transfers.len() >= self.config.transfers_max as usize {
+            // Full, not failed: the router counts a transfer off this worker when its decode
+            // side takes over, while this side holds it until `DoneAck` (or an aborted one's
+            // writes drain). A refusal that used up an attempt would fail requests for load.
+            self.send(decode, Message::Abort { key, reason: AbortReason::PrefillBusy });
             return;
         }
         let deadline = if crate::planted!(StuckInBootstrap) {

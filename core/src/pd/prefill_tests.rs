@@ -229,6 +229,27 @@ fn stuck_in_handshake() {
     assert_eq!(rig.pool.pins_live_count(), 0);
 }
 
+/// A prefill side holding as many transfers as it may refuses the next as busy, not failed: the
+/// router counts a transfer off when its decode side takes over, before this side lets go, so a
+/// full table is load, and a failure would use up the request's attempt (found by the cluster
+/// proptest without faults). Once one ends, the next is taken.
+#[test]
+fn a_full_transfer_table_refuses_as_busy() {
+    let mut rig = Rig::new();
+    for id in 1..=4 {
+        rig.deliver(prepare(id, 8, 0));
+    }
+    assert_eq!(rig.side.transfers_live(), 4);
+    let out = rig.deliver(prepare(5, 8, 0));
+    assert_eq!(sent(&out), vec![Message::Abort { key: key(5), reason: AbortReason::PrefillBusy }]);
+    assert_eq!(rig.side.transfers_live(), 4, "nothing of the refused transfer is kept");
+    rig.deliver(Message::Abort { key: key(1), reason: AbortReason::Client });
+    assert_eq!(rig.side.transfers_live(), 3);
+    let out = rig.deliver(prepare(6, 8, 0));
+    assert!(!sent(&out).iter().any(|m| matches!(m, Message::Abort { .. })), "{out:?}");
+    assert_eq!(rig.side.transfers_live(), 4);
+}
+
 /// vllm#50297: a prefill preempted in its last step handed an empty page list to the transfer.
 #[test]
 fn empty_hand_off() {

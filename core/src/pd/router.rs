@@ -48,7 +48,7 @@ pub struct RouterConfig {
     pub prefill_slots: u32,
     /// How long a request may wait at the router for workers with room.
     pub queue_wait_max: Duration,
-    /// How long a request refused by a busy decode worker waits before it is sent again.
+    /// How long a request refused by a busy worker waits before it is sent again.
     pub busy_backoff: Duration,
 }
 
@@ -639,7 +639,7 @@ impl Router {
     fn fail_or_retry(&mut self, id: TransferId, reason: AbortReason, now: Time) {
         let t = self.forget(id);
         let deadline = now.saturating_add(self.config.queue_wait_max);
-        if reason == AbortReason::DecodeBusy {
+        if matches!(reason, AbortReason::DecodeBusy | AbortReason::PrefillBusy) {
             // Not a failure of the request: it waits (within its deadline) and goes again after
             // a back-off, once a worker has room. The attempt is not used up.
             let not_before = now.saturating_add(self.config.busy_backoff);

@@ -550,20 +550,25 @@ fn a_request_waits_at_most_queue_wait_max_and_a_queued_abort_ends_it() {
     );
 }
 
+/// A worker too busy to take a request (a decode worker without a slot or pages, a prefill
+/// worker without a transfer place) fails nothing: the request goes again after the back-off,
+/// with its attempt.
 #[test]
 fn a_busy_refusal_backs_off_and_keeps_its_attempt() {
-    let mut r = small_router(2);
-    r.submit(spec(1), Time::ZERO).unwrap();
-    let k1 = r.transfer_of(RequestId(1)).unwrap();
-    drain(&mut r);
-    r.handle_envelope(outcome(D1, k1, Some(AbortReason::DecodeBusy)), Time::ZERO);
-    assert!(drain(&mut r).is_empty(), "not sent again before the back-off");
-    assert_eq!(r.next_timeout(), Some(Time::from_millis(5)));
-    r.handle_timeout(Time::from_millis(5));
-    let out = drain(&mut r);
-    let again = reserve_to(&out);
-    assert_eq!(again.len(), 1, "retries_max is 0, yet a busy worker is tried again");
-    assert_eq!(again[0].1.epoch, k1.epoch, "the attempt was not used up");
+    for busy in [AbortReason::DecodeBusy, AbortReason::PrefillBusy] {
+        let mut r = small_router(2);
+        r.submit(spec(1), Time::ZERO).unwrap();
+        let k1 = r.transfer_of(RequestId(1)).unwrap();
+        drain(&mut r);
+        r.handle_envelope(outcome(D1, k1, Some(busy)), Time::ZERO);
+        assert!(drain(&mut r).is_empty(), "{busy:?}: not sent again before the back-off");
+        assert_eq!(r.next_timeout(), Some(Time::from_millis(5)));
+        r.handle_timeout(Time::from_millis(5));
+        let out = drain(&mut r);
+        let again = reserve_to(&out);
+        assert_eq!(again.len(), 1, "{busy:?}: retries_max is 0, yet a busy worker is tried again");
+        assert_eq!(again[0].1.epoch, k1.epoch, "{busy:?}: the attempt was not used up");
+    }
 }
 
 #[test]

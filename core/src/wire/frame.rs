@@ -12,7 +12,7 @@ use crate::model::{Grammar, SamplingSpec, TokenLogprobs};
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 6;
+pub const WIRE_VERSION: u8 = 7;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -554,6 +554,7 @@ fn abort_reason(reason: AbortReason) -> u8 {
         AbortReason::PeerRestarted => 6,
         AbortReason::DecodeBusy => 7,
         AbortReason::QueueTimeout => 8,
+        AbortReason::PrefillBusy => 9,
     }
 }
 
@@ -567,6 +568,7 @@ fn read_abort_reason(code: u8) -> Result<AbortReason, WireError> {
         6 => AbortReason::PeerRestarted,
         7 => AbortReason::DecodeBusy,
         8 => AbortReason::QueueTimeout,
+        9 => AbortReason::PrefillBusy,
         value => return Err(WireError::Invalid { what: "abort reason", value: u64::from(value) }),
     })
 }

@@ -151,6 +151,10 @@ pub enum AbortReason {
     PeerRestarted,
     /// The decode worker had no batch slot, page or transfer place free: try again later.
     DecodeBusy,
+    /// The prefill worker had no transfer place free (its transfers outlive the router's count
+    /// of them: until the decode side acknowledges `Done`, or an aborted one's writes drain):
+    /// try again later.
+    PrefillBusy,
     /// The request waited at the router longer than its `queue_wait_max` for workers with room:
     /// no worker ever took it (an overload, not a failure of the engine).
     QueueTimeout,

@@ -30,6 +30,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
         Just(AbortReason::PeerRestarted),
         Just(AbortReason::DecodeBusy),
         Just(AbortReason::QueueTimeout),
+        Just(AbortReason::PrefillBusy),
     ]
 }
 
@@ -306,7 +307,7 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![10, 0, 0, 0, 6, 3, 1, 2, 1, 2, 3, 4, 5, 6]
+        vec![10, 0, 0, 0, 7, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
@@ -314,8 +315,8 @@ fn bytes_are_pinned() {
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame[4] = 3;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 6 }));
-    frame[4] = 6;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 7 }));
+    frame[4] = 7;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }
