@@ -125,6 +125,9 @@ struct Transfer {
     decode: Endpoint,
     deadline: Time,
     attempt: u32,
+    /// Its queue deadline, kept for a busy refusal: that sends it back to the queue without
+    /// using an attempt, so only this deadline bounds how often it may be refused.
+    queue_deadline: Time,
 }
 
 /// A request waiting at the router for a decode worker with room.
@@ -289,7 +292,7 @@ impl Router {
         while self.index.queue_not_before.first().is_some_and(|t| t <= now) && self.has_room() {
             let at = self.queue.iter().position(|q| q.not_before <= now).expect("indexed as due");
             let q = self.dequeue(at);
-            self.start(q.request, q.attempt, now);
+            self.start(q, now);
         }
     }
 
@@ -620,7 +623,8 @@ impl Router {
         self.pump(now);
     }
 
-    fn start(&mut self, request: RequestSpec, attempt: u32, now: Time) -> TransferKey {
+    fn start(&mut self, queued: Queued, now: Time) -> TransferKey {
+        let Queued { request, attempt, deadline: queue_deadline, .. } = queued;
         let key = TransferKey { transfer: TransferId(self.next_transfer), epoch: Epoch(attempt) };
         self.next_transfer += 1;
         // `pump` starts a request only when both roles have room, whatever the attempt's order.
@@ -631,22 +635,24 @@ impl Router {
         self.by_request.insert(request.id, key.transfer);
         self.deadlines.insert((deadline, key.transfer));
         self.index.transfer_started(request.id, prefill.worker, decode.worker);
-        self.transfers
-            .insert(key.transfer, Transfer { key, request, prefill, decode, deadline, attempt });
+        let transfer =
+            Transfer { key, request, prefill, decode, deadline, attempt, queue_deadline };
+        self.transfers.insert(key.transfer, transfer);
         key
     }
 
     fn fail_or_retry(&mut self, id: TransferId, reason: AbortReason, now: Time) {
         let t = self.forget(id);
-        let deadline = now.saturating_add(self.config.queue_wait_max);
         if matches!(reason, AbortReason::DecodeBusy | AbortReason::PrefillBusy) {
-            // Not a failure of the request: it waits (within its deadline) and goes again after
-            // a back-off, once a worker has room. The attempt is not used up.
-            let not_before = now.saturating_add(self.config.busy_backoff);
-            let (request, attempt) = (t.request, t.attempt);
+            // Not a failure of the request: it waits (within the deadline it was queued with) and
+            // goes again after a back-off, once a worker has room. The attempt is not used up.
+            let not_before = now.saturating_add(self.config.busy_backoff).min(t.queue_deadline);
+            let (request, attempt, deadline) = (t.request, t.attempt, t.queue_deadline);
             self.enqueue(Queued { request, attempt, not_before, deadline });
         } else if t.attempt < self.config.retries_max && reason != AbortReason::Client {
+            // A new attempt, bounded by `retries_max`, waits anew.
             let (request, attempt) = (t.request, t.attempt + 1);
+            let deadline = now.saturating_add(self.config.queue_wait_max);
             self.enqueue(Queued { request, attempt, not_before: now, deadline });
         } else {
             self.outputs.push_back(RouterOutput::Failed { request: t.request.id, reason });

@@ -571,6 +571,31 @@ fn a_busy_refusal_backs_off_and_keeps_its_attempt() {
     }
 }
 
+/// Busy refusals cost no attempt, so nothing but the queue's deadline bounds them: that deadline
+/// counts from the submission, not from the last refusal. A worker that keeps refusing (every
+/// 5 ms, over a 100 ms `queue_wait_max`) fails the request at 100 ms, as if it had waited in the
+/// queue all along.
+#[test]
+fn busy_refusals_wait_no_longer_than_queue_wait_max_in_all() {
+    let mut r = small_router(2);
+    r.submit(spec(1), Time::ZERO).unwrap();
+    drain(&mut r);
+    let mut now = Time::ZERO;
+    let mut refusals = 0;
+    while let Some(key) = r.transfer_of(RequestId(1)) {
+        r.handle_envelope(outcome(D1, key, Some(AbortReason::PrefillBusy)), now);
+        refusals += 1;
+        now = r.next_timeout().expect("a back-off or the queue's deadline");
+        r.handle_timeout(now);
+        assert!(refusals < 100, "refused {refusals} times, still going at {now:?}");
+    }
+    assert_eq!(now, Time::from_millis(100));
+    assert_eq!(
+        drain(&mut r).last(),
+        Some(&RouterOutput::Failed { request: RequestId(1), reason: AbortReason::QueueTimeout })
+    );
+}
+
 #[test]
 fn workers_join_when_their_links_come_up_and_leave_when_they_go_down() {
     let config = RouterConfig { retries_max: 1, ..small_router(4).config.clone() };
