@@ -64,7 +64,7 @@ fn disaggregated_outputs_equal_each_requests_run_alone() {
         let mut c = Cluster::new(ClusterConfig::new(sched.clone()));
         run_mixed_requests(&mut c, &sched, 6);
         quiet(&c);
-        assert_eq!(c.writes_late, 0);
+        assert_eq!(c.writes_late, []);
     }
 }
 
@@ -177,7 +177,7 @@ fn a_late_write_is_dropped_and_the_request_fails_closed() {
     while !c.writes.is_empty() {
         c.land_write(0, false);
     }
-    assert!(c.writes_late >= 1);
+    assert!(!c.writes_late.is_empty());
     c.run_until_done(5_000);
     assert!(matches!(c.ends[&RequestId(1)], End::Failed(_)), "{:?}", c.ends);
     quiet(&c);

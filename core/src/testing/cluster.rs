@@ -198,8 +198,9 @@ pub struct Cluster {
     /// the router said.
     pub decoding: BTreeMap<RequestId, (TransferKey, Endpoint)>,
     specs: BTreeMap<RequestId, RequestSpec>,
-    /// Writes dropped on arrival: their pages were let go of, or their target's life ended.
-    pub writes_late: u64,
+    /// The transfers of writes dropped on arrival: their pages were let go of, or their target's
+    /// life ended.
+    pub writes_late: Vec<TransferKey>,
     /// What the machines sent that only a fault, a client or an overload should make them send.
     pub sent: Sent,
 }
@@ -273,7 +274,7 @@ impl Cluster {
             ends: BTreeMap::new(),
             decoding: BTreeMap::new(),
             specs: BTreeMap::new(),
-            writes_late: 0,
+            writes_late: Vec::new(),
             sent: Sent::default(),
         }
     }
@@ -364,7 +365,7 @@ impl Cluster {
             self.release_freed();
             self.decodes[d].model.write_page(w.page.index, &w.data).expect("a page-sized write");
         } else if !fail {
-            self.writes_late += 1;
+            self.writes_late.push(w.key);
         }
         if let Some(Place::Prefill(p)) = self.place(w.from.worker)
             && self.prefills[p].me == w.from
