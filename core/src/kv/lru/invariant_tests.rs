@@ -15,7 +15,7 @@
 //! | check | message | test |
 //! |---|---|---|
 //! | page in range | "lru page {page} is beyond the list's {n} pages" | `linked_is_asked_about_a_page_beyond_the_list` |
-//! | links lead back | "lru page {page}: its links {prev} and {next} do not both lead back" | `a_pages_links_do_not_lead_back` (four ways) |
+//! | links lead back | "lru page {page}: its links {prev} and {next} do not both lead back" | `a_pages_links_do_not_lead_back` (six ways) |
 
 use super::*;
 
@@ -82,7 +82,7 @@ fn linked_is_asked_about_a_page_beyond_the_list() {
 #[test]
 fn a_pages_links_do_not_lead_back() {
     type Break = fn(&mut LruList);
-    let cases: [(Break, u32); 4] = [
+    let cases: [(Break, u32); 6] = [
         // Page 0's successor does not point back at it.
         (|l| l.prev[3] = 2, 0),
         // The head is page 2, yet page 0 claims no predecessor.
@@ -91,6 +91,16 @@ fn a_pages_links_do_not_lead_back() {
         (|l| l.head = 1, 1),
         // The tail's successor link leaves the list's end.
         (|l| l.next[3] = 1, 3),
+        // An unlisted page with stale links into the list, one or both: neither leads back,
+        // yet it is not the clean unlinked page either.
+        (|l| l.next[1] = 3, 1),
+        (
+            |l| {
+                l.prev[1] = 2;
+                l.next[1] = 3;
+            },
+            1,
+        ),
     ];
     for (break_it, page) in cases {
         let mut list = legit();
