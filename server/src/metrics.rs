@@ -122,6 +122,8 @@ pub struct Metrics {
     pub transfers_started: Counter,
     pub transfers_completed: Counter,
     pub transfers_failed: Counter,
+    pub transfers_retried: Counter,
+    pub transfers_busy: Counter,
     pub transfers_timed_out: Counter,
     pub transfer_seconds: Histogram,
     /// The executor's grammar compiler, whose counts of kept grammars are read at each render.
@@ -319,6 +321,17 @@ impl Metrics {
                 ROUTER,
                 "lockstep:kv_transfers_failed_total",
                 "Requests that failed before decoding, after their last retry",
+            ),
+            transfers_retried: counter(
+                ROUTER,
+                "lockstep:kv_transfer_retries_total",
+                "Transfers started again after an attempt failed (up to the router's retries_max)",
+            ),
+            transfers_busy: counter(
+                ROUTER,
+                "lockstep:kv_transfers_refused_busy_total",
+                "Transfers a prefill or decode worker refused for want of room, sent again after \
+                 the back-off without using an attempt",
             ),
             transfers_timed_out: counter(
                 ROUTER,

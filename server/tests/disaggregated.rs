@@ -69,11 +69,16 @@ struct Cluster {
 }
 
 async fn cluster(mode: StepMode) -> Cluster {
-    cluster_with(mode, |_| {}).await
+    cluster_with(mode, 16, |_| {}).await
 }
 
-/// `tweak` adjusts the prefill worker's peer link (the one KV writes go out on).
-async fn cluster_with(mode: StepMode, tweak: impl FnOnce(&mut PeerConfig)) -> Cluster {
+/// `prefill_transfers_max` bounds the transfers the prefill side holds at once (the router sends
+/// it up to 8); `tweak` adjusts the prefill worker's peer link (the one KV writes go out on).
+async fn cluster_with(
+    mode: StepMode,
+    prefill_transfers_max: u32,
+    tweak: impl FnOnce(&mut PeerConfig),
+) -> Cluster {
     let sched = sched(mode);
     let model = || ProvenanceModel::new(sched.pool, sched.running_max, VOCAB);
     let metrics = || Arc::new(Metrics::for_role("test-model", MetricsRole::Worker));
@@ -89,7 +94,7 @@ async fn cluster_with(mode: StepMode, tweak: impl FnOnce(&mut PeerConfig)) -> Cl
         write_flight_max: Duration::from_millis(100),
         transfer_deadline: Duration::from_millis(2_000),
         done_retransmit: Duration::from_millis(100),
-        transfers_max: 16,
+        transfers_max: prefill_transfers_max,
     };
 
     let decode_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -484,7 +489,7 @@ async fn log_probabilities_through_a_router_equal_one_process() {
 async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
     let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
     // A provenance page is 32 bytes of KV, its frame about 70: some thirty fit at once.
-    let c = cluster_with(StepMode::Sync, |p| p.send_bytes_max = 2048).await;
+    let c = cluster_with(StepMode::Sync, 16, |p| p.send_bytes_max = 2048).await;
     let counter = |page: &str, name: &str| {
         page.lines()
             .find(|l| l.starts_with(name))
@@ -505,4 +510,34 @@ async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
     assert_eq!(failed, Some(0.0), "a transfer failed for want of room");
     let held = counter(&c.prefill_metrics.render(), "lockstep:kv_writes_held_total");
     assert!(held.unwrap() > 0.0, "no write ever waited: the link was not narrow");
+}
+
+/// A prefill worker with fewer transfer places than the router sends it prompts (2 against 8)
+/// refuses the rest as busy: they go again after the back-off, and nothing fails. (Refused as
+/// failed, as it once was, each used up an attempt, and with `retries_max` 1 clients got errors
+/// under mere load.) The router counts the refusals apart from retries, which stay at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prefill_worker_short_of_transfer_places_refuses_as_busy_and_nothing_fails() {
+    let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let c = cluster_with(StepMode::Sync, 2, |_| {}).await;
+    let counter = |page: &str, name: &str| {
+        page.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let mut requests = Vec::new();
+    for i in 0..16 {
+        let body = completion(&prompt(i, 40, 0), 4);
+        requests.push((body.clone(), c.router.post_in_task("/v1/completions", body)));
+    }
+    for (body, request) in requests {
+        let through = request.await.unwrap();
+        let (_, alone) = single.post("/v1/completions", &body).await;
+        assert_eq!(text(&through), text(&alone), "{through}");
+    }
+    let (_, page) = c.router.get("/metrics").await;
+    assert_eq!(counter(&page, "lockstep:kv_transfers_failed_total"), Some(0.0), "{page}");
+    assert_eq!(counter(&page, "lockstep:kv_transfer_retries_total"), Some(0.0), "{page}");
+    let busy = counter(&page, "lockstep:kv_transfers_refused_busy_total").unwrap();
+    assert!(busy > 0.0, "no transfer was refused: the prefill worker was not short of places");
 }

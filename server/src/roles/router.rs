@@ -13,7 +13,7 @@ use lockstep_core::Time;
 use lockstep_core::model::SamplingSpec;
 use lockstep_core::pd::{Router, RouterConfig, RouterError, RouterOutput};
 use lockstep_core::sched::{FinishReason, NewRequest, RequestId};
-use lockstep_core::wire::{AbortReason, Envelope, RequestSpec, Role, WorkerId};
+use lockstep_core::wire::{AbortReason, Envelope, Epoch, RequestSpec, Role, WorkerId};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -39,8 +39,8 @@ struct Live {
     events: mpsc::Sender<RequestEvent>,
     arrived: Instant,
     output_tokens: u32,
-    /// Whether a transfer was started for it: it left the router's queue.
-    transferred: bool,
+    /// The attempt of its last transfer; `None` until the first left the router's queue.
+    attempt: Option<Epoch>,
     /// When the last output token went to the client; `None` until the first.
     last_token_at: Option<Instant>,
 }
@@ -180,7 +180,7 @@ impl RouterEngine {
                     events,
                     arrived: Instant::now(),
                     output_tokens: 0,
-                    transferred: false,
+                    attempt: None,
                     last_token_at: None,
                 };
                 self.live.insert(id, live);
@@ -301,14 +301,17 @@ impl RouterEngine {
     }
 
     fn send(&mut self, envelope: Envelope) {
-        if let lockstep_core::wire::Message::Reserve { request, .. } = &envelope.body {
+        if let lockstep_core::wire::Message::Reserve { key, request, .. } = &envelope.body {
             self.metrics.transfers_started.increment(1);
-            // The first transfer ends the wait in the router's queue; a retry's does not.
-            if let Some(live) = self.live.get_mut(&request.id)
-                && !live.transferred
-            {
-                live.transferred = true;
-                observe(&self.metrics.queue_time, live.arrived.elapsed());
+            if let Some(live) = self.live.get_mut(&request.id) {
+                // The first transfer ends the wait in the router's queue. The router sends a
+                // request again under the same attempt only after a worker refused it as busy,
+                // and under the next after a failure.
+                match live.attempt.replace(key.epoch) {
+                    None => observe(&self.metrics.queue_time, live.arrived.elapsed()),
+                    Some(last) if last == key.epoch => self.metrics.transfers_busy.increment(1),
+                    Some(_) => self.metrics.transfers_retried.increment(1),
+                }
             }
         }
         if let Err(e) = self.transport.try_send(&envelope) {
