@@ -147,6 +147,19 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// The fast path of a long prompt's lookup: a key in its home slot gives its page, any other
+    /// key gives `EMPTY`. (The pool confirms every candidate and falls back to `get`, so a wrong
+    /// answer here costs speed, never correctness: only this test sees it.)
+    #[test]
+    fn home_candidates_name_the_page_in_each_keys_home_slot() {
+        let mut index = PrefixIndex::with_capacity(16);
+        let (present, absent) = (7u64 << 32 | 1, 9u64 << 32 | 1);
+        index.insert(present, 3, |_| false).unwrap();
+        let mut out = [0; 2];
+        index.home_candidates(&[present, absent], &mut out);
+        assert_eq!(out, [3, EMPTY]);
+    }
+
     #[test]
     fn behaves_like_a_map_under_churn() {
         let mut index = PrefixIndex::with_capacity(64);
