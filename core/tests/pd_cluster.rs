@@ -31,11 +31,8 @@
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
 
-use std::collections::BTreeSet;
-
-use lockstep_core::sched::{FinishReason, StepMode};
-use lockstep_core::testing::{Cluster, ClusterConfig, ClusterOp, End, Sent, small_config};
-use lockstep_core::wire::{AbortReason, Epoch, TransferId};
+use lockstep_core::sched::StepMode;
+use lockstep_core::testing::{Cluster, ClusterConfig, ClusterOp, small_config};
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = ClusterOp> {
@@ -60,25 +57,6 @@ fn op() -> impl Strategy<Value = ClusterOp> {
     ]
 }
 
-/// What a cluster without faults sees: messages delivered in order on each link and in any
-/// order across links, writes landing in any order, steps and timers on any machine, and clients aborting, but nothing
-/// lost, duplicated, late beyond its bound or restarted, and a clock that moves only when the
-/// schedule is over.
-fn calm_op() -> impl Strategy<Value = ClusterOp> {
-    prop_oneof![
-        3 => (any::<u8>(), any::<u8>(), any::<u8>())
-            .prop_map(|(len, shared, max_tokens)| ClusterOp::Submit { len, shared, max_tokens }),
-        12 => any::<u8>().prop_map(ClusterOp::DeliverInOrder),
-        5 => any::<u8>().prop_map(ClusterOp::Land),
-        4 => any::<u8>().prop_map(ClusterOp::StepPrefill),
-        6 => any::<u8>().prop_map(ClusterOp::StepDecode),
-        1 => any::<u8>().prop_map(ClusterOp::Abort),
-        2 => Just(ClusterOp::RouterTimers),
-        2 => any::<u8>().prop_map(ClusterOp::PrefillTimers),
-        2 => any::<u8>().prop_map(ClusterOp::DecodeTimers),
-    ]
-}
-
 /// A cluster's shape and the schedule it runs.
 #[derive(Clone, Debug)]
 struct Schedule {
@@ -91,14 +69,29 @@ struct Schedule {
 }
 
 fn schedule() -> impl Strategy<Value = Schedule> {
-    schedule_of(op())
+    schedule_of(prop::collection::vec(op(), 1..300))
 }
 
-fn schedule_of(op: impl Strategy<Value = ClusterOp>) -> impl Strategy<Value = Schedule> {
-    (any::<bool>(), 12u32..40, 6u32..24, 1u32..=2, 1u32..=2, prop::collection::vec(op, 1..300))
-        .prop_map(|(overlap, pages, prefill_pages, prefill_workers, decode_workers, ops)| {
-            Schedule { overlap, pages, prefill_pages, prefill_workers, decode_workers, ops }
-        })
+/// A fault schedule with its faults left out (`ClusterOp::calm`): messages delivered in order on
+/// each link and in any order across links, writes landing in any order, steps and timers on any
+/// machine and clients aborting, but nothing lost, duplicated, late or restarted, and a clock
+/// that moves only once the schedule is over.
+fn calm_schedule() -> impl Strategy<Value = Schedule> {
+    let ops = prop::collection::vec(op().prop_map(|op| op.calm()), 1..300);
+    schedule_of(ops.prop_map(|ops| ops.into_iter().flatten().collect()))
+}
+
+fn schedule_of(ops: impl Strategy<Value = Vec<ClusterOp>>) -> impl Strategy<Value = Schedule> {
+    (any::<bool>(), 12u32..40, 6u32..24, 1u32..=2, 1u32..=2, ops).prop_map(
+        |(overlap, pages, prefill_pages, prefill_workers, decode_workers, ops)| Schedule {
+            overlap,
+            pages,
+            prefill_pages,
+            prefill_workers,
+            decode_workers,
+            ops,
+        },
+    )
 }
 
 /// Runs the schedule, then everything to its end, and checks the outcomes; panics on a failure.
@@ -124,47 +117,11 @@ fn run_and_check(schedule: &Schedule) -> Cluster {
     cluster
 }
 
-/// Without faults nothing fails but what a client aborts: every other request runs to its end
-/// (its whole output, as `check_outcomes` holds) in its first attempt, no machine aborts a
-/// transfer but for a client's abort or a worker too busy to take it (which costs no attempt),
-/// and no write but an aborted transfer's arrives after its pages were let go. The fault schedules cannot say this: every request
-/// there may have met a fault, so a failure or a retry is always allowed, and a router or worker
-/// that fails or retries what it need not passes them.
+/// A calm schedule (`ClusterOp::calm`): on top of `check_outcomes`, every request but an aborted
+/// one finished in its first attempt, and nothing was aborted or dropped but for a client or a
+/// busy worker.
 fn run_calm(schedule: &Schedule) {
-    let cluster = run_and_check(schedule);
-    let Sent { reserves, aborts } = &cluster.sent;
-    let aborted: BTreeSet<TransferId> = aborts
-        .iter()
-        .filter(|(_, _, reason)| *reason == AbortReason::Client)
-        .map(|(_, key, _)| key.transfer)
-        .collect();
-    for (from, key, reason) in aborts {
-        let busy = matches!(reason, AbortReason::DecodeBusy | AbortReason::PrefillBusy);
-        assert!(
-            busy || aborted.contains(&key.transfer),
-            "{from:?} aborted {key:?} ({reason:?}) without a fault or a client's abort"
-        );
-    }
-    for key in &cluster.writes_late {
-        assert!(
-            aborted.contains(&key.transfer),
-            "a write of {key:?} came too late without a fault"
-        );
-    }
-    for (id, end) in &cluster.ends {
-        match end {
-            End::Finished(
-                FinishReason::Length
-                | FinishReason::ContextLength
-                | FinishReason::EndOfSequence(_)
-                | FinishReason::StopToken(_),
-            ) => {}
-            End::Finished(FinishReason::Aborted) | End::Failed(AbortReason::Client) => {}
-            other => panic!("{id} ended {other:?} without a fault"),
-        }
-        let retried = reserves.get(id).into_iter().flatten().find(|key| key.epoch != Epoch(0));
-        assert_eq!(retried, None, "{id} was retried without a fault");
-    }
+    run_and_check(schedule).check_calm_outcomes();
 }
 
 proptest! {
@@ -177,7 +134,7 @@ proptest! {
 
     #[test]
     fn without_faults_only_a_client_fails_a_request_and_nothing_is_retried(
-        schedule in schedule_of(calm_op())
+        schedule in calm_schedule()
     ) {
         run_calm(&schedule);
     }

@@ -4,7 +4,9 @@
 //! jumping, and each machine's timers fired in the order the input says. A leading byte picks
 //! the step mode and the decode pool's size (12 to 39 pages), the next the prefill pool's (6 to
 //! 23: small enough that the prefill node preempts, as in `core/tests/pd_cluster.rs`), the third
-//! how many workers of each role.
+//! how many workers of each role and whether the schedule is calm: its faults left out
+//! (`ClusterOp::calm`), and then also `Cluster::check_calm_outcomes` (nothing fails but what a
+//! client aborts, nothing is retried).
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
 //! end, and: every request ended; one that finished passed on exactly its output alone, one that
 //! failed a prefix of it; no page, pin, slot or transfer is held on any worker.
@@ -72,14 +74,23 @@ fuzz_target!(|data: &[u8]| {
         decode_workers: 1 + u32::from((workers >> 1) & 1),
         ..ClusterConfig::new(sched.clone())
     };
+    let calm = workers & 4 != 0;
     let mut cluster = Cluster::new(config);
     for _ in 0..400 {
         if input.is_empty() {
             break;
         }
         let Ok(op) = Op::arbitrary(&mut input) else { break };
-        cluster.apply(&op.into());
+        let op = ClusterOp::from(op);
+        if !calm {
+            cluster.apply(&op);
+        } else if let Some(op) = op.calm() {
+            cluster.apply(&op);
+        }
     }
     cluster.run_until_done(20_000);
     cluster.check_outcomes(&sched, &cluster.submitted());
+    if calm {
+        cluster.check_calm_outcomes();
+    }
 });

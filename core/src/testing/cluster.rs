@@ -15,8 +15,8 @@ use crate::node::{DecodeNode, DecodeNodeOutput, PrefillNode, PrefillNodeOutput};
 use crate::pd::{DecodeConfig, PrefillConfig, Router, RouterConfig, RouterError, RouterOutput};
 use crate::sched::{FinishReason, RequestId, SchedConfig};
 use crate::wire::{
-    AbortReason, Endpoint, Envelope, Incarnation, Message, PageSlot, RequestSpec, Role,
-    TransferKey, WorkerId,
+    AbortReason, Endpoint, Envelope, Epoch, Incarnation, Message, PageSlot, RequestSpec, Role,
+    TransferId, TransferKey, WorkerId,
 };
 
 use super::VOCAB_SIZE;
@@ -147,6 +147,25 @@ pub enum ClusterOp {
     /// slow to take): the router learns of the new life only when it comes up, and the workers
     /// only from its messages.
     Restart(u8),
+}
+
+impl ClusterOp {
+    /// What a schedule without faults does in this op's place: a delivery in order on its link,
+    /// or nothing for a fault (a loss, a duplicate, a failed write or step, the clock jumping, a
+    /// link breaking, a restart). Clients still abort: that is not a fault of the cluster.
+    pub fn calm(&self) -> Option<ClusterOp> {
+        match *self {
+            ClusterOp::Deliver(i) => Some(ClusterOp::DeliverInOrder(i)),
+            ClusterOp::Drop(_)
+            | ClusterOp::Duplicate(_)
+            | ClusterOp::FailWrite(_)
+            | ClusterOp::FailStep(_)
+            | ClusterOp::Advance(_)
+            | ClusterOp::LinkDown(_)
+            | ClusterOp::Restart(_) => None,
+            ref calm => Some(calm.clone()),
+        }
+    }
 }
 
 /// How a request ended at the router.
@@ -760,6 +779,48 @@ impl Cluster {
         }
         for w in &self.decodes {
             assert_eq!(w.node.side().transfers_live(), 0, "{:?}: a decode transfer is live", w.me);
+        }
+    }
+
+    /// The oracles of a schedule without faults (`ClusterOp::calm`), beyond `check_outcomes`:
+    /// nothing fails but what a client aborts, so every other request ran to its end in its
+    /// first attempt; no machine aborted a transfer but for a client's abort or a worker too busy
+    /// to take it (which costs no attempt); and no write but an aborted transfer's arrived after
+    /// its pages were let go. A fault schedule cannot say this: any request there may have met a
+    /// fault, so a failure or a retry always passes, and so does a machine that fails or retries
+    /// what it need not.
+    pub fn check_calm_outcomes(&self) {
+        let Sent { reserves, aborts } = &self.sent;
+        let aborted: BTreeSet<TransferId> = aborts
+            .iter()
+            .filter(|(_, _, reason)| *reason == AbortReason::Client)
+            .map(|(_, key, _)| key.transfer)
+            .collect();
+        for (from, key, reason) in aborts {
+            let busy = matches!(reason, AbortReason::DecodeBusy | AbortReason::PrefillBusy);
+            assert!(
+                busy || aborted.contains(&key.transfer),
+                "{from:?} aborted {key:?} ({reason:?}) without a fault or a client's abort"
+            );
+        }
+        for key in &self.writes_late {
+            let late = aborted.contains(&key.transfer);
+            assert!(late, "a write of {key:?} came too late without a fault");
+        }
+        for (id, end) in &self.ends {
+            match end {
+                End::Finished(
+                    FinishReason::Length
+                    | FinishReason::ContextLength
+                    | FinishReason::EndOfSequence(_)
+                    | FinishReason::StopToken(_),
+                )
+                | End::Finished(FinishReason::Aborted)
+                | End::Failed(AbortReason::Client) => {}
+                other => panic!("{id} ended {other:?} without a fault"),
+            }
+            let retried = reserves.get(id).into_iter().flatten().find(|key| key.epoch != Epoch(0));
+            assert_eq!(retried, None, "{id} was retried without a fault");
         }
     }
 
