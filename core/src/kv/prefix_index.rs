@@ -160,6 +160,17 @@ mod tests {
         assert_eq!(out, [3, EMPTY]);
     }
 
+    /// Keys spread over the table: their home slots are where lookups start, and keys that all
+    /// started in one slot would make every probe run the whole table (still correct, so only
+    /// this test sees it). 64 fingerprints in 128 slots take at least 32 homes.
+    #[test]
+    fn keys_spread_over_their_home_slots() {
+        let index = PrefixIndex::with_capacity(64);
+        let homes: std::collections::BTreeSet<usize> =
+            (0..64u32).map(|f| index.home(f.wrapping_mul(0x2545_f491))).collect();
+        assert!(homes.len() >= 32, "64 keys in {} home slots", homes.len());
+    }
+
     #[test]
     fn behaves_like_a_map_under_churn() {
         let mut index = PrefixIndex::with_capacity(64);
