@@ -1,14 +1,14 @@
 //! The router with one or two prefill and decode workers (schedulers, pools, protocol sides and
 //! provenance models together, `testing::Cluster`) under fault schedules proptest draws: messages
-//! reordered, dropped and duplicated, links breaking, workers restarting (their peers hearing of
-//! it, or with those events lost), writes landing late or failing, clients aborting, the clock
-//! jumping, steps failing, and each machine's timers fired in any order. After every action:
-//! every machine's invariants; at every landing write, that its page is still the allocation it
-//! was aimed at (asked of the pool, not of the protocol side that let it land). Then the faults stop, everything runs to its end, and: every
-//! request ended; one that ran to its end passed on exactly its output when run alone on one
-//! worker, one that failed or was cut short a prefix of it (never a token of another attempt of
-//! it, the lost-success-and-retry race); no page, pin, slot or transfer is held on any worker,
-//! nor a freed page left unpoisoned.
+//! reordered, dropped and duplicated, links breaking, workers and the router restarting (their
+//! peers hearing of it, or with those events lost), writes landing late or failing, clients
+//! aborting, the clock jumping, steps failing, and each machine's timers fired in any order. After
+//! every action: every machine's invariants; at every landing write, that its page is still the
+//! allocation it was aimed at (asked of the pool, not of the protocol side that let it land). Then
+//! the faults stop, everything runs to its end, and: every request ended; one that ran to its end
+//! passed on exactly its output when run alone on one worker, one that failed or was cut short a
+//! prefix of it (never a token of another attempt of it, the lost-success-and-retry race); no page,
+//! pin, slot or transfer is held on any worker, nor a freed page left unpoisoned.
 //!
 //! A second suite runs calm schedules: messages in order on each link, nothing lost, duplicated,
 //! late or restarted, only clients aborting. There every request but an aborted one must finish
@@ -54,6 +54,7 @@ fn op() -> impl Strategy<Value = ClusterOp> {
         2 => any::<u8>().prop_map(ClusterOp::DecodeTimers),
         1 => any::<u8>().prop_map(ClusterOp::LinkDown),
         1 => any::<u8>().prop_map(ClusterOp::Restart),
+        1 => any::<u8>().prop_map(ClusterOp::RestartRouter),
     ]
 }
 

@@ -426,6 +426,11 @@ impl Router {
         self.pump(now);
     }
 
+    /// This router's life: its worker id and incarnation.
+    pub fn me(&self) -> Endpoint {
+        self.me
+    }
+
     /// The paired workers: prefill, then decode.
     pub fn workers(&self) -> (&[Endpoint], &[Endpoint]) {
         (&self.prefills, &self.decodes)

@@ -147,6 +147,11 @@ pub enum ClusterOp {
     /// slow to take): the router learns of the new life only when it comes up, and the workers
     /// only from its messages.
     Restart(u8),
+    /// The router's process dies and starts again as its next incarnation, with none of the old
+    /// one's requests: their clients' streams broke with it. Even: its workers hear its links go
+    /// down; odd: those events are lost, and the workers learn of the new life only from its
+    /// messages, while what they hold for the old one must still end by itself.
+    RestartRouter(u8),
 }
 
 impl ClusterOp {
@@ -162,7 +167,8 @@ impl ClusterOp {
             | ClusterOp::FailStep(_)
             | ClusterOp::Advance(_)
             | ClusterOp::LinkDown(_)
-            | ClusterOp::Restart(_) => None,
+            | ClusterOp::Restart(_)
+            | ClusterOp::RestartRouter(_) => None,
             ref calm => Some(calm.clone()),
         }
     }
@@ -618,6 +624,32 @@ impl Cluster {
         self.hear_up(new);
     }
 
+    /// The router dies and starts again as its next incarnation (see `ClusterOp::RestartRouter`):
+    /// every request it held ends failed with what it passed on, since its client's stream broke;
+    /// with `events_lost`, no worker hears its links go down.
+    pub fn restart_router(&mut self, events_lost: bool) {
+        let old = self.router.me();
+        let new = Endpoint { worker: old.worker, incarnation: Incarnation(old.incarnation.0 + 1) };
+        self.network.retain(|e| e.from != old && e.to != old);
+        let held: Vec<RequestId> =
+            self.outputs.keys().filter(|r| !self.ends.contains_key(r)).copied().collect();
+        for request in held {
+            self.end(request, End::Failed(AbortReason::Router));
+        }
+        let (prefills, decodes): (Vec<Endpoint>, Vec<Endpoint>) = (
+            self.prefills.iter().map(|w| w.me).collect(),
+            self.decodes.iter().map(|w| w.me).collect(),
+        );
+        self.router =
+            Router::new(new, self.config.router.clone(), prefills.clone(), decodes.clone());
+        self.after_input();
+        if !events_lost {
+            for worker in prefills.into_iter().chain(decodes) {
+                self.hear_down(worker, old);
+            }
+        }
+    }
+
     /// Applies one action of a fault schedule.
     pub fn apply(&mut self, op: &ClusterOp) {
         let pick = |len: usize, i: u8| (len > 0).then(|| usize::from(i) % len);
@@ -711,6 +743,7 @@ impl Cluster {
                     if i < prefills { self.prefills[i].me } else { self.decodes[i - prefills].me };
                 self.restart(worker.worker, lap % 2 == 1);
             }
+            ClusterOp::RestartRouter(lap) => self.restart_router(lap % 2 == 1),
         }
     }
 
