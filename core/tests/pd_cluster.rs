@@ -10,12 +10,14 @@
 //! prefix of it (never a token of another attempt of it, the lost-success-and-retry race); no page,
 //! pin, slot or transfer is held on any worker, nor a freed page left unpoisoned.
 //!
-//! A second suite runs calm schedules: messages in order on each link, nothing lost, duplicated,
-//! late or restarted, only clients aborting. There every request but an aborted one must finish
-//! in its first attempt, and nothing may be aborted or dropped but for a client or a busy
-//! worker. The fault schedules cannot hold that (any request may have met a fault there, so a
-//! failure or a retry always passes); the first calm run found a prefill worker that refused a
-//! transfer when full as a failure, spending the request's attempts under mere load.
+//! A second suite runs calm schedules: messages in order on each link, nothing lost, duplicated
+//! or late, no worker restarted; only clients abort and the router restarts. There every request
+//! not aborted nor held by a router that died must finish in its first attempt, and nothing may
+//! be aborted or dropped but for those or a busy worker. The fault schedules cannot hold that
+//! (any request may have met a fault there, so a failure or a retry always passes). The first
+//! calm run found a prefill worker that refused a transfer when full as a failure, spending the
+//! request's attempts under mere load; with router restarts, a router that reused its
+//! predecessor's transfer ids (which workers still hold) fails a four-op schedule.
 //!
 //! Two workers of a role are drawn because with one of each the router never chooses between
 //! workers, nor does a worker tell one peer's transfers from another's. A router that sent every
@@ -75,8 +77,8 @@ fn schedule() -> impl Strategy<Value = Schedule> {
 
 /// A fault schedule with its faults left out (`ClusterOp::calm`): messages delivered in order on
 /// each link and in any order across links, writes landing in any order, steps and timers on any
-/// machine and clients aborting, but nothing lost, duplicated, late or restarted, and a clock
-/// that moves only once the schedule is over.
+/// machine, clients aborting and the router restarting, but nothing lost, duplicated or late, no
+/// worker restarted, and a clock that moves only once the schedule is over.
 fn calm_schedule() -> impl Strategy<Value = Schedule> {
     let ops = prop::collection::vec(op().prop_map(|op| op.calm()), 1..300);
     schedule_of(ops.prop_map(|ops| ops.into_iter().flatten().collect()))
@@ -118,9 +120,9 @@ fn run_and_check(schedule: &Schedule) -> Cluster {
     cluster
 }
 
-/// A calm schedule (`ClusterOp::calm`): on top of `check_outcomes`, every request but an aborted
-/// one finished in its first attempt, and nothing was aborted or dropped but for a client or a
-/// busy worker.
+/// A calm schedule (`ClusterOp::calm`): on top of `check_outcomes`, every request neither aborted
+/// nor held by a router that died finished in its first attempt, and nothing was aborted or
+/// dropped but for those or a busy worker (`Cluster::check_calm_outcomes`).
 fn run_calm(schedule: &Schedule) {
     run_and_check(schedule).check_calm_outcomes();
 }
@@ -134,7 +136,7 @@ proptest! {
     }
 
     #[test]
-    fn without_faults_only_a_client_fails_a_request_and_nothing_is_retried(
+    fn without_faults_only_clients_and_router_restarts_end_requests_early_and_none_is_retried(
         schedule in calm_schedule()
     ) {
         run_calm(&schedule);

@@ -1,12 +1,12 @@
 //! Arbitrary fault schedules over the router and one or two prefill and decode nodes together
 //! (`testing::Cluster`): messages delivered out of order, dropped and duplicated, links breaking,
-//! workers restarting, writes landing late or failing, steps failing, clients aborting, the clock
-//! jumping, and each machine's timers fired in the order the input says. A leading byte picks
-//! the step mode and the decode pool's size (12 to 39 pages), the next the prefill pool's (6 to
-//! 23: small enough that the prefill node preempts, as in `core/tests/pd_cluster.rs`), the third
-//! how many workers of each role and whether the schedule is calm: its faults left out
-//! (`ClusterOp::calm`), and then also `Cluster::check_calm_outcomes` (nothing fails but what a
-//! client aborts, nothing is retried).
+//! workers and the router restarting, writes landing late or failing, steps failing, clients
+//! aborting, the clock jumping, and each machine's timers fired in the order the input says. A
+//! leading byte picks the step mode and the decode pool's size (12 to 39 pages), the next the
+//! prefill pool's (6 to 23: small enough that the prefill node preempts, as in
+//! `core/tests/pd_cluster.rs`), the third how many workers of each role and whether the schedule is
+//! calm: its faults left out (`ClusterOp::calm`), and then also `Cluster::check_calm_outcomes`
+//! (nothing fails but what a client aborts or a router's restart ends, nothing is retried).
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
 //! end, and: every request ended; one that finished passed on exactly its output alone, one that
 //! failed a prefix of it; no page, pin, slot or transfer is held on any worker.
@@ -36,6 +36,7 @@ enum Op {
     DecodeTimers(u8),
     LinkDown(u8),
     Restart(u8),
+    RestartRouter(u8),
 }
 
 impl From<Op> for ClusterOp {
@@ -57,6 +58,7 @@ impl From<Op> for ClusterOp {
             Op::DecodeTimers(i) => ClusterOp::DecodeTimers(i),
             Op::LinkDown(which) => ClusterOp::LinkDown(which),
             Op::Restart(which) => ClusterOp::Restart(which),
+            Op::RestartRouter(lap) => ClusterOp::RestartRouter(lap),
         }
     }
 }

@@ -157,7 +157,9 @@ pub enum ClusterOp {
 impl ClusterOp {
     /// What a schedule without faults does in this op's place: a delivery in order on its link,
     /// or nothing for a fault (a loss, a duplicate, a failed write or step, the clock jumping, a
-    /// link breaking, a restart). Clients still abort: that is not a fault of the cluster.
+    /// link breaking, a worker's restart). Clients still abort, and the router still restarts:
+    /// that ends what it held, but what is submitted to its next life must meet no fault of the
+    /// old one's leftovers on the workers.
     pub fn calm(&self) -> Option<ClusterOp> {
         match *self {
             ClusterOp::Deliver(i) => Some(ClusterOp::DeliverInOrder(i)),
@@ -167,8 +169,7 @@ impl ClusterOp {
             | ClusterOp::FailStep(_)
             | ClusterOp::Advance(_)
             | ClusterOp::LinkDown(_)
-            | ClusterOp::Restart(_)
-            | ClusterOp::RestartRouter(_) => None,
+            | ClusterOp::Restart(_) => None,
             ref calm => Some(calm.clone()),
         }
     }
@@ -179,6 +180,8 @@ impl ClusterOp {
 pub enum End {
     Finished(FinishReason),
     Failed(AbortReason),
+    /// The router it was submitted to died: its client's stream broke there.
+    RouterRestarted,
 }
 
 /// A prefill or decode worker of the cluster.
@@ -634,7 +637,7 @@ impl Cluster {
         let held: Vec<RequestId> =
             self.outputs.keys().filter(|r| !self.ends.contains_key(r)).copied().collect();
         for request in held {
-            self.end(request, End::Failed(AbortReason::Router));
+            self.end(request, End::RouterRestarted);
         }
         let (prefills, decodes): (Vec<Endpoint>, Vec<Endpoint>) = (
             self.prefills.iter().map(|w| w.me).collect(),
@@ -772,8 +775,9 @@ impl Cluster {
                     assert_eq!(got_logprobs, &alone.logprobs, "{id}: other log-probabilities");
                     assert_eq!(got_scores, &alone.prompt_logprobs, "{id}: other prompt scores");
                 }
-                // Cut short (a failed step, a decode worker that stopped): what came before.
-                Some(End::Finished(_) | End::Failed(_)) => {
+                // Cut short (a failed step, a decode worker that stopped, a router that died): what
+                // came before.
+                Some(End::Finished(_) | End::Failed(_) | End::RouterRestarted) => {
                     let alone_tokens = &alone.tokens;
                     assert!(
                         alone_tokens.starts_with(got),
@@ -816,28 +820,44 @@ impl Cluster {
     }
 
     /// The oracles of a schedule without faults (`ClusterOp::calm`), beyond `check_outcomes`:
-    /// nothing fails but what a client aborts, so every other request ran to its end in its
-    /// first attempt; no machine aborted a transfer but for a client's abort or a worker too busy
-    /// to take it (which costs no attempt); and no write but an aborted transfer's arrived after
+    /// nothing fails but what a client aborts or a router's restart ends, so every other request
+    /// ran to its end in its first attempt; no machine aborted a transfer but for those or a
+    /// worker too busy to take it (which costs no attempt); and no write but theirs arrived after
     /// its pages were let go. A fault schedule cannot say this: any request there may have met a
     /// fault, so a failure or a retry always passes, and so does a machine that fails or retries
     /// what it need not.
     pub fn check_calm_outcomes(&self) {
         let Sent { reserves, aborts } = &self.sent;
-        let aborted: BTreeSet<TransferId> = aborts
+        // What a client or a router's restart ended: its transfers may be aborted and their
+        // writes come late, by any machine, for any reason.
+        let excused: BTreeSet<TransferId> = self
+            .ends
             .iter()
-            .filter(|(_, _, reason)| *reason == AbortReason::Client)
-            .map(|(_, key, _)| key.transfer)
+            .filter(|(_, end)| {
+                matches!(
+                    end,
+                    End::Finished(FinishReason::Aborted)
+                        | End::Failed(AbortReason::Client)
+                        | End::RouterRestarted
+                )
+            })
+            .flat_map(|(id, _)| reserves.get(id).into_iter().flatten().map(|key| key.transfer))
+            .chain(
+                aborts
+                    .iter()
+                    .filter(|(_, _, reason)| *reason == AbortReason::Client)
+                    .map(|(_, key, _)| key.transfer),
+            )
             .collect();
         for (from, key, reason) in aborts {
             let busy = matches!(reason, AbortReason::DecodeBusy | AbortReason::PrefillBusy);
             assert!(
-                busy || aborted.contains(&key.transfer),
+                busy || excused.contains(&key.transfer),
                 "{from:?} aborted {key:?} ({reason:?}) without a fault or a client's abort"
             );
         }
         for key in &self.writes_late {
-            let late = aborted.contains(&key.transfer);
+            let late = excused.contains(&key.transfer);
             assert!(late, "a write of {key:?} came too late without a fault");
         }
         for (id, end) in &self.ends {
@@ -849,7 +869,8 @@ impl Cluster {
                     | FinishReason::StopToken(_),
                 )
                 | End::Finished(FinishReason::Aborted)
-                | End::Failed(AbortReason::Client) => {}
+                | End::Failed(AbortReason::Client)
+                | End::RouterRestarted => {}
                 other => panic!("{id} ended {other:?} without a fault"),
             }
             let retried = reserves.get(id).into_iter().flatten().find(|key| key.epoch != Epoch(0));
