@@ -100,6 +100,8 @@ pub struct RunOutcome {
     pub panics: Vec<String>,
     /// What each host still held at the end, if anything.
     pub held_at_end: Vec<String>,
+    /// Transfers the router started again after an attempt failed (zero for one server).
+    pub router_retries: u64,
     /// turmoil's own error, if the run ended on one (a host's software failed).
     pub sim_error: Option<String>,
     pub virtual_time: Duration,
@@ -244,6 +246,8 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     let panics = panics::finish_capture();
     drop(router_events);
     let held_at_end = held(&deployment);
+    let probes = deployment.probes.snapshot();
+    let router_retries = probes.get("router").map_or(0, |p| p.stats.transfers_retried());
     drop(sim);
     let observed = seen.lock().expect("the run is over").clone();
     RunOutcome {
@@ -258,6 +262,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         log: log.entries(),
         panics,
         held_at_end,
+        router_retries,
         sim_error,
         virtual_time,
         wall_time: started.elapsed(),

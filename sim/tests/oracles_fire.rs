@@ -105,6 +105,15 @@ fn failed_steps_fail_their_requests_and_nothing_else() {
         let completed =
             endings.iter().filter(|e| matches!(e, Some(Ending::Completed { .. }))).count();
         assert!(failed > 0 && completed > 0, "{topology}: {endings:?}");
+        if topology == Topology::Single {
+            continue;
+        }
+        // A failed prefill step fails its transfer's attempt, and the router tries again: the
+        // faults excuse it here, and a run without them (liveness, judging it as calm) would not.
+        assert!(outcome.router_retries > 0, "{topology}: no transfer was retried");
+        let calm = RunOutcome { mix: FaultMix::NONE, ..outcome.clone() };
+        let retried = oracle::liveness::check(&calm);
+        assert!(retried.iter().any(|v| v.detail.contains("retried")), "{topology}: {retried:?}");
     }
 }
 

@@ -19,6 +19,8 @@ pub struct EngineStats {
     /// elsewhere).
     transfers_held: AtomicU64,
     pins_held: AtomicU64,
+    /// Transfers the router started again after an attempt failed (zero elsewhere).
+    transfers_retried: AtomicU64,
     draining: AtomicBool,
     stopped: AtomicBool,
 }
@@ -32,6 +34,7 @@ impl EngineStats {
             pages_held: AtomicU64::new(0),
             transfers_held: AtomicU64::new(0),
             pins_held: AtomicU64::new(0),
+            transfers_retried: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         }
@@ -78,6 +81,16 @@ impl EngineStats {
     /// Pool pins transfers hold, as of the engine's last turn: zero at quiescence, or a leak.
     pub fn pins_held(&self) -> u64 {
         self.pins_held.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_transfer_retry(&self) {
+        self.transfers_retried.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Transfers the router started again after an attempt failed, since it started: none
+    /// without a fault.
+    pub fn transfers_retried(&self) -> u64 {
+        self.transfers_retried.load(Ordering::Relaxed)
     }
 
     /// KV pages held by requests, as of the engine's last turn: zero at quiescence, or a leak.

@@ -310,7 +310,10 @@ impl RouterEngine {
                 match live.attempt.replace(key.epoch) {
                     None => observe(&self.metrics.queue_time, live.arrived.elapsed()),
                     Some(last) if last == key.epoch => self.metrics.transfers_busy.increment(1),
-                    Some(_) => self.metrics.transfers_retried.increment(1),
+                    Some(_) => {
+                        self.metrics.transfers_retried.increment(1);
+                        self.stats.record_transfer_retry();
+                    }
                 }
             }
         }

@@ -1,7 +1,10 @@
 //! Oracle 2: liveness. Once the faults heal, the deployment must serve again: every request ends
 //! (no client waits out its bound), within `LIVENESS_BOUND` of the later of its sending and the
 //! healing, and a request sent after the deployment had `RECOVERY` to reconnect completes,
-//! unless the deployment shed it for load while it kept serving others.
+//! unless the deployment shed it for load while it kept serving others. A run without faults
+//! has nothing to recover from: every request there completes, from the first, unless shed, and
+//! the router retries no transfer (a retry means an attempt failed, which only a fault excuses;
+//! the client cannot see one that then succeeded).
 //!
 //! Shedding is how a deployment stays live under more load than it can serve: a queue at its
 //! bound refuses (429), and a request that waited past the queue's bound fails with
@@ -16,6 +19,7 @@ use lockstep_server::http::QUEUE_TIMEOUT_MESSAGE;
 
 use super::{Oracle, Violation};
 use crate::client::{Ending, Observed};
+use crate::faults::FaultMix;
 use crate::run::RunOutcome;
 
 /// The longest a request may take to end after faults heal: the router's longest queue wait
@@ -27,10 +31,23 @@ pub const LIVENESS_BOUND: Duration = Duration::from_secs(400);
 pub const RECOVERY: Duration = Duration::from_secs(10);
 
 pub fn check(outcome: &RunOutcome) -> Vec<Violation> {
-    check_observed(outcome.healed_at, &outcome.observed)
+    let calm = outcome.mix == FaultMix::NONE;
+    let recovery = if calm { Duration::ZERO } else { RECOVERY };
+    let mut found = check_observed(outcome.healed_at, recovery, &outcome.observed);
+    if calm && outcome.router_retries > 0 {
+        found.push(Violation {
+            oracle: Oracle::Liveness,
+            request: None,
+            detail: format!(
+                "the router retried {} transfers without a fault",
+                outcome.router_retries
+            ),
+        });
+    }
+    found
 }
 
-fn check_observed(healed: Duration, observed: &[Observed]) -> Vec<Violation> {
+fn check_observed(healed: Duration, recovery: Duration, observed: &[Observed]) -> Vec<Violation> {
     let mut found = Vec::new();
     for (index, seen) in observed.iter().enumerate() {
         let violation =
@@ -52,7 +69,7 @@ fn check_observed(healed: Duration, observed: &[Observed]) -> Vec<Violation> {
                 limit.as_secs_f64()
             )));
         }
-        if sent < healed + RECOVERY
+        if sent < healed + recovery
             || !matches!(ending, Ending::Refused { .. } | Ending::Failed { .. })
         {
             continue;
@@ -140,7 +157,7 @@ mod tests {
     }
 
     fn violations(observed: &[Observed]) -> Vec<Option<usize>> {
-        check_observed(HEALED, observed).into_iter().map(|v| v.request).collect()
+        check_observed(HEALED, RECOVERY, observed).into_iter().map(|v| v.request).collect()
     }
 
     #[test]
@@ -175,5 +192,16 @@ mod tests {
     fn shedding_before_the_deployment_recovered_is_not_judged() {
         let observed = [request(25, 325, queue_timeout())];
         assert_eq!(violations(&observed), []);
+    }
+
+    /// Without faults there is no recovery to wait for: a failure at once after the start is
+    /// judged, as every later one is.
+    #[test]
+    fn without_faults_a_failure_before_the_recovery_bound_is_judged_too() {
+        let failed = Ending::Failed { why: "error event: the engine failed".into() };
+        let observed = [request(21, 22, failed), completed(21, 23)];
+        assert_eq!(violations(&observed), []);
+        let judged = check_observed(HEALED, Duration::ZERO, &observed);
+        assert_eq!(judged.into_iter().map(|v| v.request).collect::<Vec<_>>(), [Some(0)]);
     }
 }
