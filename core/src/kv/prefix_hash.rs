@@ -89,6 +89,11 @@ mod tests {
         // They were computed by an independent Python transcription of the function.
         assert_eq!(root_hash(0), 0x8574_94ab_d8fd_accc);
         assert_eq!(block_hash(root_hash(0), &[1, 2, 3, 4, 5, 6, 7, 8, 9]), 0x49cd_13ba_fd32_46ef);
+        // A salt whose bits meet the root's constant, and seven tokens past the last full round
+        // (they go to the lanes in turn): salt 0 and one token left over pinned neither.
+        assert_eq!(root_hash(0xffff), 0x9cc9_499c_4b76_b8fe);
+        let tokens: Vec<u32> = (0..15).map(|i| 1000 + i * 7).collect();
+        assert_eq!(block_hash(root_hash(0xffff), &tokens), 0xba47_a597_30e9_5427);
     }
 
     #[test]

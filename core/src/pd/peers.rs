@@ -33,3 +33,27 @@ impl Peers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(worker: u32, incarnation: u64) -> Endpoint {
+        Endpoint { worker: WorkerId(worker), incarnation: Incarnation(incarnation) }
+    }
+
+    /// A late envelope from an earlier life is stale, and leaves the newest as it was: taken for
+    /// a newer life, it would make the protocol sides give up what the current life holds.
+    #[test]
+    fn lives_are_heard_in_order_and_an_earlier_one_is_stale() {
+        let mut peers = Peers::default();
+        assert_eq!(peers.hear(life(1, 5)), Heard::Newer, "first contact");
+        assert_eq!(peers.hear(life(1, 5)), Heard::Known);
+        assert_eq!(peers.hear(life(2, 1)), Heard::Newer, "another worker is its own");
+        assert_eq!(peers.hear(life(1, 4)), Heard::Stale);
+        assert_eq!(peers.hear(life(1, 5)), Heard::Known, "the stale one changed nothing");
+        assert_eq!(peers.hear(life(1, 6)), Heard::Newer, "a restart");
+        assert_eq!(peers.hear(life(1, 5)), Heard::Stale);
+        assert_eq!(peers.hear(life(1, 6)), Heard::Known);
+    }
+}

@@ -112,6 +112,33 @@ fn admission_refuses_with_a_reason() {
     assert_eq!(h.sched.requests_held(), 8, "refusals leave no trace");
 }
 
+/// A refusal's text is what a client reads in its 400 (`http::respond`): it names the numbers
+/// that made the request wrong.
+#[test]
+fn each_refusal_says_what_was_wrong_with_its_numbers() {
+    let said = |e: AdmissionError| e.to_string();
+    assert_eq!(said(AdmissionError::EmptyPrompt), "the prompt is empty");
+    assert_eq!(said(AdmissionError::ZeroMaxTokens), "max_tokens is zero");
+    assert_eq!(
+        said(AdmissionError::PromptTooLong { prompt_tokens: 70, request_tokens_max: 64 }),
+        "prompt of 70 tokens reaches the context length 64"
+    );
+    assert_eq!(
+        said(AdmissionError::NeverFits { pages_needed: 10, pages_total: 8 }),
+        "request needs 10 KV pages, the pool has 8"
+    );
+    assert_eq!(
+        said(AdmissionError::TooManyStopTokens { count: 40, max: 32 }),
+        "40 stop tokens, at most 32"
+    );
+    assert_eq!(
+        said(AdmissionError::QueueFull { waiting_max: 8 }),
+        "queue full (8 requests waiting)"
+    );
+    assert!(said(AdmissionError::NoSlot { running_max: 4 }).contains('4'));
+    assert!(said(AdmissionError::DuplicateId(RequestId(3))).contains("req-3"));
+}
+
 #[test]
 fn stop_tokens_eos_and_ignore_eos() {
     let config = small_config(StepMode::Sync, 64);
