@@ -483,21 +483,13 @@ async fn log_probabilities_through_a_router_equal_one_process() {
     }
 }
 
-/// A link whose byte budget holds a few pages at a time: writes wait for room (the data plane's
-/// back-pressure) instead of failing their transfers, and every request gives its output alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
+/// Sixteen requests at once through the router, prompts of `prompt_len` tokens: each answer
+/// equals one process's.
+async fn sixteen_at_once_equal_one_process(c: &Cluster, prompt_len: u32) {
     let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
-    // A provenance page is 32 bytes of KV, its frame about 70: some thirty fit at once.
-    let c = cluster_with(StepMode::Sync, 16, |p| p.send_bytes_max = 2048).await;
-    let counter = |page: &str, name: &str| {
-        page.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-    };
     let mut requests = Vec::new();
     for i in 0..16 {
-        let body = completion(&prompt(i, 60, 0), 4);
+        let body = completion(&prompt(i, prompt_len, 0), 4);
         requests.push((body.clone(), c.router.post_in_task("/v1/completions", body)));
     }
     for (body, request) in requests {
@@ -505,6 +497,20 @@ async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
         let (_, alone) = single.post("/v1/completions", &body).await;
         assert_eq!(text(&through), text(&alone), "{through}");
     }
+}
+
+/// A counter's value on a `/metrics` page, if the page has it.
+fn counter(page: &str, name: &str) -> Option<f64> {
+    page.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A link whose byte budget holds a few pages at a time: writes wait for room (the data plane's
+/// back-pressure) instead of failing their transfers, and every request gives its output alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
+    // A provenance page is 32 bytes of KV, its frame about 70: some thirty fit at once.
+    let c = cluster_with(StepMode::Sync, 16, |p| p.send_bytes_max = 2048).await;
+    sixteen_at_once_equal_one_process(&c, 60).await;
     let (_, page) = c.router.get("/metrics").await;
     let failed = counter(&page, "lockstep:kv_transfers_failed_total");
     assert_eq!(failed, Some(0.0), "a transfer failed for want of room");
@@ -518,23 +524,8 @@ async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
 /// under mere load.) The router counts the refusals apart from retries, which stay at zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prefill_worker_short_of_transfer_places_refuses_as_busy_and_nothing_fails() {
-    let single = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
     let c = cluster_with(StepMode::Sync, 2, |_| {}).await;
-    let counter = |page: &str, name: &str| {
-        page.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-    };
-    let mut requests = Vec::new();
-    for i in 0..16 {
-        let body = completion(&prompt(i, 40, 0), 4);
-        requests.push((body.clone(), c.router.post_in_task("/v1/completions", body)));
-    }
-    for (body, request) in requests {
-        let through = request.await.unwrap();
-        let (_, alone) = single.post("/v1/completions", &body).await;
-        assert_eq!(text(&through), text(&alone), "{through}");
-    }
+    sixteen_at_once_equal_one_process(&c, 40).await;
     let (_, page) = c.router.get("/metrics").await;
     assert_eq!(counter(&page, "lockstep:kv_transfers_failed_total"), Some(0.0), "{page}");
     assert_eq!(counter(&page, "lockstep:kv_transfer_retries_total"), Some(0.0), "{page}");
