@@ -120,6 +120,7 @@ fn run_and_check(schedule: &Schedule) -> Cluster {
     }
     cluster.run_until_done(20_000);
     cluster.check_outcomes(&sched, &cluster.submitted());
+    cluster.check_serves_again(&sched);
     cluster
 }
 

@@ -879,6 +879,43 @@ impl Cluster {
     }
 
     /// The specs of every request submitted, for `check_outcomes`.
+    /// After the faults and the run to the end, the cluster serves again: three requests
+    /// submitted into the quiet cluster, every worker up, each finish in their first attempt with
+    /// their output alone. What the faults left in the router's or the workers' state (a worker
+    /// forgotten, a transfer id at or below a worker's high-water mark, a lease or peer record
+    /// of a dead life) would refuse, fail or retry them.
+    pub fn check_serves_again(&mut self, sched: &SchedConfig) {
+        let first = self.outputs.len() as u64 + 1;
+        let ids: Vec<RequestId> = (first..first + 3).map(RequestId).collect();
+        for &id in &ids {
+            let prompt = (0..9).map(|i| 1 + (i * 5 + id.0 as u32 * 11) % 90).collect();
+            let refused = self.submit(super::request_spec(id, prompt, 4)).err();
+            assert_eq!(refused, None, "{id} was refused after the faults");
+        }
+        self.run_until_done(20_000);
+        let specs: BTreeMap<RequestId, RequestSpec> =
+            ids.iter().map(|id| (*id, self.specs[id].clone())).collect();
+        self.check_outcomes(sched, &specs);
+        for id in &ids {
+            let end = self.ends[id];
+            assert!(
+                matches!(
+                    end,
+                    End::Finished(
+                        FinishReason::Length
+                            | FinishReason::ContextLength
+                            | FinishReason::EndOfSequence(_)
+                            | FinishReason::StopToken(_)
+                    )
+                ),
+                "{id}, submitted after the faults, ended {end:?}"
+            );
+            let keys = self.sent.reserves.get(id).into_iter().flatten();
+            let retried = keys.clone().find(|key| key.epoch != Epoch(0));
+            assert_eq!(retried, None, "{id}, submitted after the faults, was retried");
+        }
+    }
+
     pub fn submitted(&self) -> BTreeMap<RequestId, RequestSpec> {
         self.specs.clone()
     }
