@@ -8,7 +8,9 @@
 //! the faults stop, everything runs to its end, and: every request ended; one that ran to its end
 //! passed on exactly its output when run alone on one worker, one that failed or was cut short a
 //! prefix of it (never a token of another attempt of it, the lost-success-and-retry race); no page,
-//! pin, slot or transfer is held on any worker, nor a freed page left unpoisoned.
+//! pin, slot or transfer is held on any worker, nor a freed page left unpoisoned. Last, the
+//! cluster serves again: three requests submitted then finish in their first attempt (a router
+//! that kept a restarted worker's dead life passed every fault schedule without this).
 //!
 //! A second suite runs calm schedules: messages in order on each link, nothing lost, duplicated
 //! or late, no worker restarted; only clients abort and the router restarts. There every request

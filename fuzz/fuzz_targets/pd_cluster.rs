@@ -9,7 +9,8 @@
 //! (nothing fails but what a client aborts or a router's restart ends, nothing is retried).
 //! After every action: every machine's invariants. Then the faults stop, everything runs to its
 //! end, and: every request ended; one that finished passed on exactly its output alone, one that
-//! failed a prefix of it; no page, pin, slot or transfer is held on any worker.
+//! failed a prefix of it; no page, pin, slot or transfer is held on any worker; and the cluster
+//! serves again (`Cluster::check_serves_again`).
 
 #![no_main]
 
@@ -92,6 +93,7 @@ fuzz_target!(|data: &[u8]| {
     }
     cluster.run_until_done(20_000);
     cluster.check_outcomes(&sched, &cluster.submitted());
+    cluster.check_serves_again(&sched);
     if calm {
         cluster.check_calm_outcomes();
     }
