@@ -73,7 +73,7 @@ fn a_decode_worker_restart_ends_only_the_streams_it_held() {
         let lost_count = specs.iter().filter(|s| on_lost(&c, s.id)).count();
         assert_eq!(lost_count, 2, "the router spread the streams evenly: {:?}", c.decoding);
         let restarted_on_lost: Vec<bool> = specs.iter().map(|s| on_lost(&c, s.id)).collect();
-        c.restart(lost.worker, events_lost);
+        c.restart(lost.worker, events_lost, false);
         c.run_until_done(5_000);
         for (s, was_on_lost) in specs.iter().zip(restarted_on_lost) {
             let (end, got) = (c.ends[&s.id], &c.outputs[&s.id]);
@@ -117,7 +117,7 @@ fn a_prefill_worker_restart_retries_only_the_prompts_it_held() {
             .collect();
         let lost_count = held.iter().filter(|(_, on_lost)| *on_lost).count();
         assert_eq!(lost_count, 2, "the router spread the prompts evenly");
-        c.restart(lost.worker, events_lost);
+        c.restart(lost.worker, events_lost, false);
         c.run_until_done(5_000);
         for (s, (key, was_on_lost)) in specs.iter().zip(held) {
             assert_eq!(c.ends[&s.id], End::Finished(FinishReason::Length), "{}", s.id);

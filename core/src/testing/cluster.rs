@@ -140,12 +140,14 @@ pub enum ClusterOp {
     LinkDown(u8),
     /// A worker's process dies and starts again as its next incarnation, with nothing of the
     /// old one's state (among the prefill workers, then the decode workers). What was on its
-    /// way to or from it over its links is lost; writes already issued still land or fail
-    /// within their flight, and the outcome of one it issued reaches nobody. Its peers hear its
-    /// links go down, then the router hears the new life come up. The second lap picks the same
-    /// workers with every link-down event lost (the transport drops events its owner is too
-    /// slow to take): the router learns of the new life only when it comes up, and the workers
-    /// only from its messages.
+    /// way to it over its links is lost; writes already issued still land or fail within their
+    /// flight, and the outcome of one it issued reaches nobody. Its peers hear its links go down,
+    /// then the router hears the new life come up. The second lap picks the same workers with
+    /// every link-down event lost (the transport drops events its owner is too slow to take):
+    /// the router learns of the new life only when it comes up, and the workers only from its
+    /// messages. On the first two laps what the old life sent is lost too; on the next two it
+    /// is still on its way, and may arrive after the new life's messages (each link is its own
+    /// connection, read by its own task: nothing orders the dead one's last bytes before them).
     Restart(u8),
     /// The router's process dies and starts again as its next incarnation, with none of the old
     /// one's requests: their clients' streams broke with it. Even: its workers hear its links go
@@ -597,8 +599,9 @@ impl Cluster {
     }
 
     /// Worker `worker` dies and starts again as its next incarnation (see `ClusterOp::Restart`);
-    /// with `events_lost`, no peer hears its links go down.
-    pub fn restart(&mut self, worker: WorkerId, events_lost: bool) {
+    /// with `events_lost`, no peer hears its links go down; with `sent_late`, what it sent is
+    /// still on its way.
+    pub fn restart(&mut self, worker: WorkerId, events_lost: bool, sent_late: bool) {
         let place = self.place(worker).expect("a worker of the cluster");
         let old = match place {
             Place::Prefill(p) => self.prefills[p].me,
@@ -606,7 +609,7 @@ impl Cluster {
             Place::Router => panic!("the cluster does not restart its router"),
         };
         let new = Endpoint { worker, incarnation: Incarnation(old.incarnation.0 + 1) };
-        self.network.retain(|e| e.from != old && e.to != old);
+        self.network.retain(|e| e.to != old && (sent_late || e.from != old));
         match place {
             Place::Prefill(p) => self.prefills[p] = prefill_worker(new, &self.config),
             Place::Decode(d) => self.decodes[d] = decode_worker(new, &self.config),
@@ -744,7 +747,7 @@ impl Cluster {
                 let (i, lap) = (usize::from(which) % workers, usize::from(which) / workers);
                 let worker =
                     if i < prefills { self.prefills[i].me } else { self.decodes[i - prefills].me };
-                self.restart(worker.worker, lap % 2 == 1);
+                self.restart(worker.worker, lap % 2 == 1, lap % 4 >= 2);
             }
             ClusterOp::RestartRouter(lap) => self.restart_router(lap % 2 == 1),
         }
