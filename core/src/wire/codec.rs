@@ -299,6 +299,18 @@ mod tests {
             Err(WireError::TooLong { max: 2, .. })
         ));
         assert_eq!(Reader::new(&bytes).u32s("tokens", 3), Ok(vec![1, 2, 3]));
+        // Within its max, but more elements of two bytes each than the ten bytes left hold.
+        let mut w = Writer::new();
+        assert!(w.is_empty());
+        w.u64(8);
+        assert!(!w.is_empty());
+        let mut bytes = w.into_bytes();
+        bytes.extend([0; 10]);
+        assert_eq!(
+            Reader::new(&bytes).len("pages", 1000, 2),
+            Err(WireError::TooLong { what: "pages", len: 8, max: 5 })
+        );
+        assert_eq!(Reader::new(&bytes).len("pages", 1000, 1), Ok(8));
     }
 
     #[test]
