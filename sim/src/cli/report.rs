@@ -62,7 +62,7 @@ pub fn summary(outcome: &RunOutcome, violations: &[Violation]) -> String {
     let wall_s = outcome.wall_time.as_secs_f64();
     format!(
         "requests {}  completed {}  failed cleanly {} (refused {}, failed {}, cancelled {})  \
-         timed out {}  unfinished {}\nviolations {}\nvirtual {:.3} s  wall {:.3} s  speed {:.1}x  \
+         timed out {}  unfinished {}  transfers retried {}\nviolations {}\nvirtual {:.3} s  wall {:.3} s  speed {:.1}x  \
          turmoil steps {}  event log {:016x}",
         outcome.observed.len(),
         e.completed,
@@ -72,6 +72,7 @@ pub fn summary(outcome: &RunOutcome, violations: &[Violation]) -> String {
         e.cancelled,
         e.timed_out,
         e.unfinished,
+        outcome.router_retries,
         violations.len(),
         virtual_s,
         wall_s,
@@ -96,6 +97,7 @@ pub fn json(outcome: &RunOutcome, violations: &[Violation], reproduce: &str) -> 
         "cancelled": e.cancelled,
         "timed_out": e.timed_out,
         "unfinished": e.unfinished,
+        "transfers_retried": outcome.router_retries,
         "violations": violations.iter().map(|v| json!({
             "oracle": v.oracle.name(),
             "request": v.request,
