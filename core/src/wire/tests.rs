@@ -321,6 +321,32 @@ fn other_versions_and_kinds_are_refused() {
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }
 
+/// The largest frame, `FRAME_BYTES_MAX` bytes after its length prefix, goes out and comes back;
+/// one byte more is the sender's clear error, not a link its receiver drops.
+#[test]
+fn a_frame_of_exactly_the_largest_length_passes_and_one_byte_more_is_refused() {
+    let end = Endpoint { worker: WorkerId(1), incarnation: Incarnation(2) };
+    let write = |bytes: usize| Envelope {
+        from: end,
+        to: end,
+        body: Message::KvWrite {
+            key: TransferKey { transfer: TransferId(3), epoch: Epoch(4) },
+            page: PageSlot { index: 5, generation: 6 },
+            first_token: 7,
+            data: vec![9; bytes],
+        },
+    };
+    // What the frame holds besides its data, with a data length of as many varint bytes.
+    let probe = 1 << 22;
+    let overhead = encode_frame(&write(probe), Vec::new()).unwrap().len() - 4 - probe;
+    let largest = encode_frame(&write(FRAME_BYTES_MAX - overhead), Vec::new()).unwrap();
+    assert_eq!(frame_len(&largest), Ok(Some(4 + FRAME_BYTES_MAX)));
+    assert_eq!(decode_frame(&largest), Ok(write(FRAME_BYTES_MAX - overhead)));
+    let over = encode_frame(&write(FRAME_BYTES_MAX - overhead + 1), Vec::new());
+    let max = FRAME_BYTES_MAX as u64;
+    assert_eq!(over, Err(WireError::TooLong { what: "frame", len: max + 1, max }));
+}
+
 #[test]
 fn huge_lengths_are_refused_before_allocating() {
     assert!(matches!(frame_len(&[0xff, 0xff, 0xff, 0xff]), Err(WireError::TooLong { .. })));
