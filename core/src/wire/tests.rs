@@ -418,6 +418,34 @@ fn encode_refuses_what_every_decoder_refuses() {
     assert!(matches!(err, WireError::Invalid { what: "presence penalty", .. }), "{err}");
 }
 
+/// A `Prepare` carries a request and a page list: the encoder holds both to the decoder's
+/// bounds, as it does a `Reserve`'s request.
+#[test]
+fn encode_refuses_a_prepare_the_decoder_would_refuse() {
+    let end = Endpoint { worker: WorkerId(1), incarnation: Incarnation(1) };
+    let prepare = |request: RequestSpec, pages: usize| Envelope {
+        from: end,
+        to: end,
+        body: Message::Prepare {
+            key: TransferKey { transfer: TransferId(1), epoch: Epoch(0) },
+            request,
+            cached_tokens: 0,
+            page_tokens: 4,
+            pages: vec![PageSlot { index: 1, generation: 0 }; pages],
+            lease_ms: 40,
+        },
+    };
+    let request = RequestSpec::new(RequestId(1), vec![1, 2], 4);
+    let err = encode_frame(&prepare(request.clone(), PAGES_MAX + 1), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::TooLong { what: "pages", .. }), "{err}");
+    let mut stops = request.clone();
+    stops.stop_token_ids = vec![7; STOP_TOKENS_MAX + 1];
+    let err = encode_frame(&prepare(stops, 1), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::TooLong { what: "stop tokens", .. }), "{err}");
+    let frame = encode_frame(&prepare(request.clone(), 1), Vec::new()).unwrap();
+    assert_eq!(decode_frame(&frame), Ok(prepare(request, 1)));
+}
+
 #[test]
 fn logprobs_travel_only_in_their_shape() {
     let key = TransferKey { transfer: TransferId(1), epoch: Epoch(0) };
