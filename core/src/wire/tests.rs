@@ -345,6 +345,9 @@ fn a_frame_of_exactly_the_largest_length_passes_and_one_byte_more_is_refused() {
     let over = encode_frame(&write(FRAME_BYTES_MAX - overhead + 1), Vec::new());
     let max = FRAME_BYTES_MAX as u64;
     assert_eq!(over, Err(WireError::TooLong { what: "frame", len: max + 1, max }));
+    // Data alone over the bound is named as such, before the frame is built.
+    let data = encode_frame(&write(FRAME_BYTES_MAX + 1), Vec::new());
+    assert_eq!(data, Err(WireError::TooLong { what: "kv data", len: max + 1, max }));
 }
 
 #[test]
