@@ -1,9 +1,10 @@
 //! A router with one or more prefill and decode nodes in memory, each node with a provenance model,
 //! a network that tests and fuzz targets may reorder, drop and delay, and a data plane whose
 //! one-sided writes land when the caller says (at most a write flight after they were issued),
-//! checked against the decode side's lease as the real data plane checks them. Workers may
-//! restart, as a new incarnation with nothing of the old one's state. Invariants of every machine
-//! are checked after every action; outputs the router passes on are recorded per request.
+//! checked against the decode side's lease as the real data plane checks them. Workers and the
+//! router may restart, as a new incarnation with nothing of the old one's state. Invariants of
+//! every machine are checked after every action; outputs the router passes on are recorded per
+//! request, and the messages that tell a retry or a failure per machine (`Sent`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -184,6 +185,32 @@ pub enum End {
     Failed(AbortReason),
     /// The router it was submitted to died: its client's stream broke there.
     RouterRestarted,
+}
+
+impl End {
+    /// Whether its client aborted it, or its router died: an end the machines that served it
+    /// had no part in.
+    pub fn by_its_client_or_router(self) -> bool {
+        matches!(
+            self,
+            End::Finished(FinishReason::Aborted)
+                | End::Failed(AbortReason::Client)
+                | End::RouterRestarted
+        )
+    }
+
+    /// Whether the request ran to its end: its whole output passed on.
+    pub fn ran_to_its_end(self) -> bool {
+        matches!(
+            self,
+            End::Finished(
+                FinishReason::Length
+                    | FinishReason::ContextLength
+                    | FinishReason::EndOfSequence(_)
+                    | FinishReason::StopToken(_)
+            )
+        )
+    }
 }
 
 /// A prefill or decode worker of the cluster.
@@ -606,7 +633,7 @@ impl Cluster {
         let old = match place {
             Place::Prefill(p) => self.prefills[p].me,
             Place::Decode(d) => self.decodes[d].me,
-            Place::Router => panic!("the cluster does not restart its router"),
+            Place::Router => panic!("the router restarts through `restart_router`"),
         };
         let new = Endpoint { worker, incarnation: Incarnation(old.incarnation.0 + 1) };
         self.network.retain(|e| e.to != old && (sent_late || e.from != old));
@@ -836,14 +863,7 @@ impl Cluster {
         let excused: BTreeSet<TransferId> = self
             .ends
             .iter()
-            .filter(|(_, end)| {
-                matches!(
-                    end,
-                    End::Finished(FinishReason::Aborted)
-                        | End::Failed(AbortReason::Client)
-                        | End::RouterRestarted
-                )
-            })
+            .filter(|(_, end)| end.by_its_client_or_router())
             .flat_map(|(id, _)| reserves.get(id).into_iter().flatten().map(|key| key.transfer))
             .chain(
                 aborts
@@ -863,25 +883,14 @@ impl Cluster {
             let late = excused.contains(&key.transfer);
             assert!(late, "a write of {key:?} came too late without a fault");
         }
-        for (id, end) in &self.ends {
-            match end {
-                End::Finished(
-                    FinishReason::Length
-                    | FinishReason::ContextLength
-                    | FinishReason::EndOfSequence(_)
-                    | FinishReason::StopToken(_),
-                )
-                | End::Finished(FinishReason::Aborted)
-                | End::Failed(AbortReason::Client)
-                | End::RouterRestarted => {}
-                other => panic!("{id} ended {other:?} without a fault"),
-            }
+        for (id, &end) in &self.ends {
+            let excused = end.by_its_client_or_router();
+            assert!(end.ran_to_its_end() || excused, "{id} ended {end:?} without a fault");
             let retried = reserves.get(id).into_iter().flatten().find(|key| key.epoch != Epoch(0));
             assert_eq!(retried, None, "{id} was retried without a fault");
         }
     }
 
-    /// The specs of every request submitted, for `check_outcomes`.
     /// After the faults and the run to the end, the cluster serves again: three requests
     /// submitted into the quiet cluster, every worker up, each finish in their first attempt with
     /// their output alone. What the faults left in the router's or the workers' state (a worker
@@ -901,24 +910,14 @@ impl Cluster {
         self.check_outcomes(sched, &specs);
         for id in &ids {
             let end = self.ends[id];
-            assert!(
-                matches!(
-                    end,
-                    End::Finished(
-                        FinishReason::Length
-                            | FinishReason::ContextLength
-                            | FinishReason::EndOfSequence(_)
-                            | FinishReason::StopToken(_)
-                    )
-                ),
-                "{id}, submitted after the faults, ended {end:?}"
-            );
-            let keys = self.sent.reserves.get(id).into_iter().flatten();
-            let retried = keys.clone().find(|key| key.epoch != Epoch(0));
+            assert!(end.ran_to_its_end(), "{id}, submitted after the faults, ended {end:?}");
+            let mut keys = self.sent.reserves.get(id).into_iter().flatten();
+            let retried = keys.find(|key| key.epoch != Epoch(0));
             assert_eq!(retried, None, "{id}, submitted after the faults, was retried");
         }
     }
 
+    /// The specs of every request submitted, for `check_outcomes`.
     pub fn submitted(&self) -> BTreeMap<RequestId, RequestSpec> {
         self.specs.clone()
     }
