@@ -530,3 +530,29 @@ fn logprobs_travel_only_in_their_shape() {
     let err = decode_frame(&frame).unwrap_err();
     assert!(matches!(err, WireError::Invalid { what: "logprobs of no tokens", .. }), "{err}");
 }
+
+/// KV writes and their acknowledgements take the KV lane, every other protocol message the
+/// control lane, and the link's own messages either: the transport sends each by its lane, so a
+/// write on the control lane would queue behind protocol messages, and a `Done` on the KV lane
+/// could overtake the writes it reports.
+#[test]
+fn each_message_takes_its_lane() {
+    let key = TransferKey { transfer: TransferId(1), epoch: Epoch(0) };
+    let page = PageSlot { index: 2, generation: 0 };
+    let kv_layout = KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 };
+    let identity = LinkIdentity { role: Role::Prefill, page_tokens: 4, kv_layout, model: 9 };
+    let lanes = [
+        (Message::Hello { identity, lane: Lane::Kv }, None),
+        (Message::LinkRefused { mismatch: LinkMismatch::Roles }, None),
+        (Message::Ping { nonce: 1 }, None),
+        (Message::Pong { nonce: 1 }, None),
+        (Message::KvWrite { key, page, first_token: 3, data: vec![0; 8] }, Some(Lane::Kv)),
+        (Message::KvWriteAck { key, page, landed: true }, Some(Lane::Kv)),
+        (Message::Heartbeat { key, seq: 0, progress: 0 }, Some(Lane::Control)),
+        (Message::DoneAck { key }, Some(Lane::Control)),
+        (Message::Abort { key, reason: AbortReason::Client }, Some(Lane::Control)),
+    ];
+    for (message, lane) in lanes {
+        assert_eq!(message.lane(), lane, "{message:?}");
+    }
+}
