@@ -756,3 +756,37 @@ fn a_page_shared_through_the_prefix_cache_is_not_counted_as_coming_back() {
     h.run_until_idle(1_000);
     assert_matches_alone(&h, &[long, first, second]);
 }
+
+/// The executor resolves an overlap placeholder from what that step sampled at that row, a known
+/// token as itself, and refuses a placeholder whose step is too old to be kept or whose row
+/// sampled nothing. (Every executor resolves through this; the harness's reference output runs
+/// through it too, so a resolver that answered 0 for everything passed every comparison.)
+#[test]
+fn recent_samples_resolve_placeholders_from_the_steps_they_name() {
+    let mut recent = RecentSamples::default();
+    assert_eq!(recent.resolve(InputToken::Known(42)), Ok(42));
+    for step in 1..=4 {
+        recent.record(StepId(step), vec![Some(10 * step as u32), None]);
+    }
+    let from = |step, row| InputToken::FromStep { step: StepId(step), row };
+    assert_eq!(recent.resolve(from(1, 0)), Ok(10), "four steps are kept");
+    assert_eq!(recent.resolve(from(4, 0)), Ok(40));
+    assert!(recent.resolve(from(4, 1)).is_err(), "row 1 sampled nothing");
+    assert!(recent.resolve(from(4, 2)).is_err(), "step 4 had two rows");
+    recent.record(StepId(5), vec![Some(50)]);
+    assert!(recent.resolve(from(1, 0)).is_err(), "the oldest step went");
+    assert_eq!(recent.resolve(from(2, 0)), Ok(20));
+}
+
+/// A plan counts the rows it samples: here one prompt's first chunk (no sample yet) and two
+/// whole prompts (sampled), so the executor returns two tokens.
+#[test]
+fn a_plan_counts_its_sampling_rows() {
+    let mut h = Harness::new(small_config(StepMode::Sync, 32));
+    h.submit(request(1, prompt(1, 20), 2)).unwrap();
+    h.submit(request(2, prompt(2, 3), 2)).unwrap();
+    h.submit(request(3, prompt(3, 4), 2)).unwrap();
+    let plan = h.sched.plan_step(h.now).unwrap();
+    assert_eq!(plan.rows.len(), 3);
+    assert_eq!(plan.sampling_rows(), 2);
+}
