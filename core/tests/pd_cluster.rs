@@ -103,10 +103,6 @@ fn schedule_of(ops: impl Strategy<Value = Vec<ClusterOp>>) -> impl Strategy<Valu
 }
 
 /// Runs the schedule, then everything to its end, and checks the outcomes; panics on a failure.
-fn run(schedule: &Schedule) {
-    run_and_check(schedule);
-}
-
 fn run_and_check(schedule: &Schedule) -> Cluster {
     let mode = if schedule.overlap { StepMode::Overlap } else { StepMode::Sync };
     let sched = small_config(mode, schedule.pages);
@@ -138,7 +134,7 @@ proptest! {
 
     #[test]
     fn every_request_ends_with_its_own_output_and_nothing_leaks(schedule in schedule()) {
-        run(&schedule);
+        run_and_check(&schedule);
     }
 
     #[test]
@@ -201,7 +197,7 @@ fn every_planted_class_of_the_core_state_machines_fails_a_schedule() {
         let mut runner = TestRunner::new_with_rng(config, rng);
         let result = runner.run(&schedule(), |schedule| {
             let _planted = plant(Some(bug));
-            run(&schedule);
+            run_and_check(&schedule);
             Ok(())
         });
         assert!(
