@@ -790,3 +790,41 @@ fn a_plan_counts_its_sampling_rows() {
     assert_eq!(plan.rows.len(), 3);
     assert_eq!(plan.sampling_rows(), 2);
 }
+
+/// An operator's scheduler flags are refused, each with what was wrong, at the edge of every
+/// bound, and accepted just inside it. (`SchedConfig::validate` answering `Ok` to everything
+/// survived every test of core: only the server's flag tests came near it.)
+#[test]
+fn a_scheduler_config_is_refused_at_each_bound_with_what_was_wrong() {
+    let good = small_config(StepMode::Sync, 32);
+    assert_eq!(good.validate(), Ok(()));
+    let refused = |change: &dyn Fn(&mut SchedConfig), what: &str| {
+        let mut config = good.clone();
+        change(&mut config);
+        let e = config.validate().expect_err(what).to_string();
+        assert!(e.starts_with("invalid scheduler config: ") && e.contains(what), "{e}");
+    };
+    let accepted = |change: &dyn Fn(&mut SchedConfig)| {
+        let mut config = good.clone();
+        change(&mut config);
+        assert_eq!(config.validate(), Ok(()));
+    };
+    refused(&|c| c.running_max = 0, "must be positive");
+    refused(&|c| c.waiting_max = 0, "must be positive");
+    let over = SchedConfig::REQUESTS_MAX - 3;
+    refused(&|c| c.waiting_max = over, "running_max + waiting_max is over");
+    accepted(&|c| {
+        c.waiting_max = over - 1;
+        c.step_tokens_max = 16;
+    });
+    refused(&|c| c.step_tokens_max = 3, "step_tokens_max 3 is below running_max 4");
+    accepted(&|c| c.step_tokens_max = 4);
+    refused(&|c| c.prefill_chunk_tokens_max = 0, "prefill_chunk_tokens_max");
+    refused(&|c| c.scored_tokens_max = 0, "scored_tokens_max");
+    refused(&|c| c.request_tokens_max = 1, "request_tokens_max 1 leaves no room");
+    accepted(&|c| c.request_tokens_max = 2);
+    refused(&|c| c.capture_sizes = vec![1, 4, 4], "strictly ascending");
+    refused(&|c| c.capture_sizes = vec![0, 2], "must be positive");
+    accepted(&|c| c.capture_sizes = vec![3]);
+    refused(&|c| c.pool.page_tokens = 0, "page_tokens");
+}
