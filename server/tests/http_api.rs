@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{CONTEXT, FailingExecutor, POISON_SEED, TestServer, sched_config, streamed_text};
 use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::StepMode;
+use lockstep_server::client::sse_data;
 use lockstep_server::engine::StepCost;
 use lockstep_server::node::Drained;
 use serde_json::{Value, json};
@@ -886,4 +887,31 @@ async fn a_list_of_prompts_is_answered_as_choices_each_its_prompt_s_alone() {
         assert_eq!((status, &error["error"]["param"]), (400, &json!("prompt")), "{bad}: {error}");
     }
     server.quiescent().await;
+}
+
+/// A stream with nothing to say for `sse_keep_alive` says an empty comment, which SSE clients
+/// skip: its data are those of a stream without them, and a fast stream has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_waiting_between_tokens_keeps_alive_with_comments_clients_skip() {
+    let prompt: Vec<u32> = (1..9).collect();
+    let mut body = completion(&prompt, 4);
+    body["stream"] = json!(true);
+    let raw = async |server: &TestServer| {
+        let response = server.connect().await.post("/v1/completions", &body.to_string()).await;
+        let response = response.unwrap();
+        assert_eq!(response.status.as_u16(), 200);
+        response.text().await.unwrap()
+    };
+    let fast = TestServer::provenance(StepMode::Sync, StepCost::ZERO).await;
+    let without = raw(&fast).await;
+    assert!(!without.lines().any(|l| l.starts_with(':')), "{without}");
+
+    let steps = StepCost { per_step: 60 * MS, ..StepCost::ZERO };
+    let config = sched_config(StepMode::Sync);
+    let slow = TestServer::provenance_with(config, steps, |app| app.sse_keep_alive = 20 * MS).await;
+    let with = raw(&slow).await;
+    let comments = with.split("\n\n").filter(|event| *event == ":").count();
+    assert!(comments >= 4, "a comment in each 60 ms gap between events: {with}");
+    assert_eq!(sse_data(&with), sse_data(&without));
+    slow.quiescent().await;
 }

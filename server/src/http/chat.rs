@@ -494,8 +494,9 @@ fn stream(outs: Vec<Output>) -> Response {
     let usage_chunk = outs[0].params.include_usage.then(|| {
         (outs[0].envelope("chat.completion.chunk", vec![]), outs[0].generation.prompt_tokens)
     });
+    let keep_alive = outs[0].state.config.sse_keep_alive;
     let choices = outs.into_iter().map(|out| futures_util::stream::unfold(out, step).boxed());
-    sse_events(merge_choices(choices.collect(), usage_chunk))
+    sse_events(merge_choices(choices.collect(), usage_chunk), keep_alive)
 }
 
 /// A choice's next events.

@@ -57,6 +57,11 @@ pub struct AppConfig {
     pub request_time_max: Duration,
     /// `/health` fails once the engine has held work this long without completing a step.
     pub health_stall_max: Duration,
+    /// A stream with nothing to send for this long sends an SSE comment (`:`), which clients
+    /// ignore: a proxy or client with an idle timeout keeps a request that waits long in the
+    /// queue or between tokens, and a client can tell a live server from one that went away
+    /// without closing its connection (a machine that lost power sends no FIN).
+    pub sse_keep_alive: Duration,
     /// What 429 and 503 answers tell clients to wait, in seconds.
     pub retry_after_s: u32,
     /// Unix time at start (read once at the edge, 0 in simulations): `created` fields count
@@ -84,6 +89,8 @@ impl AppConfig {
             body_bytes_max: 8 << 20,
             request_time_max: Duration::from_secs(600),
             health_stall_max: Duration::from_secs(30),
+            // axum's default, and what proxies' 60 s idle timeouts leave room for.
+            sse_keep_alive: Duration::from_secs(15),
             retry_after_s: 1,
             unix_time_at_start: 0,
             seed: 0,

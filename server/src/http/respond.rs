@@ -2,11 +2,12 @@
 //! (mapping every refusal to its status), and write usage and server-sent events.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{Stream, StreamExt};
@@ -257,10 +258,10 @@ pub(super) fn merge_choices(
     })
 }
 
-/// `data: {json}` events, a batch per item of `chunks`; `data: [DONE]` closes the stream.
-/// Dropping the response (the client left) drops `chunks`, and with them the requests, which
-/// the engine then aborts.
-pub(super) fn sse_events<S>(chunks: S) -> Response
+/// `data: {json}` events, a batch per item of `chunks`; `data: [DONE]` closes the stream. An
+/// empty comment goes out whenever nothing else has for `keep_alive`. Dropping the response (the
+/// client left) drops `chunks`, and with them the requests, which the engine then aborts.
+pub(super) fn sse_events<S>(chunks: S, keep_alive: Duration) -> Response
 where
     S: Stream<Item = Vec<Value>> + Send + 'static,
 {
@@ -270,5 +271,5 @@ where
         })
         .flat_map(futures_util::stream::iter)
         .chain(futures_util::stream::once(async { Ok(Event::default().data("[DONE]")) }));
-    Sse::new(events).into_response()
+    Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive)).into_response()
 }
