@@ -19,7 +19,7 @@ use lockstep_gpu::llama::CpuExecutor;
 use lockstep_gpu::llama::LlamaWeights;
 use lockstep_gpu::model::Model;
 
-use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner};
+use crate::engine::{EngineConfig, InlineRunner, StepCost, ThreadRunner, first_request_id};
 use crate::http::{ApiKey, AppConfig};
 use crate::node;
 use crate::reasoning::ReasoningFormat;
@@ -556,6 +556,7 @@ fn model_node(options: &ServeOptions) -> Result<node::Node, String> {
     let loaded = load_model(options)?;
     let mut engine = EngineConfig::new(loaded.sched.clone());
     engine.check_invariants = options.check_invariants;
+    engine.first_request_id = first_request_id(unix_now());
     let jobs_max = engine.executor_jobs_max();
     let thread = |e: std::io::Error| format!("starting the executor thread: {e}");
     let runner = match options.device {
@@ -583,6 +584,7 @@ fn provenance_node(options: &ServeOptions) -> Result<node::Node, String> {
     let name = options.served_model_name.clone().unwrap_or_else(|| "provenance".into());
     let mut engine = EngineConfig::new(sched.clone());
     engine.check_invariants = options.check_invariants;
+    engine.first_request_id = first_request_id(unix_now());
     let runner = InlineRunner::new(model, StepCost::ZERO);
     let codec: Arc<dyn TextCodec> = Arc::new(SyntheticCodec::new(PROVENANCE_VOCAB));
     let formats = OutputFormats::new(options, None);
@@ -596,9 +598,7 @@ pub(crate) fn app_config(
     context: u32,
     formats: OutputFormats,
 ) -> AppConfig {
-    #[allow(clippy::disallowed_methods)] // The IO edge: `created` fields and default seeds.
-    let unix_now =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let unix_now = unix_now();
     let mut app = AppConfig::new(name, context);
     app.tool_format = formats.tools;
     app.reasoning_format = formats.reasoning;
@@ -607,6 +607,13 @@ pub(crate) fn app_config(
     app.api_key = options.api_key.clone();
     app.priority_scheduling = options.priority_scheduling;
     app
+}
+
+/// The wall clock since the Unix epoch (the IO edge: `created` fields, default seeds, and where
+/// request ids count from).
+fn unix_now() -> std::time::Duration {
+    #[allow(clippy::disallowed_methods)]
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
 }
 
 /// The model's name as clients give it: the file name without `.gguf`, or the directory's name.

@@ -151,6 +151,7 @@ async fn cluster_with(
         inbox_max: 256,
         submit_wait_max: Duration::from_secs(5),
         check_invariants: true,
+        first_request_id: 1,
     };
     let app = AppConfig::new("test-model", sched.request_tokens_max);
     let codec = Arc::new(SyntheticCodec::new(VOCAB));

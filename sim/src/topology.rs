@@ -13,7 +13,7 @@ use lockstep_core::kv::PoolConfig;
 use lockstep_core::model::ProvenanceModel;
 use lockstep_core::sched::SchedConfig;
 use lockstep_core::wire::{Endpoint, Incarnation, LinkIdentity, Role, WorkerId};
-use lockstep_server::engine::{EngineConfig, EngineStats, InlineRunner};
+use lockstep_server::engine::{EngineConfig, EngineStats, InlineRunner, first_request_id};
 use lockstep_server::http::AppConfig;
 use lockstep_server::metrics::{Metrics, MetricsRole};
 use lockstep_server::node;
@@ -250,6 +250,7 @@ fn starts_so_far(setup: &HostSetup, host: &str) -> u32 {
 async fn single(setup: HostSetup) -> turmoil::Result {
     let mut engine = EngineConfig::new(setup.sched.clone());
     engine.check_invariants = true;
+    engine.first_request_id = first_request_id(turmoil::sim_elapsed().unwrap_or_default());
     let runner = device(&setup, setup.sched.pool, "server", starts_so_far(&setup, "server"));
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start(engine, runner, codec, app_config(&setup))?;
@@ -268,7 +269,7 @@ async fn router(setup: HostSetup) -> turmoil::Result {
     let peers = peers.into_iter().map(|(w, a)| (WorkerId(w), a)).collect();
     let (transport, events) =
         Transport::start(PeerConfig::new(me, identity, peers), TurmoilDial::default())?;
-    let config = router_engine_config(&setup.options, setup.knobs.timing);
+    let config = router_engine_config(&setup.options, setup.knobs.timing, me.incarnation);
     let codec = Arc::new(SyntheticCodec::new(setup.vocab));
     let node = node::start_router(config, transport, events, codec, app_config(&setup));
     setup.probes.started("router", node.state.engine.shared_stats(), &setup.log);

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// Check every state machine's invariants after every input (tests and the simulator; it
     /// costs a pass over the pool).
     pub check_invariants: bool,
+    /// The id of the first request submitted; each next one counts up from it
+    /// (`first_request_id`).
+    pub first_request_id: u64,
 }
 
 impl EngineConfig {
@@ -55,6 +58,7 @@ impl EngineConfig {
             inbox_max: 256,
             submit_wait_max: Duration::from_secs(10),
             check_invariants: false,
+            first_request_id: 1,
         }
     }
 
@@ -62,6 +66,15 @@ impl EngineConfig {
     pub fn executor_jobs_max(&self) -> usize {
         2 * (self.sched.waiting_max + self.sched.running_max) as usize + 8
     }
+}
+
+/// The first request id of a process started `started` after the Unix epoch: its milliseconds
+/// above 20 bits of count, so the ids (and the `cmpl-<id>` a client reads) of a restarted process
+/// start above every id its predecessors gave, unless one gave over 2^20 a millisecond. Counting
+/// from 1 again instead, a restarted server answers with ids it gave before the restart, which
+/// recorded traces, logs and clients keyed by id take for the same request.
+pub fn first_request_id(started: Duration) -> u64 {
+    (started.as_millis() as u64).saturating_mul(1 << 20).max(1)
 }
 
 /// Starts an engine task on the current tokio runtime.
@@ -80,7 +93,7 @@ pub fn spawn<R: StepRunner>(
     let handle = EngineHandle {
         commands,
         aborts,
-        next_id: Arc::new(AtomicU64::new(1)),
+        next_id: Arc::new(AtomicU64::new(config.first_request_id)),
         stats: stats.clone(),
         submit_wait_max: config.submit_wait_max,
     };

@@ -14,7 +14,7 @@ use lockstep_core::model::{ProvenanceModel, SamplingSpec};
 use lockstep_core::sched::{NewRequest, RequestId, SchedConfig, StepMode, StepPlan};
 
 use super::super::runner::{InlineRunner, StepCost, StepResult, StepRunner};
-use super::super::{EngineConfig, RequestEvent, spawn};
+use super::super::{EngineConfig, RequestEvent, first_request_id, spawn};
 use crate::metrics::Metrics;
 
 /// An inline runner over the provenance model that counts the pages released through it.
@@ -129,4 +129,31 @@ async fn a_crowd_under_page_pressure_samples_what_each_request_samples_alone() {
             assert_eq!(crowd[i], alone[0], "{mode:?}: request {i} in the crowd and alone");
         }
     }
+}
+
+/// A process started a millisecond after another (a restart) gives ids above every id the other
+/// gave, as long as it gave fewer than 2^20 a millisecond; a process at the epoch still starts
+/// at 1, never at 0.
+#[tokio::test]
+async fn a_restarted_engine_gives_ids_above_its_predecessors() {
+    let ids = async |started_ms: u64| {
+        let sched = config(StepMode::Sync);
+        let model = ProvenanceModel::new(sched.pool, sched.running_max, 50_000);
+        let mut engine = EngineConfig::new(sched);
+        engine.first_request_id = first_request_id(Duration::from_millis(started_ms));
+        let runner = InlineRunner::new(model, StepCost::ZERO);
+        let (handle, task) = spawn(engine, runner, Arc::new(Metrics::new("test"))).unwrap();
+        let mut ids = Vec::new();
+        for r in requests().into_iter().take(3) {
+            ids.push(handle.submit(r, SamplingSpec::GREEDY).await.unwrap().id().0);
+        }
+        drop(handle);
+        task.await.unwrap();
+        ids
+    };
+    assert_eq!(ids(0).await, [1, 2, 3]);
+    let earlier = 1_796_000_000_000;
+    let (before, after) = (ids(earlier).await, ids(earlier + 1).await);
+    assert_eq!(before, [earlier << 20, (earlier << 20) + 1, (earlier << 20) + 2]);
+    assert_eq!(after[0], (earlier + 1) << 20);
 }

@@ -18,7 +18,9 @@ use lockstep_core::wire::{Endpoint, Incarnation, KvLayout, LinkIdentity, Role, W
 
 use super::router::RouterEngineConfig;
 use super::worker::WorkerNode;
-use crate::engine::{EngineConfig, EngineStats, InlineRunner, StepCost, ThreadRunner};
+use crate::engine::{
+    EngineConfig, EngineStats, InlineRunner, StepCost, ThreadRunner, first_request_id,
+};
 use crate::metrics::{Metrics, MetricsRole};
 use crate::node;
 use crate::peer::{PeerConfig, TcpDial, Transport};
@@ -67,8 +69,13 @@ pub fn worker_sched(options: &ServeOptions, served: &SchedConfig) -> SchedConfig
     sched
 }
 
-/// The router's engine for the workers `options` names.
-pub fn router_engine_config(options: &ServeOptions, timing: DataPlaneTiming) -> RouterEngineConfig {
+/// The engine of the router started as `incarnation` (its start in milliseconds, which its
+/// request ids count from) for the workers `options` names.
+pub fn router_engine_config(
+    options: &ServeOptions,
+    timing: DataPlaneTiming,
+    incarnation: Incarnation,
+) -> RouterEngineConfig {
     let mut workers = BTreeMap::new();
     workers.extend(options.prefills.iter().map(|(w, _)| (WorkerId(*w), Role::Prefill)));
     workers.extend(options.decodes.iter().map(|(w, _)| (WorkerId(*w), Role::Decode)));
@@ -91,6 +98,7 @@ pub fn router_engine_config(options: &ServeOptions, timing: DataPlaneTiming) -> 
         inbox_max: 256,
         submit_wait_max: Duration::from_secs(10),
         check_invariants: options.check_invariants,
+        first_request_id: first_request_id(Duration::from_millis(incarnation.0)),
     }
 }
 
@@ -166,7 +174,7 @@ pub async fn serve(
             let (transport, events) =
                 Transport::start(PeerConfig::new(me, identity, peers), TcpDial)
                     .map_err(|e| e.to_string())?;
-            let config = router_engine_config(options, timing);
+            let config = router_engine_config(options, timing, me.incarnation);
             let app = serve::app_config(
                 options,
                 served.name.clone(),

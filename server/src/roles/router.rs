@@ -32,6 +32,8 @@ pub struct RouterEngineConfig {
     pub inbox_max: usize,
     pub submit_wait_max: Duration,
     pub check_invariants: bool,
+    /// The id of the first request submitted (`engine::first_request_id`).
+    pub first_request_id: u64,
 }
 
 /// A request the router holds: where its events go, and its clocks.
@@ -72,7 +74,7 @@ pub fn spawn(
     let handle = EngineHandle {
         commands,
         aborts,
-        next_id: Arc::new(AtomicU64::new(1)),
+        next_id: Arc::new(AtomicU64::new(config.first_request_id)),
         stats: stats.clone(),
         submit_wait_max: config.submit_wait_max,
     };
