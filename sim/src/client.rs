@@ -2,9 +2,10 @@
 //! API, as an OpenAI client would (a streamed completion with token-id prompts, a new connection
 //! per request). Open-loop requests go out at their times; a session's next turn goes out after
 //! the previous answer plus its think time. A client may go away mid-request (the cancellation
-//! fault), and gives up after a bound. What each client saw is kept for the oracles. A board
-//! tells the run loop when the next client will send and how many requests are out, so that it can
-//! fast-forward through idle time (`run`).
+//! fault), gives up when the server says nothing for its read timeout (a crashed server sends no
+//! FIN; a live one sends keep-alives), and gives up after a bound. What each client saw is kept
+//! for the oracles. A board tells the run loop when the next client will send and how many
+//! requests are out, so that it can fast-forward through idle time (`run`).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use std::time::Duration;
 use lockstep_server::client::Connection;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tokio::time::timeout;
 
 use crate::events::{Event, EventLog};
 use crate::topology::HTTP_PORT;
@@ -30,6 +32,9 @@ pub enum Ending {
     Failed { why: String },
     /// The client went away (the cancellation fault).
     Cancelled,
+    /// Nothing came, not even a keep-alive, for the client's read timeout: the server it talks
+    /// to went away without closing the connection (a crash).
+    Silent,
     /// No end within the client's bound.
     TimedOut,
 }
@@ -41,6 +46,7 @@ impl Ending {
             Ending::Refused { .. } => "refused",
             Ending::Failed { .. } => "failed",
             Ending::Cancelled => "cancelled",
+            Ending::Silent => "silent",
             Ending::TimedOut => "timed-out",
         }
     }
@@ -98,6 +104,8 @@ pub struct ClientPlan {
     pub entry: String,
     /// The longest a client waits for its answer.
     pub timeout: Duration,
+    /// The longest a client waits for the server's next bytes.
+    pub read_timeout: Duration,
     /// Open-loop times count from here.
     pub start_offset: Duration,
 }
@@ -203,13 +211,17 @@ async fn sleep_or_never(after: Option<Duration>) {
 /// cancelled or timed-out request keeps what it got.
 async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &EventLog) -> Ending {
     let request = &plan.requests[index];
-    let io = match turmoil::net::TcpStream::connect((plan.entry.as_str(), HTTP_PORT)).await {
-        Ok(io) => io,
-        Err(e) => return Ending::Failed { why: format!("connect: {e}") },
+    // Every wait on the server is bounded by the read timeout: `Ending::Silent` past it.
+    let connect = turmoil::net::TcpStream::connect((plan.entry.as_str(), HTTP_PORT));
+    let io = match timeout(plan.read_timeout, connect).await {
+        Ok(Ok(io)) => io,
+        Ok(Err(e)) => return Ending::Failed { why: format!("connect: {e}") },
+        Err(_) => return Ending::Silent,
     };
-    let mut connection = match Connection::new(io).await {
-        Ok(c) => c,
-        Err(e) => return Ending::Failed { why: e },
+    let mut connection = match timeout(plan.read_timeout, Connection::new(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Ending::Failed { why: e },
+        Err(_) => return Ending::Silent,
     };
     // OpenAI's form: token ids as the object's keys.
     let logit_bias: serde_json::Map<String, Value> =
@@ -241,22 +253,32 @@ async fn exchange(plan: &ClientPlan, index: usize, seen: &Observations, log: &Ev
     }
     // With `echo` the answer's first tokens are the prompt's: set aside, and checked.
     let mut echoed = Vec::with_capacity(if request.echo { request.input.len() } else { 0 });
-    let mut response = match connection.post("/v1/completions", &body.to_string()).await {
-        Ok(r) => r,
-        Err(e) => return Ending::Failed { why: e },
-    };
+    let mut response =
+        match timeout(plan.read_timeout, connection.post("/v1/completions", &body.to_string()))
+            .await
+        {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Ending::Failed { why: e },
+            Err(_) => return Ending::Silent,
+        };
     if response.status.as_u16() != 200 {
         let status = response.status.as_u16();
-        let message = response.text().await.unwrap_or_default();
+        let message = match timeout(plan.read_timeout, response.text()).await {
+            Ok(text) => text.unwrap_or_default(),
+            Err(_) => return Ending::Silent,
+        };
         return Ending::Refused { status, message };
     }
     let mut pending = String::new();
     let mut finish_reason = None;
     loop {
-        let frame = match response.frame().await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return Ending::Failed { why: "the stream ended without [DONE]".into() },
-            Err(e) => return Ending::Failed { why: e },
+        let frame = match timeout(plan.read_timeout, response.frame()).await {
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => {
+                return Ending::Failed { why: "the stream ended without [DONE]".into() };
+            }
+            Ok(Err(e)) => return Ending::Failed { why: e },
+            Err(_) => return Ending::Silent,
         };
         pending.push_str(&String::from_utf8_lossy(&frame));
         while let Some(end) = pending.find("\n\n") {

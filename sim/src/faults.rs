@@ -15,6 +15,9 @@ pub enum FaultLevel {
     None,
     Default,
     Heavy,
+    /// No fault but the entry's crashes: a calm run whose router (or single server) restarts.
+    /// What a crash loses is the fault's; everything else is judged as calm (`FaultMix::is_calm`).
+    EntryCrashes,
 }
 
 impl FromStr for FaultLevel {
@@ -24,7 +27,8 @@ impl FromStr for FaultLevel {
             "none" => Ok(FaultLevel::None),
             "default" => Ok(FaultLevel::Default),
             "heavy" => Ok(FaultLevel::Heavy),
-            other => Err(format!("faults {other:?} is not none, default or heavy")),
+            "entry-crashes" => Ok(FaultLevel::EntryCrashes),
+            other => Err(format!("faults {other:?} is not none, default, heavy or entry-crashes")),
         }
     }
 }
@@ -35,6 +39,7 @@ impl fmt::Display for FaultLevel {
             FaultLevel::None => "none",
             FaultLevel::Default => "default",
             FaultLevel::Heavy => "heavy",
+            FaultLevel::EntryCrashes => "entry-crashes",
         })
     }
 }
@@ -48,7 +53,11 @@ pub struct FaultMix {
     pub latency_max: Duration,
     pub partitions: u32,
     pub holds: u32,
+    /// Crashes of workers.
     pub crashes: u32,
+    /// Crashes of the host clients talk to (the router, or the single server): the requests it
+    /// held are lost with it, and their clients hear nothing more.
+    pub entry_crashes: u32,
     /// The longest a partition, hold or crash lasts.
     pub outage_max: Duration,
     /// Share of requests whose client goes away, at a moment in `[0, cancel_within]` after
@@ -74,6 +83,7 @@ impl FaultMix {
         partitions: 0,
         holds: 0,
         crashes: 0,
+        entry_crashes: 0,
         outage_max: Duration::ZERO,
         cancel_rate: 0.0,
         cancel_within: Duration::ZERO,
@@ -98,6 +108,12 @@ impl FaultMix {
         let mut rng = SimRng::stream(seed, "fault-mix");
         let (on, scale) = match level {
             FaultLevel::None => return FaultMix::NONE,
+            FaultLevel::EntryCrashes => {
+                let window = rng.millis(Duration::from_secs(5), Duration::from_secs(30));
+                let outage_max = rng.millis(Duration::from_millis(50), Duration::from_secs(3));
+                let entry_crashes = 1 + rng.below(2) as u32;
+                return FaultMix { window, entry_crashes, outage_max, ..FaultMix::NONE };
+            }
             FaultLevel::Default => (0.5, 1),
             FaultLevel::Heavy => (0.8, 3),
         };
@@ -137,6 +153,9 @@ impl FaultMix {
             partitions,
             holds,
             crashes,
+            // Only at their own level: every request the entry holds is lost with it, unchecked
+            // by equal-alone, and the planted classes' seeds were measured without them.
+            entry_crashes: 0,
             outage_max,
             cancel_rate: cancel_rate.min(0.9),
             cancel_within,
@@ -148,11 +167,27 @@ impl FaultMix {
     }
 }
 
+impl FaultMix {
+    /// Whether nothing in this mix can fail a transfer's attempt: the network, the workers and
+    /// their devices are faultless, and at most the entry crashes (which ends the requests it
+    /// holds, as their clients see, and starts a router that has never sent a transfer).
+    pub fn is_calm(&self) -> bool {
+        let without_entry = FaultMix {
+            window: Duration::ZERO,
+            entry_crashes: 0,
+            outage_max: Duration::ZERO,
+            ..self.clone()
+        };
+        without_entry == FaultMix::NONE
+    }
+}
+
 impl fmt::Display for FaultMix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "window={}ms latency_max={}ms partitions={} holds={} crashes={} outage_max={}ms \
+            "window={}ms latency_max={}ms partitions={} holds={} crashes={} entry_crashes={} \
+             outage_max={}ms \
              cancel_rate={:.3} cancel_within={}ms slow_steps={:.3}x+{}ms failed_steps={:.3} \
              kv_lane_delay={}ms",
             self.window.as_millis(),
@@ -160,6 +195,7 @@ impl fmt::Display for FaultMix {
             self.partitions,
             self.holds,
             self.crashes,
+            self.entry_crashes,
             self.outage_max.as_millis(),
             self.cancel_rate,
             self.cancel_within.as_millis(),
@@ -212,12 +248,14 @@ pub struct ScheduledFault {
 
 /// The run's network and host faults in time order: each outage's start and its end, both
 /// inside the window. `links` are the pairs of hosts that talk to each other; `workers` the hosts
-/// that may crash; `kv_senders` the hosts whose KV lanes may run late (the prefill workers).
+/// that may crash; `entry` the host clients talk to; `kv_senders` the hosts whose KV lanes may
+/// run late (the prefill workers).
 pub fn schedule(
     seed: u64,
     mix: &FaultMix,
     links: &[(String, String)],
     workers: &[String],
+    entry: &str,
     kv_senders: &[String],
 ) -> Vec<ScheduledFault> {
     let mut rng = SimRng::stream(seed, "fault-schedule");
@@ -273,6 +311,18 @@ pub fn schedule(
         let on_time = FaultAction::KvLanesSlow(host, None);
         faults.push(ScheduledFault { at: until, action: on_time, outage });
     }
+    // From a stream of its own, as the mix draws them: the other faults keep their seeds.
+    let mut entry_rng = SimRng::stream(seed, "entry-crash-schedule");
+    for _ in 0..mix.entry_crashes {
+        let (at, until) = span(&mut entry_rng, mix);
+        outage += 1;
+        faults.push(ScheduledFault { at, action: FaultAction::Crash(entry.into()), outage });
+        faults.push(ScheduledFault {
+            at: until,
+            action: FaultAction::Restart(entry.into()),
+            outage,
+        });
+    }
     // Stable: equal times keep the order drawn.
     faults.sort_by_key(|f| f.at);
     faults
@@ -302,14 +352,14 @@ mod tests {
                 Duration::from_millis(250),
                 true,
             );
-            let faults = schedule(seed, &mix, &links, &workers, &workers);
+            let faults = schedule(seed, &mix, &links, &workers, "router", &workers);
             assert!(faults.iter().all(|f| f.at <= mix.window), "{seed}: {faults:?}");
             assert!(faults.windows(2).all(|w| w[0].at <= w[1].at));
-            assert_eq!(faults, schedule(seed, &mix, &links, &workers, &workers));
+            assert_eq!(faults, schedule(seed, &mix, &links, &workers, "router", &workers));
         }
         let none =
             FaultMix::draw(1, FaultLevel::None, Topology::OneP1D, Duration::from_millis(250), true);
-        assert!(schedule(1, &none, &links, &workers, &workers).is_empty());
+        assert!(schedule(1, &none, &links, &workers, "router", &workers).is_empty());
         assert_eq!(none.cancel_rate, 0.0);
         assert_eq!(none.failed_step_rate, 0.0);
         // Failed steps only when asked for, and then every other fault as drawn without them.
@@ -320,5 +370,33 @@ mod tests {
             assert_eq!(without.failed_step_rate, 0.0);
             assert_eq!(FaultMix { failed_step_rate: 0.0, ..with }, without, "{seed}");
         }
+    }
+
+    /// The entry's crashes come from streams of their own: with them or without, every other
+    /// fault of a seed is the same. Their level draws nothing else.
+    #[test]
+    fn entry_crashes_leave_every_other_fault_as_drawn() {
+        let links = vec![("router".to_owned(), "prefill1".to_owned())];
+        let workers = vec!["prefill1".to_owned()];
+        let flight = Duration::from_millis(250);
+        let of_entry = |f: &ScheduledFault| matches!(&f.action, FaultAction::Crash(h) | FaultAction::Restart(h) if h == "router");
+        for seed in 0..200 {
+            let without = FaultMix::draw(seed, FaultLevel::Heavy, Topology::OneP1D, flight, false);
+            assert_eq!(without.entry_crashes, 0);
+            let with = FaultMix { entry_crashes: 1 + seed as u32 % 3, ..without.clone() };
+            let faults = schedule(seed, &with, &links, &workers, "router", &workers);
+            let (crashes, others): (Vec<_>, Vec<_>) = faults.into_iter().partition(of_entry);
+            assert_eq!(crashes.len(), 2 * with.entry_crashes as usize, "{seed}: {crashes:?}");
+            assert!(crashes.iter().all(|f| f.at <= with.window));
+            assert_eq!(others, schedule(seed, &without, &links, &workers, "router", &workers));
+
+            let alone =
+                FaultMix::draw(seed, FaultLevel::EntryCrashes, Topology::OneP1D, flight, true);
+            assert!((1..=2).contains(&alone.entry_crashes) && alone.is_calm(), "{alone}");
+            let faults = schedule(seed, &alone, &links, &workers, "router", &workers);
+            assert!(faults.iter().all(of_entry), "{seed}: {faults:?}");
+        }
+        let heavy = FaultMix::draw(1, FaultLevel::Heavy, Topology::OneP1D, flight, false);
+        assert!(!heavy.is_calm());
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockstep_core::planted::PlantedBug;
+use lockstep_server::http::SSE_KEEP_ALIVE;
 
 use crate::client::{self, ClientBoard, ClientPlan, Observed};
 use crate::device::{CostModel, SlowSteps};
@@ -19,7 +20,7 @@ use crate::rng::SimRng;
 use crate::sabotage::Sabotage;
 use crate::server_events;
 use crate::slow_lane::KvLaneDelay;
-use crate::topology::{self, Deployment};
+use crate::topology::{self, Deployment, Probe};
 use crate::trace::SimTrace;
 
 /// How to run.
@@ -45,6 +46,11 @@ pub struct RunConfig {
     pub tick: Duration,
     /// The longest a client waits for its answer.
     pub client_timeout: Duration,
+    /// The longest a client waits for the next bytes of its answer, as real clients' read
+    /// timeouts: what tells it that the host it talks to went away without closing. Four of the
+    /// servers' keep-alive intervals (production's, which the simulated servers keep: a shorter
+    /// one sends more messages, and every message moves the seed's later draws).
+    pub client_read_timeout: Duration,
     /// After the last client is done, how long hosts get to let go of everything.
     pub settle_max: Duration,
     /// The run stops here whatever happens (a wedge shows as timed-out clients).
@@ -74,6 +80,7 @@ impl RunConfig {
             only_faults: None,
             tick: Duration::from_millis(1),
             client_timeout: Duration::from_secs(600),
+            client_read_timeout: 4 * SSE_KEEP_ALIVE,
             settle_max: Duration::from_secs(30),
             virtual_time_max: Duration::from_secs(4 * 3600),
             warmup: Duration::from_secs(2),
@@ -93,6 +100,8 @@ pub struct RunOutcome {
     pub faults: Vec<ScheduledFault>,
     /// When the last fault ended (and slow steps stopped): the liveness phase starts here.
     pub healed_at: Duration,
+    /// When the host clients talk to crashed, if it did: the requests it held went with it.
+    pub entry_crashed_at: Vec<Duration>,
     pub observed: Vec<Observed>,
     pub log: Vec<Logged>,
     pub log_hash: u64,
@@ -100,7 +109,8 @@ pub struct RunOutcome {
     pub panics: Vec<String>,
     /// What each host still held at the end, if anything.
     pub held_at_end: Vec<String>,
-    /// Transfers the router started again after an attempt failed (zero for one server).
+    /// Transfers the router started again after an attempt failed, over all its lives (zero for
+    /// one server).
     pub router_retries: u64,
     /// turmoil's own error, if the run ended on one (a host's software failed).
     pub sim_error: Option<String>,
@@ -160,8 +170,8 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         log.clone(),
     );
     let slowable: Vec<String> = deployment.kv_lanes.keys().cloned().collect();
-    let mut faults =
-        faults::schedule(config.seed, &mix, &deployment.links, &deployment.workers, &slowable);
+    let (links, workers, entry) = (&deployment.links, &deployment.workers, &deployment.entry);
+    let mut faults = faults::schedule(config.seed, &mix, links, workers, entry, &slowable);
     if let Some(only) = &config.only_faults {
         faults = faults
             .into_iter()
@@ -179,6 +189,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         cancel_after: cancellations(config.seed, &mix, trace.requests.len()),
         entry: deployment.entry.clone(),
         timeout: config.client_timeout,
+        read_timeout: config.client_read_timeout,
         start_offset: config.warmup,
     };
     let board = ClientBoard::default();
@@ -188,6 +199,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     panics::start_capture();
     let router_events = server_events::capture(log.clone());
     let mut applier = FaultApplier::new(deployment.kv_lanes.clone());
+    let mut entry_crashed_at = Vec::new();
     let mut next_fault = 0;
     let mut steps = 0u64;
     let (mut long_steps, mut fast_forwarded) = (0u64, Duration::ZERO);
@@ -196,8 +208,12 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     loop {
         let now = sim.elapsed();
         while next_fault < faults.len() && faults[next_fault].at <= now {
-            if applier.apply(&mut sim, &faults[next_fault]) {
-                log.log_at(now, Event::Fault(faults[next_fault].action.to_string()));
+            let fault = &faults[next_fault];
+            if applier.apply(&mut sim, fault) {
+                log.log_at(now, Event::Fault(fault.action.to_string()));
+                if fault.action == FaultAction::Crash(deployment.entry.clone()) {
+                    entry_crashed_at.push(now);
+                }
             }
             next_fault += 1;
         }
@@ -247,7 +263,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
     drop(router_events);
     let held_at_end = held(&deployment);
     let probes = deployment.probes.snapshot();
-    let router_retries = probes.get("router").map_or(0, |p| p.stats.transfers_retried());
+    let router_retries = probes.get("router").map_or(0, Probe::transfers_retried);
     drop(sim);
     let observed = seen.lock().expect("the run is over").clone();
     RunOutcome {
@@ -257,6 +273,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
         mix,
         faults,
         healed_at,
+        entry_crashed_at,
         observed,
         log_hash: log.hash(),
         log: log.entries(),

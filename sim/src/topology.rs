@@ -47,7 +47,7 @@ pub struct Deployment {
     pub hosts: Vec<String>,
     /// Pairs of hosts that talk to each other (partition and hold targets).
     pub links: Vec<(String, String)>,
-    /// Hosts that may crash and restart: the workers.
+    /// Workers: hosts that may crash and restart, as `entry` may.
     pub workers: Vec<String>,
     /// Each prefill host's KV lanes, by host: what the slow-KV-lane fault slows.
     pub kv_lanes: BTreeMap<String, KvLaneDelay>,
@@ -60,17 +60,29 @@ pub struct Probes(Arc<Mutex<BTreeMap<String, Probe>>>);
 
 #[derive(Clone, Debug)]
 pub struct Probe {
+    /// This life's.
     pub stats: Arc<EngineStats>,
     /// How many times the host has started.
     pub starts: u32,
+    /// Transfers its earlier lives retried (a router's).
+    pub retried_before: u64,
+}
+
+impl Probe {
+    /// Transfers every life of the host retried.
+    pub fn transfers_retried(&self) -> u64 {
+        self.retried_before + self.stats.transfers_retried()
+    }
 }
 
 impl Probes {
     fn started(&self, host: &str, stats: Arc<EngineStats>, log: &EventLog) {
         log.log(Event::Started { host: host.to_owned() });
         let mut probes = self.0.lock().expect("hosts run one at a time");
-        let starts = probes.get(host).map_or(0, |p| p.starts) + 1;
-        probes.insert(host.to_owned(), Probe { stats, starts });
+        let earlier = probes.get(host);
+        let starts = earlier.map_or(0, |p| p.starts) + 1;
+        let retried_before = earlier.map_or(0, Probe::transfers_retried);
+        probes.insert(host.to_owned(), Probe { stats, starts, retried_before });
     }
 
     pub fn snapshot(&self) -> BTreeMap<String, Probe> {

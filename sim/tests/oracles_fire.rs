@@ -190,3 +190,36 @@ fn state_that_outlives_a_run_is_caught_by_determinism() {
     assert_eq!(violations.len(), 1, "{:?}", first.log_hash);
     assert_eq!(violations[0].oracle, Oracle::Determinism);
 }
+
+/// The router (or the single server) crashes while every request is out: their clients hear
+/// nothing more, not even keep-alives, and give up at their read timeout. The crash excuses that
+/// and nothing else: the same run judged as if nothing had crashed fails liveness for each.
+#[test]
+fn clients_of_a_crashed_entry_go_silent_and_only_its_crash_excuses_them() {
+    let trace = trace();
+    let reference = reference(&trace);
+    for topology in [Topology::Single, Topology::OneP1D, Topology::TwoP2D] {
+        let mut config = config(0, topology, None);
+        config.client_timeout = 2 * config.client_read_timeout;
+        config.mix = Some(FaultMix {
+            window: Duration::from_millis(100),
+            entry_crashes: 1,
+            outage_max: Duration::from_millis(50),
+            ..FaultMix::NONE
+        });
+        let outcome = run(&trace, &config);
+        assert!(outcome.mix.is_calm(), "{topology}: an entry's crash alone is judged as calm");
+        let violations = oracle::check(&reference, &outcome);
+        assert!(violations.is_empty(), "{topology}: {violations:?}");
+        assert_eq!(outcome.entry_crashed_at.len(), 1, "{topology}");
+        let silent: Vec<usize> = (0..trace.requests.len())
+            .filter(|&i| outcome.observed[i].ending == Some(Ending::Silent))
+            .collect();
+        assert!(!silent.is_empty(), "{topology}: {:?}", outcome.observed);
+        assert_eq!(outcome.router_retries, 0, "{topology}");
+        let uncrashed = RunOutcome { entry_crashed_at: Vec::new(), ..outcome.clone() };
+        let judged: Vec<Option<usize>> =
+            oracle::liveness::check(&uncrashed).into_iter().map(|v| v.request).collect();
+        assert_eq!(judged, silent.into_iter().map(Some).collect::<Vec<_>>(), "{topology}");
+    }
+}

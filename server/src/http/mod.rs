@@ -39,6 +39,10 @@ use crate::record::Recorder;
 use crate::text::TextCodec;
 use crate::tool_calls::ToolFormat;
 
+/// `AppConfig::sse_keep_alive`'s default: axum's, and what proxies' 60 s idle timeouts leave room
+/// for.
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
 /// What the app serves and its limits.
 #[derive(Clone, Debug)]
 pub struct AppConfig {
@@ -89,8 +93,7 @@ impl AppConfig {
             body_bytes_max: 8 << 20,
             request_time_max: Duration::from_secs(600),
             health_stall_max: Duration::from_secs(30),
-            // axum's default, and what proxies' 60 s idle timeouts leave room for.
-            sse_keep_alive: Duration::from_secs(15),
+            sse_keep_alive: SSE_KEEP_ALIVE,
             retry_after_s: 1,
             unix_time_at_start: 0,
             seed: 0,

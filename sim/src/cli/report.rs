@@ -13,6 +13,8 @@ pub struct Endings {
     pub refused: usize,
     pub failed: usize,
     pub cancelled: usize,
+    /// Heard nothing for the read timeout: their server crashed.
+    pub silent: usize,
     pub timed_out: usize,
     pub unfinished: usize,
 }
@@ -26,6 +28,7 @@ impl Endings {
                 Some(Ending::Refused { .. }) => e.refused += 1,
                 Some(Ending::Failed { .. }) => e.failed += 1,
                 Some(Ending::Cancelled) => e.cancelled += 1,
+                Some(Ending::Silent) => e.silent += 1,
                 Some(Ending::TimedOut) => e.timed_out += 1,
                 None => e.unfinished += 1,
             }
@@ -62,7 +65,7 @@ pub fn summary(outcome: &RunOutcome, violations: &[Violation]) -> String {
     let wall_s = outcome.wall_time.as_secs_f64();
     format!(
         "requests {}  completed {}  failed cleanly {} (refused {}, failed {}, cancelled {})  \
-         timed out {}  unfinished {}  transfers retried {}\nviolations {}\nvirtual {:.3} s  wall {:.3} s  speed {:.1}x  \
+         silent {}  timed out {}  unfinished {}  transfers retried {}\nviolations {}\nvirtual {:.3} s  wall {:.3} s  speed {:.1}x  \
          turmoil steps {}  event log {:016x}",
         outcome.observed.len(),
         e.completed,
@@ -70,6 +73,7 @@ pub fn summary(outcome: &RunOutcome, violations: &[Violation]) -> String {
         e.refused,
         e.failed,
         e.cancelled,
+        e.silent,
         e.timed_out,
         e.unfinished,
         outcome.router_retries,
@@ -95,6 +99,7 @@ pub fn json(outcome: &RunOutcome, violations: &[Violation], reproduce: &str) -> 
         "refused": e.refused,
         "failed": e.failed,
         "cancelled": e.cancelled,
+        "silent": e.silent,
         "timed_out": e.timed_out,
         "unfinished": e.unfinished,
         "transfers_retried": outcome.router_retries,

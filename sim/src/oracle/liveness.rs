@@ -1,10 +1,13 @@
 //! Oracle 2: liveness. Once the faults heal, the deployment must serve again: every request ends
 //! (no client waits out its bound), within `LIVENESS_BOUND` of the later of its sending and the
 //! healing, and a request sent after the deployment had `RECOVERY` to reconnect completes,
-//! unless the deployment shed it for load while it kept serving others. A run without faults
-//! has nothing to recover from: every request there completes, from the first, unless shed, and
-//! the router retries no transfer (a retry means an attempt failed, which only a fault excuses;
-//! the client cannot see one that then succeeded).
+//! unless the deployment shed it for load while it kept serving others. A client may hear
+//! nothing for its read timeout (not even the keep-alives a live server sends) only if the host
+//! it talks to crashed while it waited. A run without faults has nothing to recover from: every
+//! request there completes, from the first, unless shed. In a calm run (none of the faults that
+//! can fail a transfer's attempt, though the entry may crash: `FaultMix::is_calm`) no life of the
+//! router retries a transfer (a retry means an attempt failed, which only a fault excuses; the
+//! client cannot see one that then succeeded).
 //!
 //! Shedding is how a deployment stays live under more load than it can serve: a queue at its
 //! bound refuses (429), and a request that waited past the queue's bound fails with
@@ -31,9 +34,11 @@ pub const LIVENESS_BOUND: Duration = Duration::from_secs(400);
 pub const RECOVERY: Duration = Duration::from_secs(10);
 
 pub fn check(outcome: &RunOutcome) -> Vec<Violation> {
-    let calm = outcome.mix == FaultMix::NONE;
-    let recovery = if calm { Duration::ZERO } else { RECOVERY };
-    let mut found = check_observed(outcome.healed_at, recovery, &outcome.observed);
+    // Without faults there is nothing to recover from; after the entry's restart, its links.
+    let recovery = if outcome.mix == FaultMix::NONE { Duration::ZERO } else { RECOVERY };
+    let calm = outcome.mix.is_calm();
+    let crashed = &outcome.entry_crashed_at;
+    let mut found = check_observed(outcome.healed_at, recovery, crashed, &outcome.observed);
     if calm && outcome.router_retries > 0 {
         found.push(Violation {
             oracle: Oracle::Liveness,
@@ -47,7 +52,12 @@ pub fn check(outcome: &RunOutcome) -> Vec<Violation> {
     found
 }
 
-fn check_observed(healed: Duration, recovery: Duration, observed: &[Observed]) -> Vec<Violation> {
+fn check_observed(
+    healed: Duration,
+    recovery: Duration,
+    entry_crashed_at: &[Duration],
+    observed: &[Observed],
+) -> Vec<Violation> {
     let mut found = Vec::new();
     for (index, seen) in observed.iter().enumerate() {
         let violation =
@@ -61,6 +71,13 @@ fn check_observed(healed: Duration, recovery: Duration, observed: &[Observed]) -
             continue;
         }
         let ended = seen.ended_at.unwrap_or_default();
+        if *ending == Ending::Silent && !entry_crashed_at.iter().any(|&c| sent <= c && c <= ended) {
+            found.push(violation(
+                "the client heard nothing for its read timeout, and its server had not crashed"
+                    .into(),
+            ));
+            continue;
+        }
         let limit = sent.max(healed) + LIVENESS_BOUND;
         if ended > limit {
             found.push(violation(format!(
@@ -157,7 +174,7 @@ mod tests {
     }
 
     fn violations(observed: &[Observed]) -> Vec<Option<usize>> {
-        check_observed(HEALED, RECOVERY, observed).into_iter().map(|v| v.request).collect()
+        check_observed(HEALED, RECOVERY, &[], observed).into_iter().map(|v| v.request).collect()
     }
 
     #[test]
@@ -201,7 +218,24 @@ mod tests {
         let failed = Ending::Failed { why: "error event: the engine failed".into() };
         let observed = [request(21, 22, failed), completed(21, 23)];
         assert_eq!(violations(&observed), []);
-        let judged = check_observed(HEALED, Duration::ZERO, &observed);
+        let judged = check_observed(HEALED, Duration::ZERO, &[], &observed);
         assert_eq!(judged.into_iter().map(|v| v.request).collect::<Vec<_>>(), [Some(0)]);
+    }
+
+    /// Silence is a crash's: a client whose server crashed while it waited gives up, and that is
+    /// the fault's; silence without one is a server that stopped even its keep-alives.
+    #[test]
+    fn a_silent_server_is_excused_only_by_its_crash_while_the_client_waited() {
+        let observed = [request(5, 15, Ending::Silent), completed(21, 23)];
+        let judge = |crashes: &[u64]| {
+            let crashes: Vec<Duration> = crashes.iter().map(|&c| secs(c)).collect();
+            let found = check_observed(HEALED, RECOVERY, &crashes, &observed);
+            found.into_iter().map(|v| v.request).collect::<Vec<_>>()
+        };
+        assert_eq!(judge(&[7]), []);
+        assert_eq!(judge(&[5]), []);
+        assert_eq!(judge(&[15]), []);
+        assert_eq!(judge(&[]), [Some(0)]);
+        assert_eq!(judge(&[4, 16]), [Some(0)], "crashes before it was sent and after it ended");
     }
 }
