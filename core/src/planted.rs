@@ -63,6 +63,9 @@ pub enum PlantedBug {
     HeartbeatNotExtendingLease,
     /// Missing class: a restarted worker's old-incarnation state kept.
     OldIncarnationStateKept,
+    /// Missing class: a restarted router's transfer ids start where its predecessor's did, and
+    /// collide with the transfers of the old life the workers still hold.
+    RouterIdsReusedAfterRestart,
     /// Missing class: per-request sampling state (the output so far that penalties count) lost
     /// at the prefill-to-decode hand-over: the decode worker counts from one position late.
     SamplerStateLostAtHandOver,
@@ -75,7 +78,7 @@ pub enum PlantedBug {
 
 impl PlantedBug {
     /// Every class, in the order above.
-    pub const ALL: [PlantedBug; 26] = [
+    pub const ALL: [PlantedBug; 27] = [
         PlantedBug::SlotReuse,
         PlantedBug::FreeWhileWriteLands,
         PlantedBug::FreeBeforeLastReader,
@@ -99,6 +102,7 @@ impl PlantedBug {
         PlantedBug::LeaseShorterThanWrite,
         PlantedBug::HeartbeatNotExtendingLease,
         PlantedBug::OldIncarnationStateKept,
+        PlantedBug::RouterIdsReusedAfterRestart,
         PlantedBug::SamplerStateLostAtHandOver,
         PlantedBug::GrammarLostAtHandOver,
         PlantedBug::DecodeReadsUnfinishedTransfer,
@@ -130,6 +134,7 @@ impl PlantedBug {
             PlantedBug::LeaseShorterThanWrite => "lease-shorter-than-write",
             PlantedBug::HeartbeatNotExtendingLease => "heartbeat-not-extending-lease",
             PlantedBug::OldIncarnationStateKept => "old-incarnation-state-kept",
+            PlantedBug::RouterIdsReusedAfterRestart => "router-ids-reused-after-restart",
             PlantedBug::SamplerStateLostAtHandOver => "sampler-state-lost-at-hand-over",
             PlantedBug::GrammarLostAtHandOver => "grammar-lost-at-hand-over",
             PlantedBug::DecodeReadsUnfinishedTransfer => "decode-reads-unfinished-transfer",

@@ -73,7 +73,7 @@ impl Scenario {
 
 /// The scenario of `bug`.
 pub fn scenario(bug: PlantedBug) -> Scenario {
-    use FaultLevel::{Default, Heavy, None as NoFaults};
+    use FaultLevel::{Default, EntryCrashes, Heavy, None as NoFaults};
     use Oracle::*;
     use PlantedBug::*;
     use Topology::{OneP1D, Single, TwoP2D};
@@ -175,6 +175,10 @@ pub fn scenario(bug: PlantedBug) -> Scenario {
         // A restarted worker stays unreachable under its old incarnation: caught only by requests
         // sent after the faults heal, so a trace that keeps sending past them.
         OldIncarnationStateKept => s(WEKA_80, WEKA_SMALL, OneP1D, Heavy, 0, Liveness),
+        // The router restarts while transfers of its old life are still held by the workers,
+        // which refuse the new life's ids that collide: each refusal a retry, which nothing but
+        // a fault excuses, so only the level where the router's crash is the one fault sees it.
+        RouterIdsReusedAfterRestart => s(RECORDED, &[], OneP1D, EntryCrashes, 0, Liveness),
         // Penalties on two requests in three over a small vocabulary, so that the provenance
         // model's candidates meet the output they count; caught once a penalized request's
         // first token repeats.

@@ -99,6 +99,7 @@ planted_classes! {
     lease_shorter_than_write: LeaseShorterThanWrite,
     heartbeat_not_extending_lease: HeartbeatNotExtendingLease,
     old_incarnation_state_kept: OldIncarnationStateKept,
+    router_ids_reused_after_restart: RouterIdsReusedAfterRestart,
     sampler_state_lost_at_hand_over: SamplerStateLostAtHandOver,
     grammar_lost_at_hand_over: GrammarLostAtHandOver,
     decode_reads_unfinished_transfer: DecodeReadsUnfinishedTransfer,

@@ -180,6 +180,9 @@ impl Router {
     const ID_BITS: u32 = 40;
 
     fn first_id(incarnation: crate::wire::Incarnation) -> u64 {
+        if crate::planted!(RouterIdsReusedAfterRestart) {
+            return 0;
+        }
         (incarnation.0 & ((1 << (64 - Self::ID_BITS)) - 1)) << Self::ID_BITS
     }
 
