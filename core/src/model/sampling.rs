@@ -569,6 +569,32 @@ mod tests {
         assert!((share - 0.64 / 0.88).abs() < 0.02, "top token drawn {share}");
     }
 
+    /// Every candidate's share of the draws is its softmax probability at the temperature, and
+    /// logits far from zero draw as their differences do (the largest is subtracted before
+    /// `exp`, which would overflow otherwise).
+    #[test]
+    fn draws_follow_the_softmax_at_the_temperature_over_every_candidate() {
+        let logits = [1002.0, 1001.0, 1000.5, 1000.0];
+        let s = Sampler::new(params(0.5, 0, 1.0, 11));
+        let draws = 40_000;
+        let mut counts = [0u32; 4];
+        for position in 0..draws {
+            counts[s.sample(&logits, position) as usize] += 1;
+        }
+        // exp((logit - max) / 0.5): e^0, e^-2, e^-3, e^-4.
+        let weights = [0.0f64, -2.0, -3.0, -4.0].map(f64::exp);
+        let total: f64 = weights.iter().sum();
+        for (token, (&count, weight)) in counts.iter().zip(weights).enumerate() {
+            let expected = weight / total;
+            let share = f64::from(count) / f64::from(draws);
+            let sd = (expected * (1.0 - expected) / f64::from(draws)).sqrt();
+            assert!(
+                (share - expected).abs() < 5.0 * sd,
+                "token {token} drawn {share:.4}, its probability {expected:.4}: {counts:?}"
+            );
+        }
+    }
+
     #[test]
     fn penalties_take_frequency_times_count_then_presence_off_the_output_s_tokens() {
         let penalized = |presence, frequency, output: &[u32]| {
