@@ -767,9 +767,9 @@ mod tests {
         let mut both = RequestSampler::new(spec(vec![(1, 0.6)], 1.0), None);
         both.record(0, 1).unwrap();
         assert_eq!(both.sample(&logits, 1).unwrap().0, 2);
-        // The same over candidates: token 3 is candidate 0.
-        let (chosen, _) = biased.sample_candidates(&[1.0, 3.0], 0, |i| 3 - 2 * i).unwrap();
-        assert_eq!(chosen, 0, "1.0 + 3.5 beats 3.0");
+        // The same over candidates: token 3 is candidate 0 (added: 0.5 times 3.5 would lose).
+        let (chosen, _) = biased.sample_candidates(&[0.5, 3.0], 0, |i| 3 - 2 * i).unwrap();
+        assert_eq!(chosen, 0, "0.5 + 3.5 beats 3.0");
     }
 
     #[test]
