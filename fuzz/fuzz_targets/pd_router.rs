@@ -31,7 +31,7 @@ enum Op {
     Restart { worker: u8, incarnation: u8 },
     Tokens { worker: u8, incarnation: u8, transfer: u8, index: u8, count: u8, finish: bool },
     Down { worker: u8 },
-    Up { worker: u8, incarnation: u8 },
+    Up { worker: u8, incarnation: u8, places: u8 },
     Advance(u8),
 }
 
@@ -137,9 +137,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 );
             }
             Op::Down { worker } => router.handle_worker_down(endpoint(worker, 0).worker, now),
-            Op::Up { worker, incarnation } => {
+            Op::Up { worker, incarnation, places } => {
                 let role = if worker % 3 == 0 { Role::Prefill } else { Role::Decode };
-                router.handle_worker_up(endpoint(worker, incarnation), role, now)
+                router.handle_worker_up(endpoint(worker, incarnation), role, u32::from(places), now)
             }
             Op::Advance(ms) => {
                 now = now.saturating_add(Duration::from_millis(u64::from(ms)));

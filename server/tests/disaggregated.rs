@@ -519,8 +519,9 @@ async fn kv_writes_wait_for_room_on_a_narrow_link_and_nothing_fails() {
     assert!(held.unwrap() > 0.0, "no write ever waited: the link was not narrow");
 }
 
-/// A prefill worker with fewer transfer places than the router sends it prompts (2 against 8)
-/// refuses the rest as busy: they go again after the back-off, and nothing fails. (Refused as
+/// A prefill worker with fewer transfer places than the router sends it prompts (2 against 8, its
+/// `Hello` not saying so: `PeerConfig::places` left unbounded) refuses the rest as busy: they go
+/// again after the back-off, and nothing fails. (Refused as
 /// failed, as it once was, each used up an attempt, and with `retries_max` 1 clients got errors
 /// under mere load.) The router counts the refusals apart from retries, which stay at zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -532,4 +533,17 @@ async fn a_prefill_worker_short_of_transfer_places_refuses_as_busy_and_nothing_f
     assert_eq!(counter(&page, "lockstep:kv_transfer_retries_total"), Some(0.0), "{page}");
     let busy = counter(&page, "lockstep:kv_transfers_refused_busy_total").unwrap();
     assert!(busy > 0.0, "no transfer was refused: the prefill worker was not short of places");
+}
+
+/// The same worker whose `Hello` says its 2 places, as `roles::launch` has every worker say: the
+/// router sends it no more than 2 prompts at once, whatever its own `prefill_slots` (8), so none
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_sends_a_prefill_worker_no_more_than_the_places_its_hello_said() {
+    let c = cluster_with(StepMode::Sync, 2, |peer| peer.places = 2).await;
+    sixteen_at_once_equal_one_process(&c, 40).await;
+    let (_, page) = c.router.get("/metrics").await;
+    assert_eq!(counter(&page, "lockstep:kv_transfers_failed_total"), Some(0.0), "{page}");
+    assert_eq!(counter(&page, "lockstep:kv_transfer_retries_total"), Some(0.0), "{page}");
+    assert_eq!(counter(&page, "lockstep:kv_transfers_refused_busy_total"), Some(0.0), "{page}");
 }

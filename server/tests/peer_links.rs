@@ -42,8 +42,15 @@ fn at(worker: WorkerId, incarnation: u64) -> Endpoint {
     Endpoint { worker, incarnation: Incarnation(incarnation) }
 }
 
+/// What each worker's `Hello` says it takes at once: its own number, so that each end's `Up`
+/// shows the other's arrived, whichever end dialed.
+fn places_of(worker: WorkerId) -> u32 {
+    10 + worker.0
+}
+
 fn config(me: Endpoint, identity: LinkIdentity, dial: Vec<(WorkerId, String)>) -> PeerConfig {
     let mut config = PeerConfig::new(me, identity, dial);
+    config.places = places_of(me.worker);
     config.hello_timeout = Duration::from_millis(300);
     config.ping_interval = Duration::from_millis(50);
     config.dead_after = DEAD_AFTER;
@@ -106,7 +113,7 @@ impl Peer {
     }
 
     async fn expect_up(&mut self, peer: Endpoint) {
-        assert_eq!(self.next_event().await, PeerEvent::Up { peer });
+        assert_eq!(self.next_event().await, PeerEvent::Up { peer, places: places_of(peer.worker) });
     }
 
     async fn expect_down(&mut self, peer: Endpoint) -> LinkError {
@@ -240,7 +247,11 @@ async fn silent_prefill(addr: &str, incarnation: u64) -> TcpStream {
     let hello = Envelope {
         from: at(PREFILL, incarnation),
         to: at(DECODE, 0),
-        body: Message::Hello { identity: identity(Role::Prefill), lane: Lane::Control },
+        body: Message::Hello {
+            identity: identity(Role::Prefill),
+            lane: Lane::Control,
+            places: places_of(PREFILL),
+        },
     };
     let frame = encode_frame(&hello, Vec::new()).expect("a hello encodes");
     stream.write_all(&frame).await.expect("the decode side reads");
@@ -379,7 +390,7 @@ async fn kv_writes_take_a_lane_of_their_own_that_only_prefill_and_decode_open() 
     // A router asking for a KV lane is refused: it moves no KV.
     let mut raw = TcpStream::connect(&addr).await.expect("loopback connects");
     let router = LinkIdentity { role: Role::Router, ..identity(Role::Prefill) };
-    let hello = Message::Hello { identity: router, lane: Lane::Kv };
+    let hello = Message::Hello { identity: router, lane: Lane::Kv, places: 0 };
     let hello = Envelope { from: at(WorkerId(9), 1), to: at(DECODE, 0), body: hello };
     raw.write_all(&encode_frame(&hello, Vec::new()).expect("encodes")).await.expect("written");
     let mut answer = Vec::new();
@@ -390,7 +401,7 @@ async fn kv_writes_take_a_lane_of_their_own_that_only_prefill_and_decode_open() 
     // A protocol message on a KV lane ends that lane alone: reported as the KV lane's end (its
     // writes will not be acknowledged), not as the peer's.
     let mut raw = TcpStream::connect(&addr).await.expect("loopback connects");
-    let hello = Message::Hello { identity: identity(Role::Prefill), lane: Lane::Kv };
+    let hello = Message::Hello { identity: identity(Role::Prefill), lane: Lane::Kv, places: 1 };
     let other = at(WorkerId(7), 1);
     let hello = Envelope { from: other, to: at(DECODE, 0), body: hello };
     raw.write_all(&encode_frame(&hello, Vec::new()).expect("encodes")).await.expect("written");

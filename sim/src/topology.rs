@@ -20,7 +20,7 @@ use lockstep_server::node;
 use lockstep_server::peer::{PeerConfig, Transport};
 use lockstep_server::roles::launch::{
     PROVENANCE_KV_LAYOUT, provenance_fingerprint, router_engine_config, transfers_max, worker_app,
-    worker_node, worker_sched,
+    worker_node, worker_places, worker_sched,
 };
 use lockstep_server::roles::spawn_worker;
 use lockstep_server::serve::ServeOptions;
@@ -304,7 +304,8 @@ async fn worker(setup: HostSetup, host: String, role: Role, id: u32) -> turmoil:
     } else {
         Vec::new()
     };
-    let peer = PeerConfig::new(me, identity(&setup, role), dial);
+    let mut peer = PeerConfig::new(me, identity(&setup, role), dial);
+    peer.places = worker_places(role, &setup.options);
     let pool = sched.pool;
     let node = worker_node(role, me, sched, setup.knobs.timing, transfers_max(&setup.options))?;
     let runner = device(&setup, pool, &host, starts_so_far(&setup, &host));

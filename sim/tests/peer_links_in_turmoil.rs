@@ -83,7 +83,7 @@ async fn worker(host: &'static str, config: PeerConfig, log: Log) -> turmoil::Re
     loop {
         tokio::select! {
             event = events.recv() => match event.ok_or("the transport ended")? {
-                PeerEvent::Up { peer: up } => {
+                PeerEvent::Up { peer: up, .. } => {
                     peer = Some(up);
                     record(&log, host, What::Up(up));
                 }

@@ -158,6 +158,10 @@ pub struct Router {
     config: RouterConfig,
     prefills: Vec<Endpoint>,
     decodes: Vec<Endpoint>,
+    /// Requests each worker that came up said it takes at once (`Hello`'s `places`): the router
+    /// sends it no more than that or the config's slots for its role, whichever is fewer.
+    /// Workers given to `new` take the config's.
+    places: BTreeMap<WorkerId, u32>,
     next_transfer: u64,
     transfers: BTreeMap<TransferId, Transfer>,
     by_request: BTreeMap<RequestId, TransferId>,
@@ -199,6 +203,7 @@ impl Router {
             config,
             prefills,
             decodes,
+            places: BTreeMap::new(),
             transfers: BTreeMap::new(),
             by_request: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -327,12 +332,16 @@ impl Router {
     /// The least loaded prefill worker below `prefill_slots`; ties go to the lowest in the list,
     /// rotated by the attempt number so that a retry prefers another worker.
     fn prefill_with_room(&self, attempt: u32) -> Option<Endpoint> {
-        let slots = self.config.prefill_slots as usize;
         let n = self.prefills.len();
         (0..n)
             .map(|i| self.prefills[(i + attempt as usize) % n])
-            .filter(|w| self.prefill_load(w) < slots)
+            .filter(|w| self.prefill_load(w) < self.slots(w, self.config.prefill_slots))
             .min_by_key(|w| self.prefill_load(w))
+    }
+
+    /// What `worker` takes at once: `configured`, or fewer if it said so.
+    fn slots(&self, worker: &Endpoint, configured: u32) -> usize {
+        self.places.get(&worker.worker).map_or(configured, |&p| p.min(configured)) as usize
     }
 
     /// A decode worker's load: what it receives and what it decodes. O(log workers).
@@ -342,11 +351,10 @@ impl Router {
 
     /// The least loaded decode worker below `decode_slots`; ties as `prefill_with_room`'s.
     fn decode_with_room(&self, attempt: u32) -> Option<Endpoint> {
-        let slots = self.config.decode_slots as usize;
         let n = self.decodes.len();
         (0..n)
             .map(|i| self.decodes[(i + attempt as usize) % n])
-            .filter(|w| self.decode_load(w) < slots)
+            .filter(|w| self.decode_load(w) < self.slots(w, self.config.decode_slots))
             .min_by_key(|w| self.decode_load(w))
     }
 
@@ -405,14 +413,22 @@ impl Router {
         self.pump(now);
     }
 
-    /// A link to a worker opened: it is paired from now on. A newer incarnation of a known worker
-    /// is a restart (`handle_worker_restart`). Workers are kept in id order, so pairing does not
-    /// depend on the order links came up in.
-    pub fn handle_worker_up(&mut self, worker: Endpoint, role: crate::wire::Role, now: Time) {
+    /// A link to a worker opened: it is paired from now on, taking at most `places` requests at
+    /// once (its `Hello`'s). A newer incarnation of a known worker is a restart
+    /// (`handle_worker_restart`), whose places may differ. Workers are kept in id order, so
+    /// pairing does not depend on the order links came up in.
+    pub fn handle_worker_up(
+        &mut self,
+        worker: Endpoint,
+        role: crate::wire::Role,
+        places: u32,
+        now: Time,
+    ) {
         let known =
             self.prefills.iter().chain(&self.decodes).find(|w| w.worker == worker.worker).copied();
         match known {
             Some(k) if k.incarnation < worker.incarnation => {
+                self.places.insert(worker.worker, places);
                 self.handle_worker_restart(worker, now)
             }
             Some(_) => {}
@@ -424,6 +440,7 @@ impl Router {
                 };
                 let at = list.partition_point(|w| w.worker < worker.worker);
                 list.insert(at, worker);
+                self.places.insert(worker.worker, places);
             }
         }
         self.pump(now);
@@ -446,6 +463,7 @@ impl Router {
     pub fn handle_worker_down(&mut self, worker: crate::wire::WorkerId, now: Time) {
         self.prefills.retain(|w| w.worker != worker);
         self.decodes.retain(|w| w.worker != worker);
+        self.places.remove(&worker);
         let lost: Vec<TransferId> = self
             .transfers
             .values()
@@ -685,6 +703,13 @@ impl Router {
     /// bounds hold; the indexes of loads and of the queue are what scans find.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_counts()?;
+        for worker in self.places.keys() {
+            ensure_invariant!(
+                PD,
+                self.prefills.iter().chain(&self.decodes).any(|w| w.worker == *worker),
+                "places known for {worker:?}, which is not paired"
+            );
+        }
         let mut queued = BTreeSet::new();
         for (a, b) in self.queue.iter().zip(self.queue.iter().skip(1)) {
             ensure_invariant!(

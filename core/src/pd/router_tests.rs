@@ -601,10 +601,10 @@ fn workers_join_when_their_links_come_up_and_leave_when_they_go_down() {
     let config = RouterConfig { retries_max: 1, ..small_router(4).config.clone() };
     let mut r = Router::new(ME, config, vec![], vec![]);
     assert_eq!(r.submit(spec(1), Time::ZERO), Err(RouterError::NoWorkers));
-    r.handle_worker_up(D2, crate::wire::Role::Decode, Time::ZERO);
-    r.handle_worker_up(D1, crate::wire::Role::Decode, Time::ZERO);
+    r.handle_worker_up(D2, crate::wire::Role::Decode, 8, Time::ZERO);
+    r.handle_worker_up(D1, crate::wire::Role::Decode, 8, Time::ZERO);
     assert_eq!(r.submit(spec(1), Time::ZERO), Err(RouterError::NoWorkers), "no prefill worker");
-    r.handle_worker_up(P1, crate::wire::Role::Prefill, Time::ZERO);
+    r.handle_worker_up(P1, crate::wire::Role::Prefill, 8, Time::ZERO);
     assert_eq!(r.workers(), (&[P1][..], &[D1, D2][..]), "kept in id order");
     r.submit(spec(1), Time::ZERO).unwrap();
     let out = drain(&mut r);
@@ -616,10 +616,46 @@ fn workers_join_when_their_links_come_up_and_leave_when_they_go_down() {
         "no prefill worker: nothing waits for one"
     );
     let p1_again = Endpoint { incarnation: Incarnation(2), ..P1 };
-    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, Time::from_millis(1));
+    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, 8, Time::from_millis(1));
     r.submit(spec(2), Time::from_millis(1)).unwrap();
     let out = drain(&mut r);
     assert_eq!(reserve_to(&out).len(), 1, "it goes as soon as one is up: {out:?}");
+}
+
+/// A worker takes no more requests at once than its `Hello` said, though the config allows
+/// more (prefill 8, decode 4 here): each process has its own command line, and a router that
+/// sent more would have them refused as busy, one refusal per back-off. A restart may say
+/// otherwise.
+#[test]
+fn a_worker_gets_no_more_requests_at_once_than_its_hello_said() {
+    use crate::wire::Role::{Decode, Prefill};
+    let mut r = Router::new(ME, small_router(4).config.clone(), vec![], vec![]);
+    r.handle_worker_up(P1, Prefill, 1, Time::ZERO);
+    r.handle_worker_up(D1, Decode, 2, Time::ZERO);
+    for id in 1..=3 {
+        r.submit(spec(id), Time::ZERO).unwrap();
+    }
+    let first = reserve_to(&drain(&mut r));
+    assert_eq!(first.len(), 1, "one prompt at a time on the prefill worker");
+    r.handle_envelope(outcome(D1, first[0].1, None), Time::ZERO);
+    let second = reserve_to(&drain(&mut r));
+    assert_eq!(second.len(), 1, "request 1 decodes: the prefill worker is free");
+    r.handle_envelope(outcome(D1, second[0].1, None), Time::ZERO);
+    assert!(reserve_to(&drain(&mut r)).is_empty(), "the decode worker's two places are taken");
+    assert_eq!(r.requests_queued(), 1);
+    let d2 = Endpoint { worker: WorkerId(4), incarnation: Incarnation(1) };
+    r.handle_worker_up(d2, Decode, 2, Time::ZERO);
+    assert_eq!(reserve_to(&drain(&mut r)).iter().map(|(d, _)| *d).collect::<Vec<_>>(), [d2]);
+
+    let mut r = Router::new(ME, small_router(4).config.clone(), vec![], vec![]);
+    r.handle_worker_up(P1, Prefill, 1, Time::ZERO);
+    r.handle_worker_up(D1, Decode, 4, Time::ZERO);
+    let p1_again = Endpoint { incarnation: Incarnation(2), ..P1 };
+    r.handle_worker_up(p1_again, Prefill, 2, Time::ZERO);
+    for id in 1..=3 {
+        r.submit(spec(id), Time::ZERO).unwrap();
+    }
+    assert_eq!(reserve_to(&drain(&mut r)).len(), 2, "its new life's two places");
 }
 
 /// Found by the cluster proptest: a late duplicate wholly covered by what passed since.
@@ -687,7 +723,7 @@ fn a_restart_loses_only_what_the_old_incarnation_held() {
     r.handle_envelope(outcome(D2, to[1].1, None), Time::ZERO);
     drain(&mut r);
     let d1_again = Endpoint { incarnation: Incarnation(2), ..D1 };
-    r.handle_worker_up(d1_again, crate::wire::Role::Decode, Time::ZERO);
+    r.handle_worker_up(d1_again, crate::wire::Role::Decode, 8, Time::ZERO);
     assert_eq!(r.workers(), (&[P1][..], &[d1_again, D2][..]));
     let out = drain(&mut r);
     let failed = RouterOutput::Failed { request: RequestId(1), reason: AbortReason::PeerRestarted };
@@ -704,7 +740,7 @@ fn a_restart_loses_only_what_the_old_incarnation_held() {
     // The prefill worker restarts: both transfers through it are lost (retried once each, or
     // failed if retried already), and nothing that decodes.
     let p1_again = Endpoint { incarnation: Incarnation(2), ..P1 };
-    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, Time::ZERO);
+    r.handle_worker_up(p1_again, crate::wire::Role::Prefill, 8, Time::ZERO);
     assert_eq!(r.workers().0, &[p1_again][..]);
     let out = drain(&mut r);
     assert_ne!(r.transfer_of(RequestId(4)), Some(to[3].1), "{out:?}");
@@ -715,7 +751,7 @@ fn a_restart_loses_only_what_the_old_incarnation_held() {
     );
     // A worker new to the router goes after the others, in id order.
     let d3 = Endpoint { worker: WorkerId(5), incarnation: Incarnation(1) };
-    r.handle_worker_up(d3, crate::wire::Role::Decode, Time::ZERO);
+    r.handle_worker_up(d3, crate::wire::Role::Decode, 8, Time::ZERO);
     assert_eq!(r.workers().1, &[d1_again, D2, d3][..]);
 }
 

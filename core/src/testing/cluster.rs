@@ -614,14 +614,15 @@ impl Cluster {
         self.after_input();
     }
 
-    /// The router hears a link to `worker` come up.
+    /// The router hears a link to `worker` come up, and the places its `Hello` says (as
+    /// `roles::launch` gives them: a prefill worker's transfers, a decode worker's batch).
     fn hear_up(&mut self, worker: Endpoint) {
-        let role = match self.place(worker.worker) {
-            Some(Place::Prefill(_)) => Role::Prefill,
-            Some(Place::Decode(_)) => Role::Decode,
+        let (role, places) = match self.place(worker.worker) {
+            Some(Place::Prefill(_)) => (Role::Prefill, self.config.prefill.transfers_max),
+            Some(Place::Decode(_)) => (Role::Decode, self.config.decode_sched.running_max),
             _ => return,
         };
-        self.router.handle_worker_up(worker, role, self.now);
+        self.router.handle_worker_up(worker, role, places, self.now);
         self.after_input();
     }
 

@@ -12,7 +12,7 @@ use crate::model::{Grammar, SamplingSpec, TokenLogprobs};
 use crate::sched::{FinishReason, RequestId};
 
 /// The version this build writes and reads.
-pub const WIRE_VERSION: u8 = 7;
+pub const WIRE_VERSION: u8 = 8;
 /// Largest frame, header included: a KV write of a large page with room to spare.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 pub const PROMPT_TOKENS_MAX: usize = 1 << 24;
@@ -189,12 +189,13 @@ fn body(w: &mut Writer, message: &Message) {
         transfer_key(w, key);
     }
     match message {
-        Message::Hello { identity, lane } => {
+        Message::Hello { identity, lane, places } => {
             link_identity(w, identity);
             w.u8(match lane {
                 Lane::Control => 1,
                 Lane::Kv => 2,
             });
+            w.u32(*places);
         }
         Message::LinkRefused { mismatch } => w.u8(link_mismatch(*mismatch)),
         Message::Ping { nonce } | Message::Pong { nonce } => w.u64(*nonce),
@@ -268,7 +269,8 @@ fn read_body(r: &mut Reader<'_>, kind: u8) -> Result<Message, WireError> {
                 2 => Lane::Kv,
                 value => return Err(WireError::Invalid { what: "lane", value: u64::from(value) }),
             };
-            return Ok(Message::Hello { identity, lane });
+            let places = r.u32("places")?;
+            return Ok(Message::Hello { identity, lane, places });
         }
         12 => return Ok(Message::LinkRefused { mismatch: read_link_mismatch(r.u8("mismatch")?)? }),
         13 => return Ok(Message::Ping { nonce: r.u64("nonce")? }),

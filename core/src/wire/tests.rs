@@ -164,8 +164,8 @@ fn finish() -> impl Strategy<Value = Option<FinishReason>> {
 /// The link's own messages and those about a request after its transfer.
 fn link_or_request_message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (identity(), prop_oneof![Just(Lane::Control), Just(Lane::Kv)])
-            .prop_map(|(identity, lane)| Message::Hello { identity, lane }),
+        (identity(), prop_oneof![Just(Lane::Control), Just(Lane::Kv)], any::<u32>())
+            .prop_map(|(identity, lane, places)| Message::Hello { identity, lane, places }),
         prop_oneof![
             Just(LinkMismatch::Roles),
             Just(LinkMismatch::PageTokens),
@@ -307,7 +307,7 @@ fn bytes_are_pinned() {
     // A change here is a wire-format change: bump WIRE_VERSION.
     assert_eq!(
         encode_frame(&sample(), Vec::new()).unwrap(),
-        vec![10, 0, 0, 0, 7, 3, 1, 2, 1, 2, 3, 4, 5, 6]
+        vec![10, 0, 0, 0, 8, 3, 1, 2, 1, 2, 3, 4, 5, 6]
     );
 }
 
@@ -315,8 +315,8 @@ fn bytes_are_pinned() {
 fn other_versions_and_kinds_are_refused() {
     let mut frame = encode_frame(&sample(), Vec::new()).unwrap();
     frame[4] = 3;
-    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 7 }));
-    frame[4] = 7;
+    assert_eq!(decode_frame(&frame), Err(WireError::UnsupportedVersion { got: 3, supported: 8 }));
+    frame[4] = 8;
     frame[5] = 99;
     assert_eq!(decode_frame(&frame), Err(WireError::UnknownKind(99)));
 }
@@ -542,7 +542,7 @@ fn each_message_takes_its_lane() {
     let kv_layout = KvLayout { layers: 1, kv_heads: 1, head_dim: 1, element_bytes: 8 };
     let identity = LinkIdentity { role: Role::Prefill, page_tokens: 4, kv_layout, model: 9 };
     let lanes = [
-        (Message::Hello { identity, lane: Lane::Kv }, None),
+        (Message::Hello { identity, lane: Lane::Kv, places: 4 }, None),
         (Message::LinkRefused { mismatch: LinkMismatch::Roles }, None),
         (Message::Ping { nonce: 1 }, None),
         (Message::Pong { nonce: 1 }, None),

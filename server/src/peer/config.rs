@@ -14,6 +14,9 @@ pub struct PeerConfig {
     pub me: Endpoint,
     /// What `Hello` says about this worker; `wire::check_link` decides against the peer's.
     pub identity: LinkIdentity,
+    /// Requests this worker takes at once, which its `Hello` tells a router (`Message::Hello`'s
+    /// `places`). `u32::MAX` by default: no bound of its own, the router's config decides.
+    pub places: u32,
     /// The peers this worker dials, with their addresses (`"ip:port"`, or a host name the
     /// network resolves). A pair of workers is best dialed from one side only; when both dial,
     /// both ends keep the link dialed by the lower worker id (`table::verdict`).
@@ -61,6 +64,7 @@ impl PeerConfig {
             me,
             kv_lane: identity.role == Role::Prefill,
             identity,
+            places: u32::MAX,
             dial,
             hello_timeout: Duration::from_secs(2),
             ping_interval: Duration::from_millis(500),

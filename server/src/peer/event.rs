@@ -11,8 +11,9 @@ use super::error::LinkError;
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerEvent {
     /// A link opened. A worker that restarted shows up with a higher incarnation: whatever the
-    /// owner held for its earlier life is gone.
-    Up { peer: Endpoint },
+    /// owner held for its earlier life is gone. `places`: what its `Hello` said it takes at once
+    /// (`Message::Hello`).
+    Up { peer: Endpoint, places: u32 },
     /// The link to `peer` ended. The dialing side redials with backoff.
     Down { peer: Endpoint, reason: LinkError },
     /// The KV lane to `peer` ended (`wire::Lane`; no `Up` is reported for one): every write sent

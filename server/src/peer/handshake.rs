@@ -30,21 +30,22 @@ use super::stats::PeerStats;
 /// varints is under 100 bytes.
 pub(crate) const HELLO_FRAME_BYTES_MAX: usize = 256;
 
-/// The dialer's half: `Hello` to `expected` for `lane`, then its answer. The peer's endpoint on
-/// success.
+/// The dialer's half: `Hello` to `expected` for `lane`, then its answer. The peer's endpoint and
+/// the places its `Hello` said on success.
 pub(crate) async fn dialer<R, W>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
     writer: &mut W,
     expected: WorkerId,
     lane: Lane,
-) -> Result<Endpoint, LinkError>
+) -> Result<(Endpoint, u32), LinkError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let unknown = Endpoint { worker: expected, incarnation: Incarnation(0) };
-    let hello = Message::Hello { identity: shared.config.identity, lane };
+    let hello =
+        Message::Hello { identity: shared.config.identity, lane, places: shared.config.places };
     write_link_message(shared, writer, unknown, hello).await?;
     let answer = receive(shared, reader).await?;
     match answer.body {
@@ -55,30 +56,33 @@ where
         Message::Hello { lane: answered, .. } if answered != lane => {
             Err(LinkError::Protocol("the answer named another lane"))
         }
-        Message::Hello { identity, .. } => match check(&shared.config.identity, &identity, lane) {
-            Ok(()) => Ok(answer.from),
-            Err(mismatch) => {
-                refuse(shared, writer, answer.from, mismatch).await;
-                Err(LinkError::Refused(mismatch))
+        Message::Hello { identity, places, .. } => {
+            match check(&shared.config.identity, &identity, lane) {
+                Ok(()) => Ok((answer.from, places)),
+                Err(mismatch) => {
+                    refuse(shared, writer, answer.from, mismatch).await;
+                    Err(LinkError::Refused(mismatch))
+                }
             }
-        },
+        }
         _ => Err(LinkError::Protocol("expected Hello or LinkRefused")),
     }
 }
 
 /// The acceptor's half: the dialer's `Hello`, checked against our identity and our table,
-/// then our `Hello`. The peer's endpoint and the link's lane on success.
+/// then our `Hello`. The peer's endpoint, the link's lane and the places the peer's `Hello` said
+/// on success.
 pub(crate) async fn acceptor<R, W>(
     shared: &Shared,
     reader: &mut FrameReader<R>,
     writer: &mut W,
-) -> Result<(Endpoint, Lane), LinkError>
+) -> Result<(Endpoint, Lane, u32), LinkError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let hello = receive(shared, reader).await?;
-    let Message::Hello { identity, lane } = hello.body else {
+    let Message::Hello { identity, lane, places } = hello.body else {
         return Err(LinkError::Protocol("expected Hello"));
     };
     let peer = hello.from;
@@ -88,9 +92,10 @@ where
     }
     // The dialer of an accepted link is the peer.
     shared.admits(peer, lane, peer.worker)?;
-    let answer = Message::Hello { identity: shared.config.identity, lane };
+    let answer =
+        Message::Hello { identity: shared.config.identity, lane, places: shared.config.places };
     write_link_message(shared, writer, peer, answer).await?;
-    Ok((peer, lane))
+    Ok((peer, lane, places))
 }
 
 /// Both checks on a peer's identity: the link at all, then this lane of it.

@@ -40,16 +40,16 @@ where
         Side::Dialed(worker, lane) => {
             handshake::dialer(shared, &mut reader, &mut writer, *worker, *lane)
                 .await
-                .map(|peer| (peer, *lane, shared.config.me.worker))
+                .map(|(peer, places)| (peer, *lane, shared.config.me.worker, places))
         }
         Side::Accepted { .. } => handshake::acceptor(shared, &mut reader, &mut writer)
             .await
-            .map(|(peer, lane)| (peer, lane, peer.worker)),
+            .map(|(peer, lane, places)| (peer, lane, peer.worker, places)),
     };
     drop(side);
     reader.set_frame_bytes_max(shared.config.frame_bytes_max);
     let opened = match handshake {
-        Ok((peer, lane, dialer)) => shared.open(peer, lane, dialer).await,
+        Ok((peer, lane, dialer, places)) => shared.open(peer, lane, dialer, places).await,
         Err(error) => Err(error),
     };
     let opened = match opened {

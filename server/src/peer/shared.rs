@@ -77,13 +77,15 @@ impl Shared {
     }
 
     /// Puts a link that finished its handshake in the table, closing those it supersedes, and
-    /// reports them. A control link is reported `Up` and `Down`: it is the peer as the protocol
-    /// sees it. A KV lane is reported only when it ends (`KvLaneDown`), for the writes on it.
+    /// reports them. A control link is reported `Up` (with the `places` its peer's `Hello` said)
+    /// and `Down`: it is the peer as the protocol sees it. A KV lane is reported only when it
+    /// ends (`KvLaneDown`), for the writes on it.
     pub(crate) async fn open(
         &self,
         peer: Endpoint,
         lane: Lane,
         dialer: WorkerId,
+        places: u32,
     ) -> Result<Opened, LinkError> {
         let _order = self.order.write().await;
         let peer = if lockstep_core::planted!(OldIncarnationStateKept) {
@@ -124,7 +126,7 @@ impl Shared {
             "peer link up"
         );
         if lane == Lane::Control {
-            self.emit(PeerEvent::Up { peer }).await;
+            self.emit(PeerEvent::Up { peer, places }).await;
         }
         Ok(Opened { id, peer, lane, queue, removed })
     }

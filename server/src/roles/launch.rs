@@ -62,6 +62,16 @@ pub fn transfers_max(options: &ServeOptions) -> u32 {
     options.max_running * 2
 }
 
+/// What a worker's `Hello` tells the router it takes at once (`PeerConfig::places`): a prefill
+/// worker its transfers, a decode worker its batch (the router's `--prefill-slots` and
+/// `--max-running` bound them further).
+pub fn worker_places(role: Role, options: &ServeOptions) -> u32 {
+    match role {
+        Role::Prefill => transfers_max(options),
+        Role::Decode | Role::Router => options.max_running,
+    }
+}
+
 /// A worker's scheduler: the served one, with room in the pool for every transfer's pins.
 pub fn worker_sched(options: &ServeOptions, served: &SchedConfig) -> SchedConfig {
     let mut sched = served.clone();
@@ -196,7 +206,8 @@ pub async fn serve(
         }
         Role::Prefill | Role::Decode => {
             let dial_to = if role == Role::Prefill { dial(&options.decodes) } else { Vec::new() };
-            let peer = PeerConfig::new(me, identity, dial_to);
+            let mut peer = PeerConfig::new(me, identity, dial_to);
+            peer.places = worker_places(role, options);
             // Small protocol messages go out at once: Nagle's wait for the peer's delayed ACK
             // costs tens of milliseconds per transfer.
             let peer_listener = bind(&options.host, options.peer_port).await?;

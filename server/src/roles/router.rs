@@ -137,10 +137,10 @@ impl RouterEngine {
         let now = self.now();
         match event {
             PeerEvent::Received(envelope) => self.router.handle_envelope(envelope, now),
-            PeerEvent::Up { peer } => match self.config.workers.get(&peer.worker) {
+            PeerEvent::Up { peer, places } => match self.config.workers.get(&peer.worker) {
                 Some(&role) => {
                     tracing::info!(?peer, ?role, "worker up");
-                    self.router.handle_worker_up(peer, role, now);
+                    self.router.handle_worker_up(peer, role, places, now);
                 }
                 None => tracing::warn!(?peer, "a worker the router was not told about"),
             },

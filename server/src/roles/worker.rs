@@ -282,7 +282,7 @@ impl<R: PageRunner> WorkerEngine<R> {
                 }
                 event = self.events.recv() => match event {
                     Some(PeerEvent::Received(envelope)) => self.on_envelope(envelope),
-                    Some(PeerEvent::Up { peer }) => tracing::info!(?peer, "peer up"),
+                    Some(PeerEvent::Up { peer, .. }) => tracing::info!(?peer, "peer up"),
                     Some(PeerEvent::Down { peer, reason }) => {
                         tracing::warn!(?peer, %reason, "peer down");
                         let now = self.now();
