@@ -506,6 +506,23 @@ mod tests {
         Sampling { temperature, top_k, top_p, seed, ..Sampling::GREEDY }
     }
 
+    /// Every executor's draws for a seed (the CPU's, CUDA's, the simulator's reference) come from
+    /// `uniform`: a change to it changes every sampled output of every seed, which a user who
+    /// pinned one sees. Pinned from an independent transcription (Python, 64-bit masks).
+    #[test]
+    fn the_uniform_draws_of_a_seed_and_position_are_pinned() {
+        let pinned: [(u64, u32, u64); 4] = [
+            (0, 0, 5_248_942_316_788_664),
+            (7, 40, 6_124_246_089_969_453),
+            (u64::MAX, 4_000_000_000, 7_916_379_300_303_072),
+            (1_000_003, 1, 7_596_905_783_066_459),
+        ];
+        for (seed, position, bits) in pinned {
+            let expected = bits as f64 / (1u64 << 53) as f64;
+            assert_eq!(uniform(seed, position), expected, "seed {seed}, position {position}");
+        }
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
         let s = Sampler::new(Sampling::GREEDY);
