@@ -467,12 +467,11 @@ pub fn logprobs(logits: &[f32], token: u32, top: u8) -> TokenLogprobs {
     let of = |id: u32| (f64::from(logits[id as usize]) - log_total) as f32;
     let mut best: Vec<u32> = Vec::with_capacity(usize::from(top) + 1);
     if top > 0 {
-        // A bounded selection, not a sort of the whole vocabulary.
+        // A bounded selection, not a sort of the whole vocabulary. Ids come in ascending order
+        // and only a strictly greater logit goes ahead: a tie stays behind the lower id.
         for id in 0..logits.len() as u32 {
-            let better = |other: &u32| {
-                logits[id as usize].total_cmp(&logits[*other as usize]).is_gt()
-                    || (logits[id as usize] == logits[*other as usize] && id < *other)
-            };
+            let better =
+                |other: &u32| logits[id as usize].total_cmp(&logits[*other as usize]).is_gt();
             let at = best.iter().position(better).unwrap_or(best.len());
             if at < usize::from(top) {
                 best.insert(at, id);
