@@ -18,6 +18,9 @@ pub enum FaultLevel {
     /// No fault but the entry's crashes: a calm run whose router (or single server) restarts.
     /// What a crash loses is the fault's; everything else is judged as calm (`FaultMix::is_calm`).
     EntryCrashes,
+    /// Heavy's faults, and the entry's crashes among them (each seed's coin): the workers must
+    /// let go of a dead router's work while links fail and workers crash.
+    All,
 }
 
 impl FromStr for FaultLevel {
@@ -28,7 +31,10 @@ impl FromStr for FaultLevel {
             "default" => Ok(FaultLevel::Default),
             "heavy" => Ok(FaultLevel::Heavy),
             "entry-crashes" => Ok(FaultLevel::EntryCrashes),
-            other => Err(format!("faults {other:?} is not none, default, heavy or entry-crashes")),
+            "all" => Ok(FaultLevel::All),
+            other => {
+                Err(format!("faults {other:?} is not none, default, heavy, entry-crashes or all"))
+            }
         }
     }
 }
@@ -40,6 +46,7 @@ impl fmt::Display for FaultLevel {
             FaultLevel::Default => "default",
             FaultLevel::Heavy => "heavy",
             FaultLevel::EntryCrashes => "entry-crashes",
+            FaultLevel::All => "all",
         })
     }
 }
@@ -116,6 +123,19 @@ impl FaultMix {
             }
             FaultLevel::Default => (0.5, 1),
             FaultLevel::Heavy => (0.8, 3),
+            FaultLevel::All => {
+                let heavy = FaultMix::draw(
+                    seed,
+                    FaultLevel::Heavy,
+                    topology,
+                    write_flight_max,
+                    failed_steps,
+                );
+                // From a stream of its own: the rest is the seed's heavy mix.
+                let mut entry = SimRng::stream(seed, "entry-crashes");
+                let entry_crashes = if entry.chance(0.8) { 1 + entry.below(3) as u32 } else { 0 };
+                return FaultMix { entry_crashes, ..heavy };
+            }
         };
         let coin = |rng: &mut SimRng| rng.chance(on);
         let disaggregated = topology != Topology::Single;
@@ -373,13 +393,15 @@ mod tests {
     }
 
     /// The entry's crashes come from streams of their own: with them or without, every other
-    /// fault of a seed is the same. Their level draws nothing else.
+    /// fault of a seed is the same. Their own level draws nothing else; level all draws the
+    /// seed's heavy mix beside them.
     #[test]
     fn entry_crashes_leave_every_other_fault_as_drawn() {
         let links = vec![("router".to_owned(), "prefill1".to_owned())];
         let workers = vec!["prefill1".to_owned()];
         let flight = Duration::from_millis(250);
         let of_entry = |f: &ScheduledFault| matches!(&f.action, FaultAction::Crash(h) | FaultAction::Restart(h) if h == "router");
+        let mut drawn = 0;
         for seed in 0..200 {
             let without = FaultMix::draw(seed, FaultLevel::Heavy, Topology::OneP1D, flight, false);
             assert_eq!(without.entry_crashes, 0);
@@ -395,7 +417,13 @@ mod tests {
             assert!((1..=2).contains(&alone.entry_crashes) && alone.is_calm(), "{alone}");
             let faults = schedule(seed, &alone, &links, &workers, "router", &workers);
             assert!(faults.iter().all(of_entry), "{seed}: {faults:?}");
+
+            let all = FaultMix::draw(seed, FaultLevel::All, Topology::OneP1D, flight, false);
+            assert_eq!(FaultMix { entry_crashes: 0, ..all.clone() }, without, "{seed}: {all}");
+            drawn += all.entry_crashes;
         }
+        // All: on for 80% of seeds, 1 to 3 each, 1.6 a seed in all.
+        assert!((240..=400).contains(&drawn), "{drawn} entry crashes in 200 seeds");
         let heavy = FaultMix::draw(1, FaultLevel::Heavy, Topology::OneP1D, flight, false);
         assert!(!heavy.is_calm());
     }

@@ -33,10 +33,11 @@ usage:
   sim bench TRACE [--seeds A..B] [--topology T] [--faults F] [TRACE OPTIONS]
 
   --topology single|1p1d|2p2d   what runs (default 1p1d: a router, a prefill and a decode worker)
-  --faults none|default|heavy|entry-crashes
+  --faults none|default|heavy|entry-crashes|all
                                 each seed draws its own mix at this level (default: default);
                                 entry-crashes: no fault but the router's (or single server's)
-                                crashes, the rest judged as without faults
+                                crashes, the rest judged as without faults; all: heavy's, and
+                                the entry's crashes too
   --seeds A..B                  seeds A to B-1
   --shard K/N                   only seeds with (seed - A) % N == K, K from 0: spreads a range
                                 over N machines (a CI matrix, a Kubernetes indexed Job)
