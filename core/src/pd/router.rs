@@ -329,8 +329,9 @@ impl Router {
         self.index.prefill_load(worker.worker)
     }
 
-    /// The least loaded prefill worker below `prefill_slots`; ties go to the lowest in the list,
-    /// rotated by the attempt number so that a retry prefers another worker.
+    /// The least loaded prefill worker below its slots (`prefill_slots`, or its places if fewer);
+    /// ties go to the lowest in the list, rotated by the attempt number so that a retry prefers
+    /// another worker.
     fn prefill_with_room(&self, attempt: u32) -> Option<Endpoint> {
         let n = self.prefills.len();
         (0..n)
@@ -349,7 +350,8 @@ impl Router {
         self.index.decode_load(worker.worker)
     }
 
-    /// The least loaded decode worker below `decode_slots`; ties as `prefill_with_room`'s.
+    /// The least loaded decode worker below its slots (`decode_slots`, or its places if fewer);
+    /// ties as `prefill_with_room`'s.
     fn decode_with_room(&self, attempt: u32) -> Option<Endpoint> {
         let n = self.decodes.len();
         (0..n)

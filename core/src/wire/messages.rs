@@ -220,8 +220,8 @@ pub enum Message {
         /// The connection this link is: the dialer names it, the acceptor repeats it.
         lane: Lane,
         /// Requests this end takes at once, which a router sends it no more of: a prefill
-        /// worker's transfers, a decode worker's batch slots; 0 from a router. Each process has
-        /// its own command line, so only the worker knows what it was given.
+        /// worker's transfers, a decode worker's batch slots (a router's is never read). Each
+        /// process has its own command line, so only the worker knows what it was given.
         places: u32,
     },
     /// The answer to a `Hello` whose identity does not match: the link closes.

@@ -68,7 +68,9 @@ pub fn transfers_max(options: &ServeOptions) -> u32 {
 pub fn worker_places(role: Role, options: &ServeOptions) -> u32 {
     match role {
         Role::Prefill => transfers_max(options),
-        Role::Decode | Role::Router => options.max_running,
+        Role::Decode => options.max_running,
+        // Takes no transfers; no router reads another's.
+        Role::Router => 0,
     }
 }
 
