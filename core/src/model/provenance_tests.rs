@@ -115,6 +115,32 @@ fn a_sampling_row_of_a_request_never_started_is_an_error_not_greedy() {
     assert!(err.0.contains("never started"), "{err}");
 }
 
+/// An ended request's sampler goes with it: a row sampling for it after is as much an error as
+/// one for a request never started (and the model holds nothing per request at quiescence).
+#[test]
+fn a_sampling_row_of_an_ended_request_is_an_error() {
+    let run = two_steps();
+    let mut m = model(&run);
+    m.end_request(RequestId(2));
+    let err = m.execute(&run.first).unwrap_err();
+    assert!(err.0.contains("never started"), "{err}");
+}
+
+/// A plan naming a page the store does not have is refused before anything changes, even when
+/// no position of it reaches that page; the model then runs the plan it should have had as a
+/// fresh one does.
+#[test]
+fn a_plan_naming_a_page_outside_the_store_is_refused_and_changes_nothing() {
+    let pool = PoolConfig { pages_total: 4, page_tokens: 4, pins_max: 0 };
+    let fresh = || started(ProvenanceModel::new(pool, 1, VOCAB));
+    let mut m = fresh();
+    let err = m.execute(&row_plan(0, 0..2, 0, &[0, 4])).unwrap_err();
+    assert!(err.0.contains("page 4 is outside the store"), "{err}");
+    m.check_invariants().unwrap();
+    let good = row_plan(1, 0..2, 0, &[0]);
+    assert_eq!(m.execute(&good).unwrap().sampled, fresh().execute(&good).unwrap().sampled);
+}
+
 #[test]
 fn sampling_follows_the_seed_and_logprobs_come_when_asked() {
     let run = two_steps();
@@ -307,6 +333,7 @@ fn a_decode_token_costs_the_same_at_any_context() {
     let short = decode_work(16, 64);
     assert_eq!(decode_work(4_096, 64), short);
     assert!(short <= 64 * (2 * 4 + 1), "{short} hash steps for 64 tokens");
+    assert!(short >= 64, "{short} hash steps for 64 tokens, each reading its own new value");
 }
 
 /// A small PRNG for the test below: xorshift64*, seeded.
