@@ -115,6 +115,52 @@ fn a_sampling_row_of_a_request_never_started_is_an_error_not_greedy() {
     assert!(err.0.contains("never started"), "{err}");
 }
 
+/// A position's KV depends on every token before it, as a real model's does: two prompts that
+/// agree on their second page but not on their first leave different KV in it, so that a prefix
+/// cache sharing a page by its own tokens alone would change the output.
+#[test]
+fn a_page_s_kv_depends_on_every_token_before_it() {
+    let pool = PoolConfig { pages_total: 2, page_tokens: 4, pins_max: 0 };
+    let second_page_after = |first_token: u32| {
+        let mut m = started(ProvenanceModel::new(pool, 1, VOCAB));
+        let mut plan = row_plan(0, 0..8, 0, &[0, 1]);
+        plan.input_tokens[0] = InputToken::Known(first_token);
+        m.execute(&plan).unwrap();
+        m.kv[4..8].to_vec()
+    };
+    let (one, other) = (second_page_after(1), second_page_after(2));
+    assert!(one.iter().zip(&other).all(|(a, b)| a != b), "{one:?} and {other:?}");
+}
+
+/// A prompt token is scored under the logits its position samples from: a request whose prompt
+/// is another's prompt and the token it sampled scores that token with the log-probability and
+/// alternatives it was drawn with, as vLLM's prompt log-probabilities equal the sampled ones in
+/// the same context.
+#[test]
+fn a_scored_prompt_token_has_the_logprobs_it_was_sampled_with() {
+    let pool = PoolConfig { pages_total: 2, page_tokens: 4, pins_max: 0 };
+    let mut m = ProvenanceModel::new(pool, 1, VOCAB);
+    m.start_request(RequestId(1), SamplingSpec { logprobs: Some(3), ..SamplingSpec::GREEDY });
+    let out = m.execute(&row_plan(0, 0..6, 0, &[0, 1])).unwrap();
+    let (token, sampled) = (out.sampled[0], out.logprobs[0].clone().unwrap());
+
+    let mut prompt: Vec<u32> = (0..6).map(|p| p % 89).collect();
+    prompt.push(token);
+    let scoring = SamplingSpec {
+        prompt_logprobs: Some(3),
+        scored_prompt: prompt.clone(),
+        ..SamplingSpec::GREEDY
+    };
+    let mut m = ProvenanceModel::new(pool, 1, VOCAB);
+    m.start_request(RequestId(1), scoring.with_prompt(&prompt));
+    let mut plan = row_plan(0, 0..7, 0, &[0, 1]);
+    plan.input_tokens[6] = InputToken::Known(token);
+    let out = m.execute(&plan).unwrap();
+    let scores = &out.prompt_logprobs[0];
+    assert_eq!(scores.from, 1, "every prompt token after the first");
+    assert_eq!(scores.logprobs.last(), Some(&sampled));
+}
+
 /// An ended request's sampler goes with it: a row sampling for it after is as much an error as
 /// one for a request never started (and the model holds nothing per request at quiescence).
 #[test]
