@@ -161,6 +161,25 @@ fn a_scored_prompt_token_has_the_logprobs_it_was_sampled_with() {
     assert_eq!(scores.logprobs.last(), Some(&sampled));
 }
 
+/// The three kinds of KV value never meet: a written one is odd (never `UNWRITTEN`, never
+/// poison) and depends on its position as well as its token and the value before it; poison
+/// values are distinct and end in `POISON_TAG`. A freed page's poison then always differs from
+/// what was written there, and from the poison of another free.
+#[test]
+fn written_values_poison_and_unwritten_never_meet() {
+    let mut written = std::collections::BTreeSet::new();
+    for token in 0..64 {
+        for position in 0..64 {
+            let value = kv_value(token, position, 0x5eed);
+            assert_eq!(value & 1, 1, "token {token} at {position}: {value:#x} is not odd");
+            assert!(written.insert(value), "token {token} at {position} repeats {value:#x}");
+        }
+    }
+    let poisons: std::collections::BTreeSet<u64> = (0..4096).map(poison).collect();
+    assert_eq!(poisons.len(), 4096, "poison values repeat");
+    assert!(poisons.iter().all(|&p| p & 0b11 == POISON_TAG && p != UNWRITTEN));
+}
+
 /// An ended request's sampler goes with it: a row sampling for it after is as much an error as
 /// one for a request never started (and the model holds nothing per request at quiescence).
 #[test]
