@@ -397,6 +397,14 @@ fn encode_refuses_what_every_decoder_refuses() {
     request.stop_token_ids.truncate(STOP_TOKENS_MAX);
     let frame = encode_frame(&envelope(request.clone()), Vec::new()).unwrap();
     assert_eq!(decode_frame(&frame).unwrap(), envelope(request.clone()));
+    // A grammar's text at its bound travels; a byte more is refused.
+    let mut constrained = request.clone();
+    constrained.grammar = Some(Box::new(Grammar::Lark("x".repeat(GRAMMAR_BYTES_MAX + 1))));
+    let err = encode_frame(&envelope(constrained.clone()), Vec::new()).unwrap_err();
+    assert!(matches!(err, WireError::TooLong { what: "grammar", .. }), "{err}");
+    constrained.grammar = Some(Box::new(Grammar::JsonSchema("x".repeat(GRAMMAR_BYTES_MAX))));
+    let frame = encode_frame(&envelope(constrained.clone()), Vec::new()).unwrap();
+    assert_eq!(decode_frame(&frame).unwrap(), envelope(constrained));
     // A bias list over its bound, or a bias or penalty that is not finite: refused by the
     // encoder, and by a decoder that gets one.
     let mut biased = request.clone();
