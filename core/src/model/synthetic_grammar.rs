@@ -100,5 +100,18 @@ mod tests {
         assert!(grammars.compile(&Grammar::JsonSchema("{\"type\": \"object\"}".into())).is_ok());
         assert!(grammars.compile(&Grammar::JsonSchema("7".into())).is_err());
         assert!(grammars.compile(&Grammar::Lark(" ".into())).is_err());
+        assert!(grammars.compile(&Grammar::Lark("start: \"a\"".into())).is_ok());
+    }
+
+    /// The remainder an output rules out is FNV-1a of its tokens by 3: pinned from an
+    /// independent transcription (Python), so that a change to the fold, or a remainder past 2
+    /// (which would rule nothing out, and the mask above would still agree with it), shows.
+    #[test]
+    fn the_remainder_ruled_out_is_pinned() {
+        let pinned: [(&[u32], u32); 5] =
+            [(&[], 2), (&[1], 2), (&[1, 2, 3], 1), (&[7, 7], 2), (&[100, 5], 1)];
+        for (output, k) in pinned {
+            assert_eq!(SyntheticMatcher::ruled_out(output), k, "{output:?}");
+        }
     }
 }
