@@ -91,7 +91,10 @@ mod tests {
             for base in 0..290 {
                 let kept = (base..base + 8).filter(|&t| mask.allows(t)).count();
                 assert!(kept >= 5, "{kept} of 8 from {base}");
-                assert_eq!(mask.allows(base + 1), (base + 1) % 3 != k);
+            }
+            // Every token of the vocabulary, the last word's (288 to 299) too.
+            for token in 1..300 {
+                assert_eq!(mask.allows(token), token % 3 != k, "token {token}");
             }
         }
         assert!(!m.allowed(&[]).allows(300) && !m.allowed(&[]).allows(1 << 20));
