@@ -400,7 +400,10 @@ mod tests {
         let links = vec![("router".to_owned(), "prefill1".to_owned())];
         let workers = vec!["prefill1".to_owned()];
         let flight = Duration::from_millis(250);
-        let of_entry = |f: &ScheduledFault| matches!(&f.action, FaultAction::Crash(h) | FaultAction::Restart(h) if h == "router");
+        let of_entry = |f: &ScheduledFault| match &f.action {
+            FaultAction::Crash(h) | FaultAction::Restart(h) => h == "router",
+            _ => false,
+        };
         let mut drawn = 0;
         for seed in 0..200 {
             let without = FaultMix::draw(seed, FaultLevel::Heavy, Topology::OneP1D, flight, false);
