@@ -211,7 +211,7 @@ pub fn run(trace: &SimTrace, config: &RunConfig) -> RunOutcome {
             let fault = &faults[next_fault];
             if applier.apply(&mut sim, fault) {
                 log.log_at(now, Event::Fault(fault.action.to_string()));
-                if fault.action == FaultAction::Crash(deployment.entry.clone()) {
+                if matches!(&fault.action, FaultAction::Crash(h) if *h == deployment.entry) {
                     entry_crashed_at.push(now);
                 }
             }
