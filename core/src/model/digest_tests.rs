@@ -81,3 +81,50 @@ fn a_sum_is_wrong() {
 fn a_folding_is_off_its_pages_watch_list() {
     fires(|l| l.digests.pages[0].watches.clear(), "slot 0's folding at 1 is not watched by page 0");
 }
+
+/// `slots` slots whose tables are page 0 of two values, each folded once.
+fn sharing_page_0(slots: u32) -> (Digests, PageTables, Vec<u64>) {
+    let mut digests = Digests::new(1, 2, slots);
+    let mut tables = PageTables::new(slots);
+    let kv = vec![1, 2];
+    for slot in 0..slots {
+        let mut plan = table_update(0, &[0]);
+        plan.rows[0].slot = slot;
+        tables.apply(&plan).unwrap();
+        digests.digest(slot, tables.table(slot), 2, &kv);
+    }
+    (digests, tables, kv)
+}
+
+/// Slot 0's fold cut and made again `times` times, as a cached system prompt's page is by
+/// request after request in one slot; the cache checked after.
+fn refold_slot_0(digests: &mut Digests, tables: &PageTables, kv: &[u64], times: u32) {
+    for _ in 0..times {
+        digests.table_cut(0, 0);
+        digests.digest(0, tables.table(0), 2, kv);
+    }
+    digests.check(tables, kv).unwrap();
+}
+
+/// Dead entries do not pile up, and a list that compaction keeps mostly empty does not grow: a
+/// page folded a thousand times by one slot while another's folding of it stays live keeps room
+/// for 4 entries (the least a `Vec` of them allocates).
+#[test]
+fn a_page_folded_anew_again_and_again_keeps_a_short_watch_list() {
+    let (mut digests, tables, kv) = sharing_page_0(2);
+    refold_slot_0(&mut digests, &tables, &kv, 1000);
+    let watches = &digests.pages[0].watches;
+    assert_eq!(watches.capacity(), 4, "{} entries", watches.len());
+}
+
+/// A list mostly live grows instead of being compacted again after a few entries: with 60 live
+/// entries, a thousand foldings cost compaction under three visits each (each compaction of a
+/// full list of capacity C leaves at least C/2 free, so two each amortized).
+#[test]
+fn compaction_visits_a_few_entries_per_folding() {
+    let (mut digests, tables, kv) = sharing_page_0(60);
+    let before = digests.watch_visits;
+    refold_slot_0(&mut digests, &tables, &kv, 1000);
+    let visits = digests.watch_visits - before;
+    assert!(visits < 3000, "compaction visited {visits} entries for 1000 foldings");
+}
