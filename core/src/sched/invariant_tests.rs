@@ -69,7 +69,7 @@
 //! | one holder per slot | "{id}'s slot {slot} is out of range, free, or held twice" | `incremental_a_slot_is_out_of_range_free_or_held_twice` |
 //! | counters | "{id} computed {n} of {m} tokens" (and the others) | `the_incremental_check_checks_the_counters` |
 //! | in-flight counts | "{id} counts {n} steps in flight, {m} name it" (and the others) | `the_incremental_check_checks_the_in_flight_counts` |
-//! | reference total | "the pool counts {n} page references, running and draining requests, kept pages and transfers hold {m}" | `incremental_an_unlisted_page_is_referenced`, `incremental_a_page_has_a_reference_nobody_lists`, `incremental_a_listed_page_was_freed` |
+//! | reference total | "the pool counts {n} page references, running and draining requests, kept pages and transfers hold {m}" | `incremental_an_unlisted_page_is_referenced`, `incremental_a_page_has_a_reference_nobody_lists`, `incremental_a_listed_page_was_freed`, `incremental_kept_pages_count_in_the_reference_total` |
 
 use super::request::{AfterDrain, Phase, Request};
 use super::*;
@@ -596,6 +596,28 @@ fn incremental_a_page_has_a_reference_nobody_lists() {
         },
         "the pool counts 5 page references, running and draining requests, kept pages and \
          transfers hold 4",
+    );
+}
+
+/// Kept page sets (a prefill worker's, of requests that ended) count in the incremental check's
+/// total: a page kept for an ended request holds every check, and the page freed behind the set's
+/// back fails the total.
+#[test]
+fn incremental_kept_pages_count_in_the_reference_total() {
+    let mut h = legit();
+    h.sched.check_invariants_incremental().unwrap();
+    let page = h.sched.pool.allocate().unwrap();
+    h.sched.kept.insert(RequestId(9), vec![page]);
+    h.sched.check_invariants_incremental().unwrap();
+    h.sched.check_invariants().unwrap();
+    h.sched.pool.release(page).unwrap();
+    let e = h.sched.check_invariants_incremental().unwrap_err();
+    assert!(
+        e.what().contains(
+            "the pool counts 4 page references, running and draining requests, kept pages and \
+             transfers hold 5"
+        ),
+        "{e}"
     );
 }
 
