@@ -13,6 +13,7 @@ mod matmul;
 mod numerics;
 mod paged;
 mod team;
+mod thread_cpu_time;
 mod weights;
 
 pub use blocks::BlockRows;

@@ -95,6 +95,8 @@ pub struct CpuExecutor {
     /// One per team member: written by its member alone (each layer's new keys and values),
     /// then read by every member after a barrier (attention).
     kv: Vec<RwLock<KvShard>>,
+    /// How long the team's members spin at barriers, learned across steps.
+    patience: team::Patience,
     tables: PageTables,
     /// What recent steps sampled, to resolve overlap-mode placeholders.
     recent: RecentSamples,
@@ -131,6 +133,7 @@ impl CpuExecutor {
             page_tokens: pool.page_tokens as usize,
             pages: pool.pages_total as usize,
             kv,
+            patience: team::Patience::new(),
             tables: PageTables::new(slots),
             recent: RecentSamples::default(),
             samplers: BTreeMap::new(),
@@ -252,7 +255,7 @@ impl CpuExecutor {
         let act = Shared::new(n, c.ffn);
         let down = Shared::new(n, c.hidden);
         let logits = Shared::new(sampling.len(), c.vocab_size);
-        team::run(self.kv.len(), |me| {
+        team::run(self.kv.len(), &self.patience, |me| {
             // Every member keeps the residual stream of every token: it is small, and computing
             // the norms twice costs less than another barrier.
             let mut x: Vec<Vec<f32>> =
