@@ -394,62 +394,87 @@ fn check_calls(out: &Value) -> usize {
     calls.len()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools() {
-    let dir = tiny_model_dir("tools");
+/// A test a tool-call format, so that the formats run side by side: each is seconds of
+/// constrained tokens on a CPU executor of its own.
+macro_rules! tool_choice_tests {
+    ($($name:ident: $format:expr,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools($format).await;
+            }
+        )*
+
+        #[test]
+        fn every_tool_call_format_has_its_tool_choice_test() {
+            assert_eq!([$($format),*], ToolFormat::ALL);
+        }
+    };
+}
+
+tool_choice_tests! {
+    tool_choice_holds_hermes_output_to_calls: ToolFormat::Hermes,
+    tool_choice_holds_llama3_json_output_to_calls: ToolFormat::Llama3Json,
+    tool_choice_holds_deepseek_v3_output_to_calls: ToolFormat::DeepSeekV3,
+    tool_choice_holds_deepseek_v31_output_to_calls: ToolFormat::DeepSeekV31,
+    tool_choice_holds_dsml_v32_output_to_calls: ToolFormat::DsmlV32,
+    tool_choice_holds_dsml_v4_output_to_calls: ToolFormat::DsmlV4,
+    tool_choice_holds_dsml_v41_output_to_calls: ToolFormat::DsmlV41,
+}
+
+async fn tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools(format: ToolFormat) {
+    let dir = tiny_model_dir(&format!("tools-{format:?}"));
     let model = Arc::new(Model::load(&dir).unwrap());
     let _ = std::fs::remove_dir_all(&dir);
-    for format in ToolFormat::ALL {
-        let server = cpu_server(model.clone(), Some(format), None).await;
-        // Three draws of the JSON dialects, one of the others (tests/tool_grammar.rs holds each
-        // dialect's grammar to its parser).
-        // The others' markers are spelled byte by byte (the vocabulary's tokens): more room.
-        let (seeds, max_tokens) = match format {
-            ToolFormat::Hermes | ToolFormat::Llama3Json => (0..3, 300),
-            _ => (0..1, 1000),
-        };
-        for seed in seeds {
-            let body = json!({
-                "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools(),
-                "tool_choice": "required", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
-            });
-            let (status, out) = server.post("/v1/chat/completions", &body).await;
-            assert_eq!(status, 200, "{out}");
-            check_calls(&out);
-            // Without the grammar the random weights write no call.
-            let mut free = body.clone();
-            free["tool_choice"] = json!("auto");
-            free["max_tokens"] = json!(200);
-            let (_, out) = server.post("/v1/chat/completions", &free).await;
-            assert!(out["choices"][0]["message"]["tool_calls"].is_null(), "{format:?}: {out}");
-            // Not parallel: exactly one call.
-            let mut single = body.clone();
-            single["parallel_tool_calls"] = json!(false);
-            let (status, out) = server.post("/v1/chat/completions", &single).await;
-            assert_eq!(status, 200, "{out}");
-            assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
-            assert!(out["choices"][0]["message"]["content"].is_null(), "{format:?}: {out}");
-            // A named function: exactly one call, to it.
-            let mut named = body.clone();
-            named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
-            let (status, out) = server.post("/v1/chat/completions", &named).await;
-            assert_eq!(status, 200, "{out}");
-            assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
-            let call = &out["choices"][0]["message"]["tool_calls"][0]["function"];
-            assert_eq!(call["name"], "get_weather", "{out}");
-        }
+    let server = cpu_server(model.clone(), Some(format), None).await;
+    // Three draws of the JSON dialects, one of the others (tests/tool_grammar.rs holds each
+    // dialect's grammar to its parser).
+    // The others' markers are spelled byte by byte (the vocabulary's tokens): more room.
+    let (seeds, max_tokens) = match format {
+        ToolFormat::Hermes | ToolFormat::Llama3Json => (0..3, 300),
+        _ => (0..1, 1000),
+    };
+    for seed in seeds {
         let body = json!({
-            "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "tool_choice": "required",
-            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools(),
+            "tool_choice": "required", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
         });
         let (status, out) = server.post("/v1/chat/completions", &body).await;
-        assert_eq!(status, 400, "{out}");
-        assert!(out["error"]["message"].as_str().unwrap().contains("give one"), "{out}");
+        assert_eq!(status, 200, "{out}");
+        check_calls(&out);
+        // Without the grammar the random weights write no call.
+        let mut free = body.clone();
+        free["tool_choice"] = json!("auto");
+        free["max_tokens"] = json!(200);
+        let (_, out) = server.post("/v1/chat/completions", &free).await;
+        assert!(out["choices"][0]["message"]["tool_calls"].is_null(), "{format:?}: {out}");
+        // Not parallel: exactly one call.
+        let mut single = body.clone();
+        single["parallel_tool_calls"] = json!(false);
+        let (status, out) = server.post("/v1/chat/completions", &single).await;
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
+        assert!(out["choices"][0]["message"]["content"].is_null(), "{format:?}: {out}");
+        // A named function: exactly one call, to it.
         let mut named = body.clone();
-        named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
-        assert_eq!(server.post("/v1/chat/completions", &named).await.0, 400);
-        server.quiescent().await;
+        named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+        let (status, out) = server.post("/v1/chat/completions", &named).await;
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(check_calls(&out), 1, "{format:?}: {out}");
+        let call = &out["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{out}");
     }
+    let body = json!({
+        "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "tool_choice": "required",
+        "response_format": {"type": "json_object"},
+    });
+    let (status, out) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out["error"]["message"].as_str().unwrap().contains("give one"), "{out}");
+    let mut named = body.clone();
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    assert_eq!(server.post("/v1/chat/completions", &named).await.0, 400);
+    server.quiescent().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
