@@ -426,7 +426,7 @@ async fn tool_choice_required_or_named_holds_the_output_to_calls_of_the_tools(fo
     let dir = tiny_model_dir(&format!("tools-{format:?}"));
     let model = Arc::new(Model::load(&dir).unwrap());
     let _ = std::fs::remove_dir_all(&dir);
-    let server = cpu_server(model.clone(), Some(format), None).await;
+    let server = cpu_server(model, Some(format), None).await;
     // Three draws of the JSON dialects, one of the others (tests/tool_grammar.rs holds each
     // dialect's grammar to its parser).
     // The others' markers are spelled byte by byte (the vocabulary's tokens): more room.

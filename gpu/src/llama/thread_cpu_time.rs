@@ -13,9 +13,10 @@ pub(crate) fn now() -> Option<Duration> {
     // `CLOCK_THREAD_CPUTIME_ID` is the calling thread's CPU-time clock.
     #[allow(unsafe_code, reason = "the one call into libc, for the thread's CPU-time clock")]
     let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
-    let secs = u64::try_from(time.tv_sec).ok()?;
-    let nanos = u32::try_from(time.tv_nsec).ok()?;
-    (read == 0).then(|| Duration::new(secs, nanos))
+    if read != 0 {
+        return None;
+    }
+    Some(Duration::new(u64::try_from(time.tv_sec).ok()?, u32::try_from(time.tv_nsec).ok()?))
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -34,7 +35,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let slept = now().expect("still counted") - start;
         let mut x = 0u64;
-        let busy = std::time::Duration::from_millis(50);
+        let busy = Duration::from_millis(50);
         #[expect(clippy::disallowed_methods, reason = "the test spins for a wall-clock while")]
         let began = std::time::Instant::now();
         while began.elapsed() < busy {
